@@ -1,0 +1,136 @@
+"""Per-turn latency traces and the Prometheus metrics they feed.
+
+A ``TurnTrace`` collects monotonic timestamps (``time.monotonic()`` seconds) as a
+turn passes each stage. At turn end it becomes one JSON line (ms relative to the
+turn's VAD end decision, plus absolute wall-clock start) and observations in the
+stage histograms.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+#: Stage marks in the order a turn passes them.
+STAGES = (
+    "speech_start",  # VAD declared speech (start of the voiced frames)
+    "speech_end",  # last voiced audio (true end of speech, stream clock)
+    "vad_end",  # VAD end decision (silence_duration_ms after speech_end)
+    "asr_start",
+    "asr_final",
+    "llm_start",
+    "llm_first_token",
+    "first_clause",
+    "tts_first_audio",
+    "first_audio_sent",
+    "playback_start",  # client-reported (x.playback)
+    "done",
+)
+
+_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+
+
+class Metrics:
+    """The server's Prometheus metrics (one registry per server, so tests don't collide)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.sessions = Gauge("voxloop_sessions_active", "Open WebSocket sessions", registry=r)
+        self.sessions_total = Counter("voxloop_sessions", "Sessions accepted", registry=r)
+        self.rejected = Counter("voxloop_sessions_rejected", "Upgrades refused", ["reason"], registry=r)
+        self.turns = Counter("voxloop_turns", "Turns by outcome", ["status"], registry=r)
+        self.errors = Counter("voxloop_errors", "Error events sent, by code", ["code"], registry=r)
+        self.stage = Histogram(
+            "voxloop_stage_seconds",
+            "Latency from the VAD end decision (or commit) to each stage",
+            ["stage"],
+            buckets=_BUCKETS_S,
+            registry=r,
+        )
+        self.voice_to_voice = Histogram(
+            "voxloop_voice_to_voice_seconds",
+            "End of speech to first reply audio sent",
+            buckets=_BUCKETS_S,
+            registry=r,
+        )
+        self.tts_requests = Counter("voxloop_tts_requests", "x.tts.speak requests", registry=r)
+        self.audio_sent_s = Counter("voxloop_audio_sent_seconds", "Reply audio sent, seconds", registry=r)
+
+
+@dataclass
+class TurnTrace:
+    """Timestamps of one turn. ``mark`` keeps the first time each stage is reached."""
+
+    turn_id: int
+    session_id: str
+    mode: str  # "server_vad" | "push_to_talk" | "text"
+    t: dict[str, float] = field(default_factory=dict)
+    info: dict[str, object] = field(default_factory=dict)
+    wall_start: float = field(default_factory=time.time)
+
+    def mark(self, stage: str, at: float | None = None) -> None:
+        if stage not in STAGES:
+            raise ValueError(f"unknown stage {stage!r}")
+        self.t.setdefault(stage, time.monotonic() if at is None else at)
+
+    def origin(self) -> float | None:
+        """The reference instant: VAD end decision, else ASR start, else LLM start."""
+        for stage in ("vad_end", "asr_start", "llm_start"):
+            if stage in self.t:
+                return self.t[stage]
+        return None
+
+    def relative_ms(self) -> dict[str, float]:
+        """Each stage in ms after the origin (negative: it happened before, e.g. speculation)."""
+        o = self.origin()
+        if o is None:
+            return {}
+        return {s: round((self.t[s] - o) * 1000, 1) for s in STAGES if s in self.t}
+
+    def summary(self) -> dict[str, object]:
+        rel = self.relative_ms()
+        out: dict[str, object] = {
+            "turn_id": self.turn_id,
+            "session_id": self.session_id,
+            "mode": self.mode,
+            "wall_start": round(self.wall_start, 3),
+            "stages_ms": rel,
+        }
+        if "first_audio_sent" in rel:
+            out["processing_ms"] = rel["first_audio_sent"]
+        if "speech_end" in self.t and "first_audio_sent" in self.t:
+            out["voice_to_voice_ms"] = round((self.t["first_audio_sent"] - self.t["speech_end"]) * 1000, 1)
+        out.update(self.info)
+        return out
+
+
+class TraceSink:
+    """Appends turn summaries to a JSON-lines file and feeds the histograms."""
+
+    def __init__(self, metrics: Metrics, path: str | None) -> None:
+        self.metrics = metrics
+        self.path = Path(path) if path else None
+        self._lock = threading.Lock()
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def record(self, trace: TurnTrace, status: str) -> dict[str, object]:
+        summary = trace.summary()
+        summary["status"] = status
+        self.metrics.turns.labels(status=status).inc()
+        for stage, ms in trace.relative_ms().items():
+            if ms >= 0:
+                self.metrics.stage.labels(stage=stage).observe(ms / 1000)
+        if "voice_to_voice_ms" in summary:
+            self.metrics.voice_to_voice.observe(float(summary["voice_to_voice_ms"]) / 1000)  # type: ignore[arg-type]
+        if self.path is not None:
+            line = json.dumps(summary, separators=(",", ":"))
+            with self._lock, open(self.path, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+        return summary

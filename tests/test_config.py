@@ -1,0 +1,65 @@
+import pytest
+
+from voxloop.config import Config, load_config
+from voxloop.errors import ConfigError
+
+
+def test_default_toml_loads_and_differs_from_nothing():
+    cfg = load_config()
+    assert cfg.server.port == 8765
+    assert cfg.tts.backend == "onnx"
+
+
+def test_gpu_toml_selects_cuda():
+    assert load_config("configs/gpu.toml").tts.backend == "cuda"
+
+
+def test_unknown_key_names_the_key(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text("[vad]\nsilence_ms = 3\n")
+    with pytest.raises(ConfigError, match=r"vad\.silence_ms"):
+        load_config(p, environ={})
+
+
+def test_unknown_section(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text("[vda]\n")
+    with pytest.raises(ConfigError, match=r"\[vda\]"):
+        load_config(p, environ={})
+
+
+def test_env_then_cli_precedence(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text("[llm]\nmax_tokens = 10\n")
+    env = {"VOXLOOP_LLM__MAX_TOKENS": "20", "VOXLOOP_SERVER__AUTH_TOKEN": "none"}
+    assert load_config(p, environ=env).llm.max_tokens == 20
+    assert load_config(p, ["llm.max_tokens=30"], environ=env).llm.max_tokens == 30
+    assert load_config(p, environ=env).server.auth_token is None
+
+
+def test_types_are_checked():
+    with pytest.raises(ConfigError, match="expected an integer"):
+        load_config(None, ["vad.frame_ms=abc"], environ={})
+    with pytest.raises(ConfigError, match="expected true/false"):
+        load_config(None, ["models.allow_network=maybe"], environ={})
+    cfg = load_config(None, ["server.allowed_origins=http://a,http://b"], environ={})
+    assert cfg.server.allowed_origins == ("http://a", "http://b")
+
+
+def test_bad_cli_override_syntax():
+    with pytest.raises(ConfigError, match="section.key=value"):
+        load_config(None, ["port=1"], environ={})
+
+
+def test_invalid_toml(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text("[server\n")
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_config(p, environ={})
+
+
+def test_config_is_frozen():
+    cfg = Config()
+    with pytest.raises(Exception):
+        cfg.server.port = 1  # type: ignore[misc]
+    assert cfg.replace("server", port="9000").server.port == 9000

@@ -1,0 +1,5 @@
+import sys
+
+from voxloop.cli import main
+
+sys.exit(main())

@@ -1,0 +1,307 @@
+"""Configuration: frozen dataclasses loaded from TOML, overridden by env and CLI.
+
+Precedence (last wins): dataclass defaults < TOML file < ``VOXLOOP_SECTION__KEY``
+environment variables < ``--set section.key=value`` CLI overrides.
+
+Every field has a docstring-style comment (``#:``) saying what it is and its unit.
+``None`` means "the model's own default". Unknown sections or keys are errors that
+name the offending key, so a typo never silently does nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from voxloop.errors import ConfigError
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+ENV_PREFIX = "VOXLOOP_"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    #: Interface to bind.
+    host: str = "127.0.0.1"
+    #: TCP port; 0 picks a free port (tests).
+    port: int = 8765
+    #: Seconds that in-flight turns may take to finish on SIGINT/SIGTERM before sessions are closed (1001).
+    shutdown_grace_s: float = 10.0
+    #: Optional bearer token required in ``Authorization: Bearer …``; None disables auth.
+    auth_token: str | None = None
+    #: Allowed ``Origin`` headers for browsers; empty tuple allows any origin.
+    allowed_origins: tuple[str, ...] = ()
+    #: Directory served at ``/``; None means the bundled ``web_client/``.
+    web_root: str | None = None
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    #: Concurrent sessions; over it the upgrade gets HTTP 503 with Retry-After.
+    max_sessions: int = 16
+    #: Seconds sent in ``Retry-After`` when full.
+    retry_after_s: int = 5
+    #: Largest WebSocket message accepted, bytes (base64 audio included).
+    max_message_bytes: int = 1_048_576
+    #: Longest utterance kept for ASR, seconds; longer speech is committed at this length.
+    max_utterance_s: float = 30.0
+    #: A session is closed (1008) after this many minutes.
+    max_session_minutes: float = 60.0
+    #: Outgoing messages buffered per client before it is treated as not reading and closed.
+    send_queue_messages: int = 512
+    #: Characters accepted in one text input / x.tts.speak request.
+    max_text_chars: int = 20_000
+
+
+@dataclass(frozen=True)
+class VadConfig:
+    #: webrtcvad aggressiveness 0 (least) … 3 (most aggressive at calling audio non-speech).
+    aggressiveness: int = 2
+    #: Frame length fed to webrtcvad, ms (10, 20 or 30).
+    frame_ms: int = 30
+    #: Consecutive voiced frames needed to declare speech start.
+    start_frames: int = 3
+    #: Silence that ends a turn, ms.
+    silence_duration_ms: int = 500
+    #: Audio kept before the detected speech start, ms.
+    prefix_padding_ms: int = 300
+    #: Pause after which ASR starts speculatively (discarded if speech resumes), ms; 0 disables.
+    speculative_pause_ms: int = 200
+    #: Speech must last this long during assistant playback to count as barge-in, ms (ignores coughs).
+    barge_in_min_ms: int = 250
+
+
+@dataclass(frozen=True)
+class AsrConfig:
+    #: CTranslate2 model directory; None resolves the bundled whisper base.
+    model_path: str | None = None
+    #: "cpu" or "cuda".
+    device: str = "cpu"
+    #: CTranslate2 compute type (int8, int8_float16, float16, float32).
+    compute_type: str = "int8"
+    #: Beam size; 1 is greedy (fastest).
+    beam_size: int = 1
+    #: Language code (e.g. "en", "zh"); None lets whisper detect it.
+    language: str | None = "en"
+    #: CPU threads for CTranslate2; 0 lets it choose.
+    cpu_threads: int = 0
+    #: Interval between partial transcripts while the user speaks, ms; 0 disables partials.
+    partial_interval_ms: int = 1000
+    #: Convert Traditional to Simplified Chinese in transcripts when language is zh.
+    zh_simplified: bool = True
+
+
+@dataclass(frozen=True)
+class LlmConfig:
+    #: GGUF file; None resolves the bundled SmolLM2-135M-Instruct.
+    model_path: str | None = None
+    #: Context window, tokens.
+    n_ctx: int = 2048
+    #: CPU threads for llama.cpp; 0 lets it choose.
+    n_threads: int = 0
+    #: Layers offloaded to GPU (needs a CUDA build of llama-cpp-python); 0 = CPU only.
+    n_gpu_layers: int = 0
+    #: Reply length cap, tokens.
+    max_tokens: int = 160
+    #: Sampling temperature.
+    temperature: float = 0.4
+    #: System prompt used when the session sets no instructions.
+    system_prompt: str = (
+        "You are a helpful voice assistant. Answer in one or two short spoken sentences."
+    )
+    #: Seed for sampling; None is random.
+    seed: int | None = 1234
+
+
+@dataclass(frozen=True)
+class TtsConfig:
+    #: Piper voice ONNX file; None resolves the bundled en_US-joe-medium.
+    voice_path: str | None = None
+    #: Voice JSON config; None means ``<voice_path>.json``.
+    voice_config_path: str | None = None
+    #: "onnx" (CPU, onnxruntime) or "cuda" (PyTorch VITS).
+    backend: str = "onnx"
+    #: onnxruntime intra-op threads per session; 0 lets it choose.
+    onnx_threads: int = 1
+    #: Parallel onnxruntime sessions (workers) on CPU.
+    onnx_workers: int = 1
+    #: Precision on GPU: "fp32", "bf16", "fp16", "int8".
+    precision: str = "bf16"
+    #: Decoder chunk, latent frames (one frame = hop samples of audio).
+    chunk_frames: int = 64
+    #: Largest batch on GPU.
+    max_batch: int = 64
+    #: Pending requests before new ones are refused.
+    queue_size: int = 256
+    #: Length scale override (>1 is slower speech); None is the voice's default.
+    length_scale: float | None = None
+    #: Noise scale override; None is the voice's default.
+    noise_scale: float | None = None
+    #: Noise width (duration noise) override; None is the voice's default.
+    noise_w: float | None = None
+    #: Speaker id for multi-speaker voices; None is speaker 0.
+    speaker_id: int | None = None
+    #: Shortest first clause, characters (speech starts sooner).
+    first_clause_min_chars: int = 8
+    #: Shortest later clause cut at a comma, characters.
+    clause_min_chars: int = 40
+    #: Longest clause before a forced break at a space, characters.
+    clause_max_chars: int = 200
+    #: User polyphone/lexicon overrides for Chinese (TSV or TOML); None for none.
+    zh_lexicon_path: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelsConfig:
+    #: Cache directory for assembled models; None is ``$XDG_CACHE_HOME/voxloop`` (``~/.cache/voxloop``).
+    cache_dir: str | None = None
+    #: Allow downloading models from a hub when no local copy exists (never in tests).
+    allow_network: bool = False
+
+
+@dataclass(frozen=True)
+class TraceConfig:
+    #: JSON-lines file for per-turn traces; None disables the file.
+    path: str | None = None
+    #: Send ``x.turn.metrics`` to the client at turn end.
+    send_to_client: bool = True
+
+
+@dataclass(frozen=True)
+class Config:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    vad: VadConfig = field(default_factory=VadConfig)
+    asr: AsrConfig = field(default_factory=AsrConfig)
+    llm: LlmConfig = field(default_factory=LlmConfig)
+    tts: TtsConfig = field(default_factory=TtsConfig)
+    models: ModelsConfig = field(default_factory=ModelsConfig)
+    trace: TraceConfig = field(default_factory=TraceConfig)
+
+    def replace(self, section: str, **changes: Any) -> "Config":
+        """Return a copy with fields of one section changed (validated like TOML input)."""
+        return _merge(self, {section: changes}, source="replace")
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check/convert ``value`` to the annotated type ``tp``; strings come from env/CLI."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
+            return None
+        return _coerce(value, args[0], where)
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        (inner, *_rest) = typing.get_args(tp)
+        return tuple(_coerce(v, inner, where) for v in value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{where}: expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        try:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    raise ConfigError(f"{where}: unsupported type {tp!r}")
+
+
+def _merge(cfg: Config, data: Mapping[str, Any], source: str) -> Config:
+    sections = _field_types(Config)
+    new_sections = {}
+    for name, values in data.items():
+        if name not in sections:
+            raise ConfigError(
+                f"{source}: unknown section [{name}]; known: {', '.join(sorted(sections))}"
+            )
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"{source}: [{name}] must be a table")
+        section_cls = sections[name]
+        types_ = _field_types(section_cls)
+        changes = {}
+        for key, value in values.items():
+            if key not in types_:
+                raise ConfigError(
+                    f"{source}: unknown key {name}.{key}; known: {', '.join(sorted(types_))}"
+                )
+            changes[key] = _coerce(value, types_[key], f"{source}: {name}.{key}")
+        new_sections[name] = dataclasses.replace(getattr(cfg, name), **changes)
+    return dataclasses.replace(cfg, **new_sections)
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for key, value in environ.items():
+        if not key.startswith(ENV_PREFIX) or "__" not in key:
+            continue
+        section, _, name = key[len(ENV_PREFIX):].partition("__")
+        out.setdefault(section.lower(), {})[name.lower()] = value
+    return out
+
+
+def _cli_overrides(items: list[str]) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for item in items:
+        path, sep, value = item.partition("=")
+        section, dot, name = path.strip().partition(".")
+        if not sep or not dot:
+            raise ConfigError(f"--set expects section.key=value, got {item!r}")
+        out.setdefault(section, {})[name] = value
+    return out
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Load ``path`` (default ``configs/default.toml`` when present), then env, then overrides."""
+    cfg = Config()
+    if path is None and (CONFIG_DIR / "default.toml").exists():
+        path = CONFIG_DIR / "default.toml"
+    if path is not None:
+        p = Path(path)
+        try:
+            data = tomllib.loads(p.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {p}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{p}: invalid TOML: {exc}") from None
+        cfg = _merge(cfg, data, str(p))
+    cfg = _merge(cfg, _env_overrides(os.environ if environ is None else environ), "environment")
+    return _merge(cfg, _cli_overrides(overrides or []), "--set")

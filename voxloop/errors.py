@@ -1,0 +1,56 @@
+"""One exception hierarchy for the whole project.
+
+Every error a client can see carries a stable ``code`` (used in the protocol's
+``error`` event and in the ``errors_total{code}`` metric) and a human message.
+"""
+
+from __future__ import annotations
+
+
+class VoxloopError(Exception):
+    """Base of every error raised on purpose by voxloop."""
+
+    code = "internal_error"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class ConfigError(VoxloopError):
+    """Bad configuration: unknown key, wrong type, missing file."""
+
+    code = "invalid_config"
+
+
+class ModelError(VoxloopError):
+    """A model could not be found, assembled or loaded."""
+
+    code = "model_error"
+
+
+class InvalidInput(VoxloopError):
+    """Input that cannot be processed: empty text, bad audio, bad ids."""
+
+    code = "invalid_request_error"
+
+
+class Overloaded(VoxloopError):
+    """Capacity exhausted; retry after ``retry_after_ms``."""
+
+    code = "server_overloaded"
+
+    def __init__(self, message: str, *, retry_after_ms: int = 2000) -> None:
+        super().__init__(message)
+        self.retry_after_ms = retry_after_ms
+
+
+class Cancelled(VoxloopError):
+    """Work for a turn or request was cancelled (barge-in, client cancel)."""
+
+    code = "cancelled"
