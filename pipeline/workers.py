@@ -139,6 +139,7 @@ class ModelWorker(Generic[E]):
         """
         loop = asyncio.get_running_loop()
         items: asyncio.Queue[Any] = asyncio.Queue()
+        abandoned = threading.Event()  # the consumer stopped early: stop this stream only
 
         def run(engine: E | None) -> None:
             if engine is None:
@@ -147,7 +148,7 @@ class ModelWorker(Generic[E]):
             gen = make(engine)
             try:
                 for item in gen:
-                    if cancel.is_set():
+                    if cancel.is_set() or abandoned.is_set():
                         break
                     loop.call_soon_threadsafe(items.put_nowait, item)
             except BaseException as exc:  # noqa: BLE001 - forwarded to the consumer
@@ -159,7 +160,7 @@ class ModelWorker(Generic[E]):
                 loop.call_soon_threadsafe(items.put_nowait, _END)
 
         self._put(run, priority, cancel)
-        return _drain(items, cancel)
+        return _drain(items, abandoned)
 
     def close(self) -> None:
         for _ in self._threads:
@@ -171,7 +172,7 @@ class _Failure:
     exc: BaseException
 
 
-async def _drain(items: asyncio.Queue[Any], cancel: threading.Event) -> AsyncIterator[Any]:
+async def _drain(items: asyncio.Queue[Any], abandoned: threading.Event) -> AsyncIterator[Any]:
     try:
         while True:
             item = await items.get()
@@ -182,4 +183,4 @@ async def _drain(items: asyncio.Queue[Any], cancel: threading.Event) -> AsyncIte
             yield item
     finally:
         # Consumer stopped early (cancelled task, break): stop the producer too.
-        cancel.set()
+        abandoned.set()

@@ -54,3 +54,19 @@ class Cancelled(VoxloopError):
     """Work for a turn or request was cancelled (barge-in, client cancel)."""
 
     code = "cancelled"
+
+
+class ProtocolError(InvalidInput):
+    """A WebSocket message that breaks the protocol (bad JSON, missing field, bad audio).
+
+    ``code`` is one of the stable protocol error codes (see ``docs/protocol.md``);
+    ``param`` is the dotted path of the offending field (``"session.audio.input.format.rate"``)
+    or None; ``event_id`` is the client's event id when it could be read.
+    """
+
+    def __init__(
+        self, code: str, message: str, *, param: str | None = None, event_id: str | None = None
+    ) -> None:
+        super().__init__(message, code=code)
+        self.param = param
+        self.event_id = event_id

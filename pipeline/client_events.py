@@ -1,0 +1,169 @@
+"""Client → server events of the Realtime protocol (frozen dataclasses; see pipeline/events.py).
+
+Audio arrives as ``np.ndarray`` int16 mono (``InputAudioBufferAppend.pcm``) labelled with
+the session input rate it was decoded at (Hz).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from pipeline.items import CLIENT_CONTENT_TYPES, MessageItem, ResponseOptions
+from pipeline.session_schema import validate_session_update
+from pipeline.wire import ErrorCode, PcmEquality, ProtocolError, WireObject, check, decode_value, wire_name
+from tts_engine.engine import SynthesisOptions
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClientEvent(WireObject):
+    """Base of client events; ``event_id`` is optional and echoed in errors about the event."""
+
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionUpdate(ClientEvent):
+    """Change part of the session (partial GA session object; see session_schema)."""
+
+    type: ClassVar[str] = "session.update"
+    #: The validated partial session: only keys we implement, JSON values.
+    session: Mapping[str, Any]
+    #: Dotted paths of keys that were accepted but ignored (not on the wire).
+    ignored: tuple[str, ...] = field(default=(), metadata={"wire": False}, compare=False)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], path: str = "") -> SessionUpdate:
+        if "session" not in data:
+            raise ProtocolError(ErrorCode.MISSING_FIELD, "missing field session", param="session")
+        event_id = decode_value(data.get("event_id"), str | None, "event_id")
+        update, ignored = validate_session_update(data["session"])
+        return cls(session=update, ignored=ignored, event_id=event_id)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class InputAudioBufferAppend(PcmEquality, ClientEvent):
+    """Append user audio: ``pcm`` int16 mono at ``sample_rate`` Hz (the session input rate)."""
+
+    type: ClassVar[str] = "input_audio_buffer.append"
+    pcm: np.ndarray = wire_name("audio")
+    #: Sample rate of ``pcm`` when it was decoded, Hz (not on the wire).
+    sample_rate: int = field(default=24000, metadata={"wire": False})
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], path: str = "", sample_rate: int = 24000) -> InputAudioBufferAppend:
+        event = super().from_dict(data, path)
+        return dataclasses.replace(event, sample_rate=sample_rate)
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputAudioBufferCommit(ClientEvent):
+    type: ClassVar[str] = "input_audio_buffer.commit"
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputAudioBufferClear(ClientEvent):
+    type: ClassVar[str] = "input_audio_buffer.clear"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResponseCreate(ClientEvent):
+    type: ClassVar[str] = "response.create"
+    response: ResponseOptions | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResponseCancel(ClientEvent):
+    """Cancel ``response_id`` (default: the active response)."""
+
+    type: ClassVar[str] = "response.cancel"
+    response_id: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConversationItemCreate(ClientEvent):
+    """Add a text message (user/system ``input_text``, assistant ``output_text``) to history."""
+
+    type: ClassVar[str] = "conversation.item.create"
+    item: MessageItem
+    previous_item_id: str | None = None
+
+    def __post_init__(self) -> None:
+        allowed = CLIENT_CONTENT_TYPES[self.item.role]
+        check(len(self.item.content) > 0, "item.content", "must not be empty")
+        for i, part in enumerate(self.item.content):
+            where = f"item.content[{i}]"
+            check(part.type in allowed, f"{where}.type",
+                  f"{self.item.role} messages accept {', '.join(sorted(allowed))}, not {part.type!r}")
+            check(part.text is not None, f"{where}.text", "is required")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConversationItemTruncate(ClientEvent):
+    """The client played only ``audio_end_ms`` ms of an assistant item's audio (barge-in)."""
+
+    type: ClassVar[str] = "conversation.item.truncate"
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+
+    def __post_init__(self) -> None:
+        check(self.content_index >= 0, "content_index", "must be >= 0")
+        check(self.audio_end_ms >= 0, "audio_end_ms", "must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class XPlayback(ClientEvent):
+    """Extension: ``audio_end_ms`` ms of an assistant item's audio have been played so far."""
+
+    type: ClassVar[str] = "x.playback"
+    item_id: str
+    response_id: str | None = None
+    audio_end_ms: int
+    #: True once the client has played all audio it received for the item.
+    finished: bool = False
+
+    def __post_init__(self) -> None:
+        check(self.audio_end_ms >= 0, "audio_end_ms", "must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class XTtsSpeak(ClientEvent):
+    """Extension: speak ``text`` (no LLM, not added to history); answered by x.tts.* events."""
+
+    type: ClassVar[str] = "x.tts.speak"
+    request_id: str
+    text: str
+    voice: str | None = None
+    #: >1 speaks slower.
+    length_scale: float | None = None
+    noise_scale: float | None = None
+    noise_w: float | None = None
+    speaker_id: int | None = None
+
+    def __post_init__(self) -> None:
+        check(bool(self.request_id), "request_id", "must not be empty")
+        check(bool(self.text.strip()), "text", "must not be empty")
+        check(self.length_scale is None or 0.1 <= self.length_scale <= 10, "length_scale", "must be in 0.1–10")
+        check(self.noise_scale is None or 0 <= self.noise_scale <= 2, "noise_scale", "must be in 0–2")
+        check(self.noise_w is None or 0 <= self.noise_w <= 2, "noise_w", "must be in 0–2")
+        check(self.speaker_id is None or self.speaker_id >= 0, "speaker_id", "must be >= 0")
+
+    def synthesis_options(self, sample_rate: int | None = None) -> SynthesisOptions:
+        """TTS settings for this request; ``sample_rate`` (Hz) is the session output rate."""
+        return SynthesisOptions(
+            length_scale=self.length_scale, noise_scale=self.noise_scale, noise_w=self.noise_w,
+            speaker_id=self.speaker_id, sample_rate=sample_rate,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class XTtsCancel(ClientEvent):
+    """Extension: stop an ``x.tts.speak`` request (answered by ``x.tts.done`` status cancelled)."""
+
+    type: ClassVar[str] = "x.tts.cancel"
+    request_id: str

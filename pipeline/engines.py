@@ -1,0 +1,83 @@
+"""The shared model workers of one server process: ASR, LLM, TTS (and the segmenter factory).
+
+Models load once per process and are shared by every session; each is owned by a
+``ModelWorker``. Loading happens off the event loop so ``/health`` answers at once
+and ``/ready`` turns 200 when all three are loaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.workers import ModelWorker
+from voxloop.config import Config
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Engines:
+    """Workers owning the models. ``loaded`` is False until ``load()`` finishes."""
+
+    cfg: Config
+    asr: ModelWorker | None = None
+    llm: ModelWorker | None = None
+    tts: ModelWorker | None = None
+    load_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def loaded(self) -> bool:
+        return None not in (self.asr, self.llm, self.tts)
+
+    @property
+    def tts_sample_rate(self) -> int:
+        assert self.tts is not None
+        return int(self.tts.engine.sample_rate)
+
+    def load_sync(self) -> None:
+        """Load all models (blocking, seconds). Warm each up so the first turn is not slow."""
+        cfg = self.cfg
+        t0 = time.monotonic()
+        from tts_engine.factory import create_engines
+
+        tts = create_engines(cfg)
+        self.load_s["tts"] = time.monotonic() - t0
+
+        t0 = time.monotonic()
+        from asr.transcriber import Transcriber
+
+        asr = Transcriber.from_config(cfg)
+        self.load_s["asr"] = time.monotonic() - t0
+
+        t0 = time.monotonic()
+        from llm.chat import ChatModel
+
+        llm = ChatModel.from_config(cfg)
+        llm.warmup()
+        self.load_s["llm"] = time.monotonic() - t0
+
+        self.tts = ModelWorker("tts", tts, queue_size=cfg.tts.queue_size)
+        self.asr = ModelWorker("asr", [asr], queue_size=64)
+        self.llm = ModelWorker("llm", [llm], queue_size=64)
+        log.info("models loaded: %s", {k: round(v, 2) for k, v in self.load_s.items()})
+
+    async def load(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.load_sync)
+
+    def close(self) -> None:
+        for w in (self.asr, self.llm, self.tts):
+            if w is not None:
+                w.close()
+
+    @classmethod
+    def from_parts(cls, cfg: Config, asr: Any, llm: Any, tts: list[Any]) -> "Engines":
+        """Engines around ready-made engine objects (tests inject fakes for orchestration)."""
+        e = cls(cfg)
+        e.asr = ModelWorker("asr", [asr])
+        e.llm = ModelWorker("llm", [llm])
+        e.tts = ModelWorker("tts", tts, queue_size=cfg.tts.queue_size)
+        return e

@@ -1,0 +1,61 @@
+"""Conversation history of one session, bounded to fit the LLM's context window."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Message:
+    role: str  # "system" | "user" | "assistant"
+    content: str
+    item_id: str
+
+
+class History:
+    """Messages in order; the oldest are dropped when the total exceeds ``max_chars``.
+
+    ``max_chars`` approximates the token budget (about 3-4 characters per token for
+    English), leaving room for the reply. Indices returned by ``add`` stay valid as
+    long as the message exists (they are positions from the start of the session).
+    """
+
+    def __init__(self, max_chars: int) -> None:
+        self.max_chars = max(1000, max_chars)
+        self._messages: list[Message] = []
+        self._dropped = 0  # messages dropped from the front so far
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    def add(self, role: str, content: str, item_id: str) -> int:
+        self._messages.append(Message(role, content, item_id))
+        index = self._dropped + len(self._messages) - 1
+        while len(self._messages) > 1 and sum(len(m.content) for m in self._messages) > self.max_chars:
+            self._messages.pop(0)
+            self._dropped += 1
+        return index
+
+    def has_item(self, item_id: str) -> bool:
+        return any(m.item_id == item_id for m in self._messages)
+
+    def truncate(self, index: int, item_id: str, content: str) -> None:
+        """Replace message ``index`` (if it still exists and is ``item_id``) by what was heard."""
+        i = index - self._dropped
+        if 0 <= i < len(self._messages) and self._messages[i].item_id == item_id:
+            if content:
+                self._messages[i].content = content
+            else:
+                del self._messages[i]
+                self._dropped -= 0  # later indices shift: callers only truncate the newest reply
+
+    def messages(self, system: str, pending_user: str | None = None) -> list[dict[str, str]]:
+        """Chat messages for the LLM: system prompt, history, and an optional not-yet-committed user turn."""
+        out = [{"role": "system", "content": system}]
+        out += [{"role": m.role, "content": m.content} for m in self._messages if m.content]
+        if pending_user is not None:
+            out.append({"role": "user", "content": pending_user})
+        return out
+
+    def snapshot(self) -> list[Message]:
+        return list(self._messages)

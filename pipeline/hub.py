@@ -1,0 +1,220 @@
+"""The hub: one asyncio ``websockets`` server on one port. It moves bytes and schedules work.
+
+HTTP routes (answered during the opening handshake, no upgrade):
+  ``GET /``            the browser client (``web_client/``), other static files below it
+  ``GET /health``      liveness: 200 while the process serves
+  ``GET /ready``       readiness: 200 when models are loaded and a session slot is free, else 503
+  ``GET /metrics``     Prometheus text
+WebSocket: ``/v1/realtime`` (also ``/realtime``, as the openai SDK builds ``{base}/realtime``).
+
+Admission: over ``limits.max_sessions`` the upgrade gets HTTP 503 + ``Retry-After``;
+a wrong bearer token 401; a browser Origin not in ``server.allowed_origins`` 403.
+Per connection: a reader task (frames -> protocol core -> session) and a writer task
+(bounded queue -> protocol core -> frames). A client that stops reading fills the
+queue and is closed with 1008. Speech knows nothing of this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import mimetypes
+import signal
+import uuid
+from http import HTTPStatus
+from pathlib import Path
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+from pipeline.engines import Engines
+from pipeline.protocol import RealtimeProtocol
+from pipeline.session import Session, SlowClient
+from pipeline.trace import Metrics, TraceSink
+from voxloop.config import Config
+
+log = logging.getLogger(__name__)
+
+WS_PATHS = ("/v1/realtime", "/realtime")
+WEB_ROOT = Path(__file__).resolve().parent.parent / "web_client"
+CLOSE_GOING_AWAY, CLOSE_POLICY = 1001, 1008
+
+
+def _response(status: int, body: bytes, content_type: str, extra: dict[str, str] | None = None) -> Response:
+    headers = Headers({"Content-Type": content_type, "Content-Length": str(len(body)),
+                       "Cache-Control": "no-store", **(extra or {})})
+    return Response(status, HTTPStatus(status).phrase, headers, body)
+
+
+def _text(status: int, text: str, extra: dict[str, str] | None = None) -> Response:
+    return _response(status, (text + "\n").encode(), "text/plain; charset=utf-8", extra)
+
+
+class Hub:
+    """The server. ``await hub.start()``, then ``await hub.serve_until_signal()`` or ``await hub.stop()``."""
+
+    def __init__(self, cfg: Config, engines: Engines) -> None:
+        self.cfg = cfg
+        self.engines = engines
+        self.metrics = Metrics()
+        self.traces = TraceSink(self.metrics, cfg.trace.path)
+        self.sessions: dict[str, Session] = {}
+        self.web_root = Path(cfg.server.web_root) if cfg.server.web_root else WEB_ROOT
+        self.draining = False
+        self._server: Server | None = None
+        self._conn_tasks: set[asyncio.Task] = set()
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return self._server.sockets[0].getsockname()[1]
+
+    async def start(self) -> None:
+        self._server = await serve(
+            self._handle,
+            self.cfg.server.host,
+            self.cfg.server.port,
+            process_request=self._process_request,
+            max_size=self.cfg.limits.max_message_bytes,
+            max_queue=64,
+            ping_interval=20,
+            ping_timeout=20,
+        )
+        log.info("voxloop listening on ws://%s:%d%s", self.cfg.server.host, self.port, WS_PATHS[0])
+
+    async def serve_until_signal(self) -> None:
+        """Serve until SIGINT/SIGTERM, then drain and return (exit code 0)."""
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("signal received: draining (grace %.1f s)", self.cfg.server.shutdown_grace_s)
+        await self.stop()
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Stop accepting, let turns in flight finish within the grace period, close with 1001."""
+        grace = self.cfg.server.shutdown_grace_s if grace_s is None else grace_s
+        self.draining = True
+        if self._server is not None:
+            self._server.close(close_connections=False)
+        sessions = list(self.sessions.values())
+        if sessions:
+            busy = [s.wait_idle() for s in sessions]
+            try:
+                await asyncio.wait_for(asyncio.gather(*busy), timeout=grace)
+            except TimeoutError:
+                log.warning("grace period over: closing %d sessions with turns in flight", len(sessions))
+        for s in list(self.sessions.values()):
+            await s.close(CLOSE_GOING_AWAY, "server shutting down")
+        if self._conn_tasks:
+            await asyncio.wait(self._conn_tasks, timeout=5)
+        if self._server is not None:
+            await self._server.wait_closed()
+        self.engines.close()
+
+    # ------------------------------------------------------------------ HTTP
+    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        path, _, _query = request.path.partition("?")
+        if path in WS_PATHS:
+            return self._admit(request)
+        if path == "/health":
+            return _text(200, "ok")
+        if path == "/ready":
+            ready, why = self.ready()
+            return _text(200 if ready else 503, why)
+        if path == "/metrics":
+            return _response(200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST)
+        return self._static(path)
+
+    def ready(self) -> tuple[bool, str]:
+        if self.draining:
+            return False, "draining"
+        if not self.engines.loaded:
+            return False, "models loading"
+        free = self.cfg.limits.max_sessions - len(self.sessions)
+        if free <= 0:
+            return False, "full: 0 session slots free"
+        return True, f"ready: {free} session slots free"
+
+    def _admit(self, request: Request) -> Response | None:
+        if request.headers.get("Upgrade", "").lower() != "websocket":
+            return _text(426, "this path needs a WebSocket upgrade", {"Upgrade": "websocket"})
+        token = self.cfg.server.auth_token
+        if token is not None and request.headers.get("Authorization", "") != f"Bearer {token}":
+            self.metrics.rejected.labels(reason="auth").inc()
+            return _text(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+        origin = request.headers.get("Origin")
+        allowed = self.cfg.server.allowed_origins
+        if origin is not None and allowed and origin not in allowed:
+            self.metrics.rejected.labels(reason="origin").inc()
+            return _text(403, f"origin {origin} is not allowed")
+        if self.draining or len(self.sessions) >= self.cfg.limits.max_sessions:
+            self.metrics.rejected.labels(reason="full").inc()
+            retry = str(self.cfg.limits.retry_after_s)
+            return _text(503, "server full, retry later", {"Retry-After": retry})
+        return None
+
+    def _static(self, path: str) -> Response:
+        rel = "index.html" if path in ("", "/") else path.lstrip("/")
+        root = self.web_root.resolve()
+        target = (root / rel).resolve()
+        if root not in target.parents or not target.is_file():
+            return _text(404, "not found")
+        ctype = mimetypes.guess_type(target.name)[0] or "application/octet-stream"
+        if ctype.startswith("text/") or ctype.endswith("javascript"):
+            ctype += "; charset=utf-8"
+        return _response(200, target.read_bytes(), ctype)
+
+    # ------------------------------------------------------------------ WebSocket
+    async def _handle(self, ws: ServerConnection) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conn_tasks.add(task)
+        session_id = "sess_" + uuid.uuid4().hex[:20]
+        protocol = RealtimeProtocol(max_message_bytes=self.cfg.limits.max_message_bytes)
+        outbox: asyncio.Queue = asyncio.Queue(maxsize=self.cfg.limits.send_queue_messages)
+        session = Session(session_id, self.cfg, self.engines, outbox, self.metrics, self.traces,
+                          close=lambda code, reason: ws.close(code, reason))
+        self.sessions[session_id] = session
+        self.metrics.sessions.inc()
+        self.metrics.sessions_total.inc()
+        writer = asyncio.create_task(self._write(ws, protocol, outbox, session.on_sent),
+                                     name=f"{session_id}-writer")
+        lifetime = self.cfg.limits.max_session_minutes * 60
+        try:
+            session.start(protocol)
+            async with asyncio.timeout(lifetime):
+                async for message in ws:
+                    events = (protocol.receive_bytes(message) if isinstance(message, bytes)
+                              else protocol.receive_text(message))
+                    for event in events:
+                        session.handle(event)
+        except TimeoutError:
+            await ws.close(CLOSE_POLICY, f"session limit of {self.cfg.limits.max_session_minutes:g} min reached")
+        except SlowClient:
+            await ws.close(CLOSE_POLICY, "client is not reading its messages")
+        except ConnectionClosed:
+            pass
+        finally:
+            await session.shutdown()
+            writer.cancel()
+            self.sessions.pop(session_id, None)
+            self.metrics.sessions.dec()
+            self._conn_tasks.discard(task)
+
+    @staticmethod
+    async def _write(ws: ServerConnection, protocol: RealtimeProtocol, outbox: asyncio.Queue,
+                     on_sent) -> None:
+        """Serialize and send queued events in order; ``on_sent(event)`` after each hit the socket."""
+        try:
+            while True:
+                event = await outbox.get()
+                await ws.send(protocol.send(event))
+                on_sent(event)
+        except ConnectionClosed:
+            pass

@@ -1,0 +1,191 @@
+"""Sans-I/O core of the Realtime WebSocket protocol: frames in, events out; events in, frames out.
+
+One :class:`RealtimeProtocol` per connection (like python-websockets' ``Protocol``): the hub
+feeds it each received message and sends whatever :meth:`RealtimeProtocol.send` returns. It
+never touches a socket or an event loop, so it is tested byte by byte.
+
+It keeps the negotiated session (formats, binary fast path) because decoding depends on it:
+a ``session.update`` is applied to :attr:`RealtimeProtocol.session` before the
+``SessionUpdate`` event is returned, so the next ``input_audio_buffer.append`` is labelled
+with the new input rate. Resampling is not done here (the session does it with soxr).
+
+Binary fast path (negotiated with ``session.x_binary_audio: true``, see docs/protocol.md):
+
+* client → server: a binary frame is raw PCM16 LE mono at the input rate, i.e. an
+  ``input_audio_buffer.append`` without base64;
+* server → client: ``response.output_audio.delta`` and ``x.tts.audio.delta`` become binary
+  frames ``[u16 LE n][n bytes: JSON of the event without "delta", space-padded so the audio
+  starts at an even offset][PCM16 LE]``; every other event stays JSON text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+from typing import Any
+
+from pipeline.events import (
+    ClientEvent,
+    ErrorEvent,
+    InputAudioBufferAppend,
+    ResponseOutputAudioDelta,
+    ServerEvent,
+    SessionUpdate,
+    XTtsAudioDelta,
+    parse_client_event,
+    parse_server_event,
+    serialize,
+)
+from pipeline.session_schema import SessionConfig, apply_session_update
+from pipeline.wire import ErrorCode, ProtocolError, pcm16_bytes, pcm16_from_bytes
+from voxloop.config import LimitsConfig
+
+__all__ = [
+    "BINARY_AUDIO_EVENTS",
+    "RealtimeProtocol",
+    "decode_audio_frame",
+    "encode_audio_frame",
+    "parse_server_frame",
+]
+
+#: Server events sent as binary frames when the fast path is on.
+BINARY_AUDIO_EVENTS = (ResponseOutputAudioDelta, XTtsAudioDelta)
+_HEADER_LEN = struct.Struct("<H")
+_DEFAULT_LIMITS = LimitsConfig()
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+class RealtimeProtocol:
+    """Protocol state of one connection: validation, the negotiated session, framing."""
+
+    def __init__(
+        self,
+        *,
+        max_message_bytes: int = _DEFAULT_LIMITS.max_message_bytes,
+        max_text_chars: int = _DEFAULT_LIMITS.max_text_chars,
+        session: SessionConfig | None = None,
+    ) -> None:
+        """``max_message_bytes`` bounds one received message (bytes, base64 included);
+        ``max_text_chars`` bounds text inputs; ``session`` is the initial session (also the
+        base for objects a client re-enables after setting them to null)."""
+        self.max_message_bytes = max_message_bytes
+        self.max_text_chars = max_text_chars
+        self._defaults = session or SessionConfig()
+        self._session = self._defaults
+
+    @classmethod
+    def from_limits(cls, limits: LimitsConfig, session: SessionConfig | None = None) -> RealtimeProtocol:
+        return cls(max_message_bytes=limits.max_message_bytes,
+                   max_text_chars=limits.max_text_chars, session=session)
+
+    # ------------------------------------------------------------------ state
+    @property
+    def session(self) -> SessionConfig:
+        """The effective session (after every accepted ``session.update``)."""
+        return self._session
+
+    @session.setter
+    def session(self, value: SessionConfig) -> None:
+        """Replace the session (e.g. the session vetoes part of an update)."""
+        self._session = value
+
+    @property
+    def binary_audio(self) -> bool:
+        """True when the binary fast path is negotiated (both directions)."""
+        return self._session.x_binary_audio
+
+    @property
+    def input_rate(self) -> int:
+        """Sample rate of client audio, Hz."""
+        return self._session.input_rate
+
+    # ------------------------------------------------------------------ receive
+    def receive_text(self, text: str) -> list[ClientEvent | ErrorEvent]:
+        """Parse one text frame: ``[event]``, or ``[ErrorEvent]`` to send back when invalid."""
+        try:
+            self._check_size(len(text))  # UTF-8 never has fewer bytes than characters
+            if not text.isascii():
+                self._check_size(len(text.encode("utf-8", "surrogatepass")))
+            try:
+                data = json.loads(text, parse_constant=_reject_constant)
+            except (ValueError, RecursionError) as exc:
+                raise ProtocolError(ErrorCode.INVALID_JSON, f"malformed JSON: {exc}") from None
+            event = parse_client_event(data, input_rate=self.input_rate,
+                                       max_text_chars=self.max_text_chars)
+            if isinstance(event, SessionUpdate):
+                self._session = apply_session_update(self._session, event.session, self._defaults)
+        except ProtocolError as exc:
+            return [ErrorEvent.from_exception(exc)]
+        return [event]
+
+    def receive_bytes(self, data: bytes) -> list[ClientEvent | ErrorEvent]:
+        """Parse one binary frame (raw PCM16 LE at the input rate) into an audio append."""
+        try:
+            if not self.binary_audio:
+                raise ProtocolError(
+                    ErrorCode.BINARY_NOT_NEGOTIATED,
+                    "binary frames need session.x_binary_audio = true; send base64 "
+                    "input_audio_buffer.append events instead",
+                )
+            self._check_size(len(data))
+            pcm = pcm16_from_bytes(bytes(data))
+        except ProtocolError as exc:
+            return [ErrorEvent.from_exception(exc)]
+        return [InputAudioBufferAppend(pcm=pcm, sample_rate=self.input_rate)]
+
+    def _check_size(self, size: int) -> None:
+        if size > self.max_message_bytes:
+            raise ProtocolError(
+                ErrorCode.MESSAGE_TOO_LARGE,
+                f"message of {size} bytes exceeds the limit of {self.max_message_bytes} bytes",
+            )
+
+    # ------------------------------------------------------------------ send
+    def send(self, event: ServerEvent) -> str | bytes:
+        """The frame for ``event``: bytes for audio deltas on the fast path, else JSON text."""
+        if self.binary_audio and isinstance(event, BINARY_AUDIO_EVENTS):
+            return encode_audio_frame(event)
+        return serialize(event)
+
+
+# --------------------------------------------------------------------------- audio frames
+def encode_audio_frame(event: ResponseOutputAudioDelta | XTtsAudioDelta) -> bytes:
+    """``[u16 LE n][n bytes JSON header][PCM16 LE]``; the audio starts at an even offset."""
+    header = event.to_dict()
+    del header["delta"]
+    head = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    if len(head) % 2:  # 2 + n even, so an Int16Array view of the audio is aligned
+        head += b" "
+    return _HEADER_LEN.pack(len(head)) + head + pcm16_bytes(event.pcm)
+
+
+def decode_audio_frame(frame: bytes) -> ResponseOutputAudioDelta | XTtsAudioDelta:
+    """Client side: the audio event carried by a binary frame from the server."""
+    if len(frame) < _HEADER_LEN.size:
+        raise ProtocolError(ErrorCode.INVALID_VALUE, "binary frame shorter than its header")
+    (n,) = _HEADER_LEN.unpack_from(frame)
+    end = _HEADER_LEN.size + n
+    try:
+        header = json.loads(frame[_HEADER_LEN.size:end].decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(ErrorCode.INVALID_JSON, f"bad binary frame header: {exc}") from None
+    if not isinstance(header, dict) or header.get("type") not in {c.type for c in BINARY_AUDIO_EVENTS}:
+        raise ProtocolError(ErrorCode.INVALID_VALUE, "binary frame header is not an audio delta")
+    cls = ResponseOutputAudioDelta if header["type"] == ResponseOutputAudioDelta.type else XTtsAudioDelta
+    event = cls.from_dict({**header, "delta": ""})  # validates the header fields
+    return dataclasses.replace(event, pcm=pcm16_from_bytes(frame[end:]))
+
+
+def parse_server_frame(frame: str | bytes) -> ServerEvent:
+    """Client side: the server event of one WebSocket frame (JSON text or binary audio)."""
+    if isinstance(frame, bytes | bytearray | memoryview):
+        return decode_audio_frame(bytes(frame))
+    try:
+        data = json.loads(frame, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError(ErrorCode.INVALID_JSON, f"malformed JSON: {exc}") from None
+    return parse_server_event(data)

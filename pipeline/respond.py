@@ -1,0 +1,154 @@
+"""One assistant reply: LLM tokens -> clause segmenter -> TTS -> Realtime events.
+
+The LLM streams on its worker thread while the TTS worker speaks the clauses already
+cut, so the first audio leaves after the first clause, not after the whole reply.
+Every event goes through ``TurnControl.emit`` so a stale or cancelled turn sends
+nothing and a speculative one holds its events until committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline import events as ev
+from pipeline.engines import Engines
+from pipeline.items import ContentPart, MessageItem, ResponseObject, ResponseStatusDetails
+from pipeline.turn import SpokenClause, Turn, TurnControl
+from pipeline.workers import NORMAL, URGENT
+from tts_engine.engine import SynthesisOptions
+from tts_engine.segmenter import ClauseSegmenter
+from voxloop.config import Config
+
+#: Longest audio delta sent, ms (the issue asks for 20-100 ms chunks).
+MAX_DELTA_MS = 100
+
+
+@dataclass(frozen=True)
+class ReplyRequest:
+    """What to answer and how."""
+
+    messages: list[dict[str, str]]
+    max_tokens: int
+    output_rate: int  # Hz of audio sent to the client
+    audio: bool = True  # False: text-only reply (no TTS)
+    priority: int = NORMAL
+
+
+def response_object(turn: Turn, status: str = "in_progress", reason: str | None = None,
+                    items: tuple[MessageItem, ...] = ()) -> ResponseObject:
+    details = None
+    if status != "in_progress":
+        details = ResponseStatusDetails(type=status, reason=reason)  # type: ignore[arg-type]
+    return ResponseObject(id=turn.response_id, status=status, status_details=details,  # type: ignore[arg-type]
+                          output=items)
+
+
+def assistant_item(turn: Turn, text: str, status: str, audio: bool = True) -> MessageItem:
+    part = ContentPart(type="output_audio", transcript=text) if audio else ContentPart(type="output_text", text=text)
+    return MessageItem(id=turn.item_id, role="assistant", status=status,  # type: ignore[arg-type]
+                       object="realtime.item", content=(part,) if text or status != "in_progress" else ())
+
+
+def split_pcm(pcm: np.ndarray, rate: int, max_ms: int = MAX_DELTA_MS) -> list[np.ndarray]:
+    """Cut int16 audio into pieces of at most ``max_ms`` ms."""
+    step = max(1, rate * max_ms // 1000)
+    return [pcm[i:i + step] for i in range(0, len(pcm), step)]
+
+
+class Responder:
+    """Runs replies for one session (stateless between replies)."""
+
+    def __init__(self, cfg: Config, engines: Engines, turns: TurnControl) -> None:
+        self.cfg = cfg
+        self.engines = engines
+        self.turns = turns
+
+    def _emit(self, turn: Turn, event: object) -> None:
+        self.turns.emit(turn, event)
+
+    async def run(self, turn: Turn, req: ReplyRequest) -> str:
+        """Speak one reply; returns the full reply text. Raises CancelledError when interrupted."""
+        ids = {"response_id": turn.response_id, "item_id": turn.item_id}
+        part_type = "audio" if req.audio else "text"
+        self._emit(turn, ev.ResponseCreated(response=response_object(turn)))
+        self._emit(turn, ev.ResponseOutputItemAdded(response_id=turn.response_id,
+                                                    item=assistant_item(turn, "", "in_progress", req.audio)))
+        self._emit(turn, ev.ConversationItemAdded(item=assistant_item(turn, "", "in_progress", req.audio)))
+        self._emit(turn, ev.ResponseContentPartAdded(**ids, part=ContentPart(type=part_type, transcript="")))
+        clauses: asyncio.Queue[str | None] = asyncio.Queue()
+        llm_task = asyncio.create_task(self._generate(turn, req, clauses))
+        turn.tasks.add(llm_task)
+        try:
+            if req.audio:
+                await self._speak(turn, req, clauses, ids)
+            else:
+                await self._write_text(turn, clauses, ids)
+            text = await llm_task
+        finally:
+            llm_task.cancel()
+        text = turn.full_text() if req.audio else text
+        if req.audio:
+            self._emit(turn, ev.ResponseOutputAudioDone(**ids))
+            self._emit(turn, ev.ResponseOutputAudioTranscriptDone(**ids, transcript=text))
+            self._emit(turn, ev.ResponseContentPartDone(**ids, part=ContentPart(type="audio", transcript=text)))
+        else:
+            self._emit(turn, ev.ResponseOutputTextDone(**ids, text=text))
+            self._emit(turn, ev.ResponseContentPartDone(**ids, part=ContentPart(type="text", text=text)))
+        item = assistant_item(turn, text, "completed", req.audio)
+        self._emit(turn, ev.ResponseOutputItemDone(response_id=turn.response_id, item=item))
+        self._emit(turn, ev.ConversationItemDone(item=item))
+        return text
+
+    async def _generate(self, turn: Turn, req: ReplyRequest, clauses: asyncio.Queue[str | None]) -> str:
+        """LLM tokens -> clauses (queue); returns the whole text."""
+        segmenter = ClauseSegmenter.from_config(self.cfg.tts)
+        text: list[str] = []
+        turn.trace.mark("llm_start")
+        try:
+            stream = self.engines.llm.stream(
+                lambda llm: llm.stream(req.messages, cancel=turn.cancel, max_tokens=req.max_tokens),
+                turn.cancel, priority=req.priority,
+            )
+            async for token in stream:
+                turn.trace.mark("llm_first_token")
+                text.append(token)
+                if not req.audio:
+                    clauses.put_nowait(token)
+                    continue
+                for clause in segmenter.feed(token):
+                    turn.trace.mark("first_clause")
+                    clauses.put_nowait(clause)
+            if req.audio:
+                for clause in segmenter.flush():
+                    turn.trace.mark("first_clause")
+                    clauses.put_nowait(clause)
+        finally:
+            clauses.put_nowait(None)
+        turn.trace.info["llm_tokens"] = len(text)
+        return "".join(text).strip()
+
+    async def _write_text(self, turn: Turn, clauses: asyncio.Queue[str | None], ids: dict) -> None:
+        while (token := await clauses.get()) is not None:
+            self._emit(turn, ev.ResponseOutputTextDelta(**ids, delta=token))
+
+    async def _speak(self, turn: Turn, req: ReplyRequest, clauses: asyncio.Queue[str | None], ids: dict) -> None:
+        options = SynthesisOptions(sample_rate=req.output_rate)
+        index = 0
+        while (clause := await clauses.get()) is not None:
+            start_ms = turn.audio_sent_ms
+            self._emit(turn, ev.ResponseOutputAudioTranscriptDelta(
+                **ids, delta=(" " if index else "") + clause))
+            priority = URGENT if index == 0 else NORMAL
+            chunks = self.engines.tts.stream(
+                lambda tts, c=clause: tts.synthesize(c, options), turn.cancel, priority=priority)
+            async for chunk in chunks:
+                turn.trace.mark("tts_first_audio")
+                for piece in split_pcm(chunk.pcm, chunk.sample_rate):
+                    self._emit(turn, ev.ResponseOutputAudioDelta(**ids, pcm=piece))
+                    turn.audio_sent_ms += 1000 * len(piece) / chunk.sample_rate
+            turn.clauses.append(SpokenClause(clause, start_ms, turn.audio_sent_ms))
+            index += 1
+

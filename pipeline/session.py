@@ -1,0 +1,507 @@
+"""One session per connection: conversation history, session settings, VAD, the current turn.
+
+Client events come in (already validated by the protocol core); server events go
+out through a bounded outbox. Speech flow (server VAD):
+
+  audio -> 16 kHz (soxr) -> VoiceActivityDetector
+    SpeechStart -> speech_started; barge-in if the assistant is audible and speech lasts
+    Pause       -> speculative turn: ASR + LLM + TTS start, events held back
+    Resume      -> the speculative turn is dropped silently
+    SpeechEnd   -> speech_stopped + committed; the speculative turn (if any) is released,
+                   else a turn starts now
+
+Push-to-talk (``turn_detection: null``): audio accumulates until ``input_audio_buffer.commit``.
+All interruption goes through ``TurnControl`` (pipeline/turn.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+import soxr
+
+from asr.vad import Pause, Resume, SpeechEnd, SpeechStart, VoiceActivityDetector
+from pipeline import events as ev
+from pipeline.engines import Engines
+from pipeline.history import History
+from pipeline.respond import ReplyRequest, Responder, assistant_item, response_object
+from pipeline.session_schema import default_session
+from pipeline.trace import Metrics, TraceSink, TurnTrace
+from pipeline.tts_requests import TtsRequests
+from pipeline.turn import Turn, TurnControl
+from pipeline.wire import ErrorCode, new_id
+from pipeline.workers import BACKGROUND, NORMAL
+from voxloop.config import Config
+from voxloop.errors import InvalidInput, VoxloopError
+
+log = logging.getLogger(__name__)
+ASR_RATE = 16000
+#: Shortest push-to-talk commit that is transcribed, ms.
+MIN_COMMIT_MS = 100
+
+
+class SlowClient(Exception):
+    """The client does not read: its outbox is full."""
+
+
+class Session:
+    def __init__(self, session_id: str, cfg: Config, engines: Engines, outbox: asyncio.Queue,
+                 metrics: Metrics, traces: TraceSink,
+                 close: Callable[[int, str], Awaitable[None]]) -> None:
+        self.id = session_id
+        self.cfg = cfg
+        self.engines = engines
+        self.outbox = outbox
+        self.metrics = metrics
+        self.traces = traces
+        self._close = close
+        self.closed = False
+        self.turns = TurnControl(self._send)
+        self.responder = Responder(cfg, engines, self.turns)
+        self.history = History(max_chars=int((cfg.llm.n_ctx - cfg.llm.max_tokens) * 3))
+        self.tts_requests = TtsRequests(engines, self._send, metrics)
+        self.protocol: Any = None
+        self._resampler: soxr.ResampleStream | None = None
+        self._resampler_rate = 0
+        self._vad: VoiceActivityDetector | None = None
+        self._ptt: list[np.ndarray] = []
+        self._ptt_samples = 0
+        self._ptt_overflow = False
+        self._utterance = 0
+        self._user_item: str | None = None
+        self._speech_start_ms = 0
+        self._last_turn: Turn | None = None
+        self._partial_task: asyncio.Task | None = None
+        self._partial_text = ""
+        self._next_partial_ms = 0.0
+
+    # ------------------------------------------------------------------ plumbing
+    def start(self, protocol: Any) -> None:
+        self.protocol = protocol
+        protocol.session = default_session(self.cfg, self.id)
+        self._configure()
+        self._send(ev.SessionCreated(session=protocol.session))
+
+    def _send(self, event: Any) -> None:
+        if self.closed:
+            return
+        if isinstance(event, ev.ErrorEvent):
+            self.metrics.errors.labels(code=event.error.code).inc()
+        try:
+            self.outbox.put_nowait(event)
+        except asyncio.QueueFull:
+            self.closed = True
+            log.warning("%s: client is not reading (%d queued); closing", self.id, self.outbox.qsize())
+            asyncio.get_running_loop().create_task(self._close(1008, "client is not reading its messages"))
+
+    def _error(self, exc: BaseException, event_id: str | None = None) -> None:
+        if not isinstance(exc, VoxloopError):
+            log.exception("%s: internal error", self.id, exc_info=exc)
+        self._send(ev.ErrorEvent.from_exception(exc, event_id))
+
+    def on_sent(self, event: Any) -> None:
+        """Called by the hub's writer after ``event`` went out on the socket."""
+        if isinstance(event, ev.ResponseOutputAudioDelta):
+            turn = self.turns.current
+            if turn is not None and turn.response_id == event.response_id and turn.first_audio_at is None:
+                turn.first_audio_at = time.monotonic()
+                turn.trace.mark("first_audio_sent", turn.first_audio_at)
+            self.metrics.audio_sent_s.inc(len(event.pcm) / self.protocol.session.output_rate)
+
+    async def wait_idle(self) -> None:
+        """Return when no turn is in flight (graceful drain)."""
+        while (turn := self.turns.current) is not None and not turn.finished.is_set():
+            await turn.finished.wait()
+
+    async def close(self, code: int, reason: str) -> None:
+        self.closed = True
+        await self._close(code, reason)
+
+    async def shutdown(self) -> None:
+        self.closed = True
+        self.turns.interrupt("client_cancelled")
+        self.tts_requests.cancel_all()
+        if self._partial_task is not None:
+            self._partial_task.cancel()
+
+    # ------------------------------------------------------------------ dispatch
+    def handle(self, event: Any) -> None:
+        if isinstance(event, ev.ErrorEvent):  # the protocol core rejected a message
+            self._send(event)
+            return
+        handler = _HANDLERS.get(type(event))
+        if handler is None:
+            self._error(InvalidInput(f"{event.type} is not supported", code=ErrorCode.UNSUPPORTED_EVENT_TYPE),
+                        event.event_id)
+            return
+        try:
+            handler(self, event)
+        except VoxloopError as exc:
+            self._error(exc, event.event_id)
+
+    def _on_session_update(self, event: ev.SessionUpdate) -> None:
+        self._configure()
+        self._send(ev.SessionUpdated(session=self.protocol.session))
+
+    def _configure(self) -> None:
+        """(Re)build the VAD from the session's turn detection (None: push-to-talk)."""
+        td = self.protocol.session.audio.input.turn_detection
+        if td is None:
+            self._vad = None
+            return
+        vad_cfg = dataclasses.replace(
+            self.cfg.vad, silence_duration_ms=td.silence_duration_ms,
+            prefix_padding_ms=td.prefix_padding_ms, aggressiveness=td.x_aggressiveness)
+        if self._vad is None or self._vad.config != vad_cfg:
+            self._vad = VoiceActivityDetector(vad_cfg, ASR_RATE, self.cfg.limits.max_utterance_s)
+
+    # ------------------------------------------------------------------ audio in
+    def _to_16k(self, pcm: np.ndarray, rate: int) -> np.ndarray:
+        if rate == ASR_RATE:
+            return pcm
+        if self._resampler is None or self._resampler_rate != rate:
+            self._resampler = soxr.ResampleStream(rate, ASR_RATE, 1, dtype="int16", quality="HQ")
+            self._resampler_rate = rate
+        return self._resampler.resample_chunk(pcm)
+
+    def _on_append(self, event: ev.InputAudioBufferAppend) -> None:
+        pcm = self._to_16k(event.pcm, event.sample_rate)
+        if self._vad is None:
+            self._ptt_append(pcm)
+            return
+        for vad_event in self._vad.feed(pcm):
+            self._on_vad(vad_event)
+        self._check_barge_in()
+        self._maybe_partial()
+
+    def _ptt_append(self, pcm: np.ndarray) -> None:
+        room = int(self.cfg.limits.max_utterance_s * ASR_RATE) - self._ptt_samples
+        if len(pcm) > room:
+            if not self._ptt_overflow:
+                self._ptt_overflow = True
+                self._error(InvalidInput(
+                    f"input audio buffer is full ({self.cfg.limits.max_utterance_s:g} s); "
+                    "later audio is dropped until commit or clear", code="input_audio_buffer_full"))
+            pcm = pcm[:max(room, 0)]
+        if len(pcm):
+            self._ptt.append(pcm)
+            self._ptt_samples += len(pcm)
+
+    def _on_vad(self, event: Any) -> None:
+        now = time.monotonic()
+        if isinstance(event, SpeechStart):
+            self._utterance += 1
+            self._user_item = new_id("item")
+            self._speech_start_ms = event.t_ms
+            self._speech_start_at = now - (self._vad.stream_ms - event.t_ms) / 1000
+            self._partial_text = ""
+            self._next_partial_ms = event.t_ms + self.cfg.asr.partial_interval_ms
+            self._send(ev.InputAudioBufferSpeechStarted(audio_start_ms=event.t_ms, item_id=self._user_item))
+        elif isinstance(event, Pause):
+            if not self._assistant_audible():
+                self._start_voice_turn(event.audio, committed=False, speech_end_ms=event.t_ms)
+        elif isinstance(event, Resume):
+            turn = self.turns.current
+            if turn is not None and not turn.committed and turn.utterance == self._utterance:
+                self.turns.interrupt("speech_resumed")
+                self.traces.record(turn.trace, "discarded")
+        elif isinstance(event, SpeechEnd):
+            self._on_speech_end(event, now)
+
+    def _on_speech_end(self, event: SpeechEnd, now: float) -> None:
+        item = self._user_item or new_id("item")
+        self._send(ev.InputAudioBufferSpeechStopped(audio_end_ms=event.t_ms, item_id=item))
+        speech_ms = event.t_ms - self._speech_start_ms
+        if self._assistant_audible() and speech_ms < self.cfg.vad.barge_in_min_ms:
+            return  # a cough or "mm" over the assistant: not a turn
+        speech_end_at = now - (self._vad.stream_ms - event.t_ms) / 1000
+        self._send(ev.InputAudioBufferCommitted(item_id=item))
+        turn = self.turns.current
+        if turn is not None and not turn.committed and turn.utterance == self._utterance:
+            turn.trace.mark("speech_end", speech_end_at)
+            turn.trace.mark("vad_end", now)
+            turn.trace.info["speculative"] = True
+            self.turns.commit(turn)
+            if turn.info.get("user_text") is not None:
+                self._add_user_message(turn)
+            return
+        self._start_voice_turn(event.audio, committed=True, speech_end_ms=event.t_ms,
+                               speech_end_at=speech_end_at, vad_end_at=now)
+
+    def _assistant_audible(self) -> bool:
+        turn = self.turns.current or self._last_turn
+        return turn is not None and turn.committed and turn.still_audible()
+
+    def _check_barge_in(self) -> None:
+        vad = self._vad
+        if vad is None or not vad.in_speech or not self._assistant_audible():
+            return
+        if vad.stream_ms - self._speech_start_ms >= self.cfg.vad.barge_in_min_ms:
+            self._interrupt("turn_detected")
+
+    # ------------------------------------------------------------------ partial transcripts
+    def _maybe_partial(self) -> None:
+        vad = self._vad
+        interval = self.cfg.asr.partial_interval_ms
+        if (interval <= 0 or vad is None or not vad.in_speech or vad.stream_ms < self._next_partial_ms
+                or self._partial_task is not None or not self.engines.asr.idle()):
+            return  # partials are opportunistic: never queue behind real work
+        audio = vad.utterance_so_far()
+        if audio is None:
+            return
+        self._next_partial_ms = vad.stream_ms + interval
+        self._partial_task = asyncio.create_task(self._partial(audio, self._utterance, self._user_item))
+
+    async def _partial(self, audio: np.ndarray, utterance: int, item: str | None) -> None:
+        try:
+            language = self.cfg.asr.language
+            result = await self.engines.asr.submit(lambda asr: asr.transcribe(audio, language),
+                                                   priority=BACKGROUND)
+            text = result.text.strip()
+            if utterance == self._utterance and item and text.startswith(self._partial_text) and text != self._partial_text:
+                delta = text[len(self._partial_text):]
+                self._partial_text = text
+                self._send(ev.InputAudioTranscriptionDelta(item_id=item, delta=delta))
+        except VoxloopError:
+            pass  # a partial is a courtesy; the final transcript reports real errors
+        finally:
+            self._partial_task = None
+
+    # ------------------------------------------------------------------ turns
+    def _new_turn(self, mode: str, committed: bool, utterance: int | None = None) -> Turn:
+        trace = TurnTrace(0, self.id, mode)
+        turn = self.turns.begin(new_id("resp"), new_id("item"), trace, committed, utterance)
+        return turn
+
+    def _start_voice_turn(self, audio: np.ndarray, committed: bool, speech_end_ms: int,
+                          speech_end_at: float | None = None, vad_end_at: float | None = None) -> None:
+        self._interrupt("turn_detected")
+        mode = "server_vad" if self._vad is not None else "push_to_talk"
+        turn = self._new_turn(mode, committed, self._utterance)
+        if getattr(self, "_speech_start_at", None) is not None and self._vad is not None:
+            turn.trace.mark("speech_start", self._speech_start_at)
+        if speech_end_at is not None:
+            turn.trace.mark("speech_end", speech_end_at)
+        if vad_end_at is not None:
+            turn.trace.mark("vad_end", vad_end_at)
+        turn.info["user_item_id"] = self._user_item or new_id("item")
+        turn.trace.info["audio_ms"] = round(1000 * len(audio) / ASR_RATE)
+        self._spawn(turn, self._voice_turn(turn, audio))
+
+    def _spawn(self, turn: Turn, coro: Awaitable[None]) -> None:
+        task = asyncio.create_task(coro, name=f"{self.id}-turn{turn.turn_id}")
+        turn.tasks.add(task)
+
+    async def _voice_turn(self, turn: Turn, audio: np.ndarray) -> None:
+        item = str(turn.info["user_item_id"])
+        try:
+            turn.trace.mark("asr_start")
+            language = self.cfg.asr.language
+            priority = NORMAL if turn.committed else BACKGROUND
+            result = await self.engines.asr.submit(lambda asr: asr.transcribe(audio, language),
+                                                   priority=priority, cancel=turn.cancel)
+            turn.trace.mark("asr_final")
+            text = result.text.strip()
+            turn.info["user_text"] = text
+            self.turns.emit(turn, ev.InputAudioTranscriptionCompleted(
+                item_id=item, transcript=text, usage=ev.TranscriptionUsage(seconds=len(audio) / ASR_RATE)))
+            if not text:
+                await turn.released.wait()
+                self._finish(turn, "empty_transcript")
+                return
+            if turn.committed:
+                self._add_user_message(turn)
+            await self._reply(turn, pending_user=None if turn.committed else text)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported to the client, the session goes on
+            self._fail(turn, exc)
+
+    def _add_user_message(self, turn: Turn) -> None:
+        if turn.info.get("user_added"):
+            return
+        turn.info["user_added"] = True
+        self.history.add("user", str(turn.info["user_text"]), str(turn.info["user_item_id"]))
+
+    async def _reply(self, turn: Turn, pending_user: str | None = None, instructions: str | None = None,
+                     audio: bool | None = None, add_to_history: bool = True) -> None:
+        session = self.protocol.session
+        system = instructions or session.instructions or self.cfg.llm.system_prompt
+        messages = self.history.messages(system, pending_user)
+        max_tokens = self.cfg.llm.max_tokens
+        if session.max_output_tokens != "inf":
+            max_tokens = min(max_tokens, int(session.max_output_tokens))
+        wants_audio = session.output_modalities == ("audio",) if audio is None else audio
+        req = ReplyRequest(messages, max_tokens, session.output_rate, audio=wants_audio)
+        text = await self.responder.run(turn, req)
+        turn.info["reply_text"] = text
+        # A speculative turn may finish before the user has; history changes wait for the commit.
+        await turn.released.wait()
+        if pending_user is not None:
+            self._add_user_message(turn)
+        if add_to_history and text:
+            turn.info["history_index"] = self.history.add("assistant", text, turn.item_id)
+        self._finish(turn, "completed")
+
+    def _finish(self, turn: Turn, status: str) -> None:
+        if not self.turns.is_current(turn):
+            return
+        if status in ("completed", "failed") and "llm_start" in turn.trace.t:
+            text = turn.info.get("reply_text")
+            items = (assistant_item(turn, text, "completed"),) if text else ()
+            done = ev.ResponseDone(response=response_object(turn, status, items=items))
+            self.turns.emit(turn, done)
+        self.turns.finish(turn, status)
+        self._last_turn = turn
+        turn.trace.mark("done")
+        self._record(turn, status)
+
+    def _record(self, turn: Turn, status: str) -> None:
+        summary = self.traces.record(turn.trace, status)
+        if self.cfg.trace.send_to_client and turn.committed and status != "empty_transcript":
+            self._send(ev.XTurnMetrics(response_id=turn.response_id, item_id=turn.item_id, metrics=summary))
+
+    def _fail(self, turn: Turn, exc: BaseException) -> None:
+        self._error(exc)
+        if turn.committed:
+            self._finish(turn, "failed")
+        else:
+            self.turns.interrupt("failed", turn)
+
+    def _interrupt(self, reason: str) -> Turn | None:
+        """Barge-in / cancel: stop the current turn, tell the client, keep only heard text."""
+        turn = self.turns.interrupt(reason)
+        if turn is None:
+            last = self._last_turn
+            if reason == "turn_detected" and last is not None and last.still_audible():
+                self._truncate_history(last, last.heard_ms())
+                last.played_ms = last.heard_ms()  # no longer audible: the client stops playback
+            return None
+        if not turn.committed:
+            self.traces.record(turn.trace, "discarded")
+            return turn
+        self._last_turn = turn
+        heard = turn.heard_text()
+        if heard:
+            turn.info["history_index"] = self.history.add("assistant", heard, turn.item_id)
+        if "llm_start" in turn.trace.t:
+            self._send(ev.ResponseDone(response=response_object(turn, "cancelled", reason)))
+        turn.trace.mark("done")
+        self._record(turn, "cancelled")
+        return turn
+
+    def _truncate_history(self, turn: Turn, heard_ms: float) -> None:
+        index = turn.info.get("history_index")
+        if isinstance(index, int):
+            self.history.truncate(index, turn.item_id, turn.heard_text(heard_ms))
+
+    # ------------------------------------------------------------------ client events
+    def _on_commit(self, event: ev.InputAudioBufferCommit) -> None:
+        if self._vad is not None:
+            audio = self._vad.utterance_so_far()
+            self._vad.reset()
+        else:
+            audio = np.concatenate(self._ptt) if self._ptt else np.zeros(0, np.int16)
+            self._ptt, self._ptt_samples, self._ptt_overflow = [], 0, False
+        if audio is None or len(audio) < ASR_RATE * MIN_COMMIT_MS // 1000:
+            raise InvalidInput(f"input audio buffer holds less than {MIN_COMMIT_MS} ms of audio",
+                               code=ErrorCode.INPUT_AUDIO_BUFFER_COMMIT_EMPTY)
+        self._utterance += 1
+        self._user_item = new_id("item")
+        self._send(ev.InputAudioBufferCommitted(item_id=self._user_item))
+        self._start_voice_turn(audio, committed=True, speech_end_ms=0, vad_end_at=time.monotonic())
+
+    def _on_clear(self, event: ev.InputAudioBufferClear) -> None:
+        self._ptt, self._ptt_samples, self._ptt_overflow = [], 0, False
+        if self._vad is not None:
+            self._vad.reset()
+        self._send(ev.InputAudioBufferCleared())
+
+    def _on_item_create(self, event: ev.ConversationItemCreate) -> None:
+        item = event.item
+        text = " ".join(p.content_text for p in item.content).strip()
+        item_id = item.id or new_id("item")
+        self.history.add(item.role, text, item_id)
+        done = dataclasses.replace(item, id=item_id, status="completed", object="realtime.item")
+        self._send(ev.ConversationItemAdded(item=done, previous_item_id=event.previous_item_id))
+        self._send(ev.ConversationItemDone(item=done, previous_item_id=event.previous_item_id))
+
+    def _on_response_create(self, event: ev.ResponseCreate) -> None:
+        current = self.turns.current
+        if current is not None and current.committed and not current.finished.is_set():
+            raise InvalidInput("a response is already in progress; cancel it first",
+                               code=ErrorCode.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE)
+        self._interrupt("turn_detected")  # drops a speculative turn, if any
+        opts = event.response
+        turn = self._new_turn("text", committed=True)
+        turn.trace.mark("vad_end")
+        audio = None if opts is None or opts.output_modalities is None else opts.output_modalities == ("audio",)
+        self._spawn(turn, self._guarded_reply(
+            turn, instructions=opts.instructions if opts else None, audio=audio,
+            add_to_history=not (opts is not None and opts.conversation == "none")))
+
+    async def _guarded_reply(self, turn: Turn, **kwargs: Any) -> None:
+        try:
+            await self._reply(turn, **kwargs)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            self._fail(turn, exc)
+
+    def _on_response_cancel(self, event: ev.ResponseCancel) -> None:
+        current = self.turns.current
+        if current is None or not current.committed or (
+                event.response_id is not None and event.response_id != current.response_id):
+            raise InvalidInput("no active response to cancel", code=ErrorCode.RESPONSE_CANCEL_NOT_ACTIVE)
+        self._interrupt("client_cancelled")
+
+    def _find_turn(self, item_id: str) -> Turn | None:
+        for turn in (self.turns.current, self._last_turn):
+            if turn is not None and turn.item_id == item_id:
+                return turn
+        return None
+
+    def _on_truncate(self, event: ev.ConversationItemTruncate) -> None:
+        turn = self._find_turn(event.item_id)
+        if turn is None and not self.history.has_item(event.item_id):
+            raise InvalidInput(f"no assistant item {event.item_id}", code=ErrorCode.ITEM_NOT_FOUND)
+        if turn is not None:
+            turn.played_ms = float(event.audio_end_ms)
+            self._truncate_history(turn, event.audio_end_ms)
+        self._send(ev.ConversationItemTruncated(item_id=event.item_id, content_index=event.content_index,
+                                                audio_end_ms=event.audio_end_ms))
+
+    def _on_playback(self, event: ev.XPlayback) -> None:
+        turn = self._find_turn(event.item_id)
+        if turn is None:
+            return  # a late report about an old reply: nothing left to update
+        if turn.played_ms is None and event.audio_end_ms > 0:
+            turn.trace.mark("playback_start", time.monotonic() - event.audio_end_ms / 1000)
+        turn.played_ms = max(turn.played_ms or 0.0, float(event.audio_end_ms))
+
+    def _on_tts_speak(self, event: ev.XTtsSpeak) -> None:
+        self.tts_requests.start(event, self.protocol.session.output_rate)
+
+    def _on_tts_cancel(self, event: ev.XTtsCancel) -> None:
+        self.tts_requests.cancel(event.request_id)
+
+
+_HANDLERS: dict[type, Callable[[Session, Any], None]] = {
+    ev.SessionUpdate: Session._on_session_update,
+    ev.InputAudioBufferAppend: Session._on_append,
+    ev.InputAudioBufferCommit: Session._on_commit,
+    ev.InputAudioBufferClear: Session._on_clear,
+    ev.ConversationItemCreate: Session._on_item_create,
+    ev.ConversationItemTruncate: Session._on_truncate,
+    ev.ResponseCreate: Session._on_response_create,
+    ev.ResponseCancel: Session._on_response_cancel,
+    ev.XPlayback: Session._on_playback,
+    ev.XTtsSpeak: Session._on_tts_speak,
+    ev.XTtsCancel: Session._on_tts_cancel,
+}

@@ -1,0 +1,78 @@
+"""``x.tts.speak``: text in, audio out, no LLM and no history (custom frontends, load tests).
+
+Requests of one session run concurrently up to ``MAX_CONCURRENT``; each streams
+``x.tts.audio.delta`` events and ends with one ``x.tts.done``. They never touch the
+conversation's turn, so speaking a notification does not interrupt the assistant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from pipeline import events as ev
+from pipeline.items import ErrorInfo
+from pipeline.respond import split_pcm
+from pipeline.trace import Metrics
+from pipeline.workers import NORMAL
+from voxloop.errors import InvalidInput, Overloaded, VoxloopError
+
+#: Requests in flight per session; more get ``server_overloaded``.
+MAX_CONCURRENT = 8
+
+
+class TtsRequests:
+    def __init__(self, engines: Any, send: Callable[[Any], None], metrics: Metrics) -> None:
+        self.engines = engines
+        self._send = send
+        self.metrics = metrics
+        self._active: dict[str, tuple[threading.Event, asyncio.Task]] = {}
+
+    def start(self, event: ev.XTtsSpeak, output_rate: int) -> None:
+        if event.request_id in self._active:
+            raise InvalidInput(f"request {event.request_id} is already in progress", code="duplicate_request_id")
+        if len(self._active) >= MAX_CONCURRENT:
+            raise Overloaded(f"at most {MAX_CONCURRENT} x.tts.speak requests per session at once")
+        cancel = threading.Event()
+        task = asyncio.create_task(self._run(event, output_rate, cancel))
+        self._active[event.request_id] = (cancel, task)
+        self.metrics.tts_requests.inc()
+
+    async def _run(self, event: ev.XTtsSpeak, rate: int, cancel: threading.Event) -> None:
+        rid = event.request_id
+        options = event.synthesis_options(rate)
+        sent = 0
+        status, error = "completed", None
+        try:
+            chunks = self.engines.tts.stream(lambda tts: tts.synthesize(event.text, options), cancel,
+                                             priority=NORMAL)
+            async for chunk in chunks:
+                for piece in split_pcm(chunk.pcm, chunk.sample_rate):
+                    self._send(ev.XTtsAudioDelta(request_id=rid, pcm=piece))
+                    sent += len(piece)
+            if cancel.is_set():
+                status = "cancelled"
+        except asyncio.CancelledError:
+            status = "cancelled"
+        except VoxloopError as exc:
+            status, error = "failed", ErrorInfo(type="invalid_request_error" if isinstance(exc, InvalidInput)
+                                                else "server_error", code=exc.code, message=exc.message)
+            if isinstance(exc, Overloaded):
+                self._send(ev.ErrorEvent.from_exception(exc, event.event_id))
+        finally:
+            self._active.pop(rid, None)
+            self._send(ev.XTtsDone(request_id=rid, status=status, audio_ms=round(1000 * sent / rate),
+                                   error=error))
+
+    def cancel(self, request_id: str) -> None:
+        entry = self._active.get(request_id)
+        if entry is None:
+            raise InvalidInput(f"no x.tts.speak request {request_id} in progress", code="request_not_found")
+        entry[0].set()
+
+    def cancel_all(self) -> None:
+        for cancel, task in list(self._active.values()):
+            cancel.set()
+            task.cancel()

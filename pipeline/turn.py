@@ -1,0 +1,168 @@
+"""Turn control: the one place that knows about interruption (barge-in, cancel, speculation).
+
+Every reply belongs to a ``Turn`` with an id. ``TurnControl.interrupt()`` bumps the
+id, sets the turn's cancel flag (the LLM and TTS workers check it between tokens
+and chunks), cancels its asyncio tasks and returns the turn so the session can say
+``response.done`` (cancelled) and keep in history only what the client heard.
+Anything carrying an old turn id is dropped on arrival (``is_current``).
+
+A turn can start *speculatively* (ASR + LLM + TTS begin at a short pause in speech):
+its events are held back until ``commit()``; if speech resumes it is interrupted
+silently and nothing of it ever reaches the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.trace import TurnTrace
+
+
+@dataclass
+class SpokenClause:
+    """A clause of the reply and where its audio sits in the response's audio stream (ms)."""
+
+    text: str
+    start_ms: float
+    end_ms: float
+
+
+@dataclass
+class Turn:
+    """One reply in the making."""
+
+    turn_id: int
+    response_id: str
+    item_id: str
+    trace: TurnTrace
+    committed: bool
+    cancel: threading.Event = field(default_factory=threading.Event)
+    tasks: set[asyncio.Task] = field(default_factory=set)
+    held: list[Any] = field(default_factory=list)
+    clauses: list[SpokenClause] = field(default_factory=list)
+    #: Reply audio handed to the client so far, ms.
+    audio_sent_ms: float = 0.0
+    #: Client-reported playback position, ms (None until the first ``x.playback``).
+    played_ms: float | None = None
+    #: Monotonic time of the first audio sent (to estimate playback without reports).
+    first_audio_at: float | None = None
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Set once the turn is committed (at once for turns that start committed).
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+    status: str = "in_progress"
+    reason: str | None = None
+    #: Set for turns started from speech: identifies the utterance they answer.
+    utterance: int | None = None
+    #: Session bookkeeping (user item id and text, history index); not traced.
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def heard_ms(self, now: float | None = None) -> float:
+        """How much of the reply the user has heard: reported, else estimated from wall time."""
+        if self.played_ms is not None:
+            return min(self.played_ms, self.audio_sent_ms)
+        if self.first_audio_at is None:
+            return 0.0
+        elapsed = ((time.monotonic() if now is None else now) - self.first_audio_at) * 1000
+        return min(elapsed, self.audio_sent_ms)
+
+    def heard_text(self, heard_ms: float | None = None) -> str:
+        """Text of the audio heard: whole clauses, plus the heard share of a clause cut mid-way."""
+        ms = self.heard_ms() if heard_ms is None else heard_ms
+        out: list[str] = []
+        for c in self.clauses:
+            if ms >= c.end_ms:
+                out.append(c.text)
+            elif ms > c.start_ms:
+                words = c.text.split()
+                share = (ms - c.start_ms) / max(c.end_ms - c.start_ms, 1e-6)
+                keep = int(len(words) * share)
+                if keep:
+                    out.append(" ".join(words[:keep]))
+                break
+            else:
+                break
+        return " ".join(out)
+
+    def full_text(self) -> str:
+        return " ".join(c.text for c in self.clauses)
+
+    def still_audible(self, now: float | None = None) -> bool:
+        """True while the client may still be playing this reply."""
+        if not self.finished.is_set():
+            return True
+        return self.heard_ms(now) < self.audio_sent_ms - 1
+
+
+class TurnControl:
+    """Owns the current turn of a session."""
+
+    def __init__(self, emit: Callable[[Any], None]) -> None:
+        self._emit = emit
+        self._next_id = 0
+        self.current: Turn | None = None
+
+    def begin(self, response_id: str, item_id: str, trace: TurnTrace, committed: bool,
+              utterance: int | None = None) -> Turn:
+        """Start a new turn (the caller interrupts any current one first)."""
+        self._next_id += 1
+        turn = Turn(self._next_id, response_id, item_id, trace, committed, utterance=utterance)
+        trace.turn_id = turn.turn_id
+        if committed:
+            turn.released.set()
+        self.current = turn
+        return turn
+
+    @property
+    def next_id(self) -> int:
+        return self._next_id + 1
+
+    def is_current(self, turn: Turn | int) -> bool:
+        tid = turn if isinstance(turn, int) else turn.turn_id
+        return self.current is not None and self.current.turn_id == tid
+
+    def emit(self, turn: Turn, event: Any) -> bool:
+        """Send ``event`` for ``turn`` — held while speculative, dropped if the turn is stale."""
+        if not self.is_current(turn) or turn.status == "cancelled":
+            return False
+        if not turn.committed:
+            turn.held.append(event)
+            return True
+        self._emit(event)
+        return True
+
+    def commit(self, turn: Turn) -> None:
+        """Release a speculative turn: send what it held, in order; from now on events flow."""
+        if turn.committed:
+            return
+        turn.committed = True
+        held, turn.held = turn.held, []
+        for event in held:
+            self._emit(event)
+        turn.released.set()
+
+    def interrupt(self, reason: str, turn: Turn | None = None) -> Turn | None:
+        """Stop ``turn`` (default: the current one). Returns it if it was still running."""
+        turn = turn or self.current
+        if turn is None or turn.finished.is_set():
+            return None
+        turn.status, turn.reason = "cancelled", reason
+        turn.cancel.set()
+        me = asyncio.current_task()
+        for task in turn.tasks:
+            if task is not me:
+                task.cancel()
+        turn.held.clear()
+        turn.finished.set()
+        if self.current is turn:
+            self.current = None  # its id is now stale: emit() drops anything it still produces
+        return turn
+
+    def finish(self, turn: Turn, status: str = "completed") -> None:
+        if not turn.finished.is_set():
+            turn.status = status
+            turn.finished.set()

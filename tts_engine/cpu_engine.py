@@ -1,0 +1,137 @@
+"""``OnnxTtsEngine``: the CPU ``TtsEngine`` (Piper voice, onnxruntime, soxr).
+
+Three lines from a notebook::
+
+    engine = OnnxTtsEngine.from_config(load_config())
+    for chunk in engine.synthesize("Hello there. How are you?"):
+        play(chunk.pcm, chunk.sample_rate)
+
+Each sentence is one model run and one ``AudioChunk`` (``final=True``); sentences
+are those of espeak-ng, exactly as Piper splits them, so ids and audio equal Piper's.
+Audio is not peak-normalized per sentence (Piper's default): per-clause gain would
+make the level jump between streamed clauses.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+
+from tts_engine.engine import AudioChunk, SynthesisOptions
+from tts_engine.frontend import TextFrontend
+from tts_engine.onnx_backend import InferenceScales, OnnxVits, StreamResampler, to_int16
+from tts_engine.voice import Voice
+from voxloop.config import Config
+from voxloop.errors import InvalidInput
+
+#: Output rates accepted in ``SynthesisOptions.sample_rate``, Hz.
+MIN_RATE, MAX_RATE = 8_000, 192_000
+
+
+class OnnxTtsEngine:
+    """Text or phoneme ids in, int16 ``AudioChunk``s out, one per sentence."""
+
+    def __init__(
+        self,
+        voice: Voice,
+        *,
+        threads: int = 1,
+        workers: int = 1,
+        defaults: SynthesisOptions | None = None,
+        max_text_chars: int | None = None,
+    ) -> None:
+        """``threads``: onnxruntime intra-op threads per session (0 = its choice);
+        ``workers``: parallel sessions; ``defaults``: options used where a request says None
+        (then the voice's own); ``max_text_chars``: longest accepted text (None = no limit)."""
+        self.voice = voice
+        self.frontend = TextFrontend(voice.config, max_text_chars=max_text_chars)
+        self.model = OnnxVits(voice.model_path, threads=threads, workers=workers)
+        self.defaults = defaults or SynthesisOptions()
+        #: Native sample rate of the voice, Hz.
+        self.sample_rate = voice.sample_rate
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> OnnxTtsEngine:
+        """The voice, threads, defaults and text limit from ``cfg`` (models via ``voxloop.models``)."""
+        from voxloop import models
+
+        onnx_path = models.resolve_voice(cfg).path
+        voice = Voice.load(onnx_path, models.voice_config_path(cfg, onnx_path))
+        tts = cfg.tts
+        defaults = SynthesisOptions(
+            length_scale=tts.length_scale, noise_scale=tts.noise_scale, noise_w=tts.noise_w, speaker_id=tts.speaker_id
+        )
+        return cls(
+            voice,
+            threads=tts.onnx_threads,
+            workers=tts.onnx_workers,
+            defaults=defaults,
+            max_text_chars=cfg.limits.max_text_chars,
+        )
+
+    def synthesize(self, text: str, options: SynthesisOptions | None = None) -> Iterator[AudioChunk]:
+        """Speak ``text``; one chunk per sentence, yielded as soon as it is ready.
+
+        Text is checked and phonemized at call time (InvalidInput for a bad option or
+        text over the limit); audio is made lazily. Text with no letter or digit yields
+        nothing.
+        """
+        scales, speaker_id, rate = self._resolve(options)
+        sentences = list(self.frontend.sentence_ids(text))
+        return self._speak(sentences, scales, speaker_id, rate)
+
+    def synthesize_ids(self, phoneme_ids: Sequence[int], options: SynthesisOptions | None = None) -> Iterator[AudioChunk]:
+        """Speak one already-encoded clause (Piper layout: BOS ... EOS); one final chunk."""
+        scales, speaker_id, rate = self._resolve(options)
+        return self._speak([self._check_ids(phoneme_ids)], scales, speaker_id, rate)
+
+    def _speak(
+        self, sentences: list[list[int]], scales: InferenceScales, speaker_id: int | None, rate: int
+    ) -> Iterator[AudioChunk]:
+        resampler = StreamResampler(self.sample_rate, rate)
+        last = len(sentences) - 1
+        for index, ids in enumerate(sentences):
+            audio = self.model.infer(ids, scales, speaker_id)
+            pcm = to_int16(resampler.process(audio, last=index == last))
+            yield AudioChunk(pcm=pcm, sample_rate=rate, clause_index=index, final=True)
+
+    def _resolve(self, options: SynthesisOptions | None) -> tuple[InferenceScales, int | None, int]:
+        """Request options over engine defaults over the voice's own; validated."""
+        req, dflt, voice = options or SynthesisOptions(), self.defaults, self.voice.config
+
+        def pick(name: str, voice_value: float) -> float:
+            for value in (getattr(req, name), getattr(dflt, name)):
+                if value is not None:
+                    return float(value)
+            return voice_value
+
+        scales = InferenceScales(
+            noise_scale=pick("noise_scale", voice.noise_scale),
+            length_scale=pick("length_scale", voice.length_scale),
+            noise_w=pick("noise_w", voice.noise_w),
+        )
+        if not all(math.isfinite(v) for v in vars(scales).values()):
+            raise InvalidInput(f"synthesis scales must be finite numbers, got {scales}")
+        if not 0.05 <= scales.length_scale <= 20:
+            raise InvalidInput(f"length_scale must be in [0.05, 20], got {scales.length_scale}")
+        if scales.noise_scale < 0 or scales.noise_w < 0:
+            raise InvalidInput(f"noise_scale and noise_w must be >= 0, got {scales}")
+        speaker = req.speaker_id if req.speaker_id is not None else dflt.speaker_id
+        rate = req.sample_rate or dflt.sample_rate or self.sample_rate
+        if not MIN_RATE <= rate <= MAX_RATE:
+            raise InvalidInput(f"sample_rate must be in [{MIN_RATE}, {MAX_RATE}] Hz, got {rate}")
+        return scales, self.voice.speaker_id(speaker), int(rate)
+
+    def _check_ids(self, phoneme_ids: Sequence[int]) -> list[int]:
+        try:
+            ids = [int(i) for i in phoneme_ids]
+        except (TypeError, ValueError):
+            raise InvalidInput("phoneme_ids must be integers") from None
+        if not ids:
+            raise InvalidInput("phoneme_ids is empty")
+        bad = [i for i in ids if not 0 <= i < self.voice.config.num_symbols]
+        if bad:
+            raise InvalidInput(
+                f"phoneme id {bad[0]} out of range: the voice has {self.voice.config.num_symbols} symbols"
+            )
+        return ids

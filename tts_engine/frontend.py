@@ -1,0 +1,345 @@
+"""Text -> phoneme ids for a Piper voice, in separately testable steps.
+
+``TextFrontend.normalize`` (clean text) -> ``phonemize`` (phonemes per sentence)
+-> ``phonemes_to_ids`` (model input ids), plus ``sentence_ids`` that chains them.
+
+The phonemizer is chosen by the voice's ``phoneme_type`` from a small registry
+(``register_phoneme_type``): "espeak" and "text" are built in; other languages plug
+in from their own package (``tts_engine.zh`` registers "pinyin" when imported; it is
+imported on first use). Ids for espeak voices equal Piper 1.8's exactly
+(``piper/phonemize_espeak.py`` + ``piper/phoneme_ids.py``).
+
+Backend-neutral: no onnxruntime/torch imports. espeak-ng comes from the copy bundled
+in piper-tts (``piper/espeakbridge*.so`` + ``piper/espeak-ng-data``), loaded by file
+so that importing this module does not import ``piper`` (which imports onnxruntime).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import importlib.util
+import logging
+import re
+import threading
+import unicodedata
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Protocol
+
+from tts_engine.voice import BOS, EOS, PAD, VoiceConfig
+from voxloop.errors import InvalidInput, ModelError
+
+log = logging.getLogger(__name__)
+
+#: Longest sentence handed to the model, phonemes; longer ones are cut at a word boundary.
+MAX_SENTENCE_PHONEMES = 400
+
+
+class Phonemizer(Protocol):
+    """Normalized text -> phonemes, one list of phoneme strings per sentence."""
+
+    def phonemize(self, text: str) -> list[list[str]]: ...
+
+
+#: (phonemes, id map) -> (ids, phonemes skipped because the map lacks them).
+IdEncoder = Callable[[Sequence[str], Mapping[str, Sequence[int]]], tuple[list[int], list[str]]]
+
+
+def interspersed_ids(
+    phonemes: Sequence[str], id_map: Mapping[str, Sequence[int]]
+) -> tuple[list[int], list[str]]:
+    """Piper's encoding: BOS, PAD, then each phoneme followed by PAD, then EOS."""
+    pad = id_map[PAD]
+    ids = [*id_map[BOS], *pad]
+    skipped = []
+    for phoneme in phonemes:
+        phoneme_ids = id_map.get(phoneme)
+        if phoneme_ids is None:
+            skipped.append(phoneme)
+            continue
+        ids.extend(phoneme_ids)
+        ids.extend(pad)
+    ids.extend(id_map[EOS])
+    return ids, skipped
+
+
+@dataclass(frozen=True)
+class PhonemeScheme:
+    """How one ``phoneme_type`` turns text into ids."""
+
+    #: Builds the phonemizer for a voice.
+    make_phonemizer: Callable[[VoiceConfig], Phonemizer]
+    #: Phonemes -> ids.
+    encode: IdEncoder = interspersed_ids
+    #: Language rules applied after the generic cleanup (e.g. numbers for Chinese); None for none.
+    normalize: Callable[[str], str] | None = None
+
+
+_SCHEMES: dict[str, PhonemeScheme] = {}
+#: phoneme_type -> module that registers it when imported.
+_PLUGIN_MODULES = {"pinyin": "tts_engine.zh"}
+
+
+def register_phoneme_type(phoneme_type: str, scheme: PhonemeScheme) -> None:
+    """Make voices with this ``phoneme_type`` usable (called by language packages on import)."""
+    _SCHEMES[phoneme_type] = scheme
+
+
+def scheme_for(config: VoiceConfig) -> PhonemeScheme:
+    """The registered scheme for the voice; ModelError when none is available."""
+    scheme = _SCHEMES.get(config.phoneme_type)
+    module = _PLUGIN_MODULES.get(config.phoneme_type)
+    if scheme is None and module is not None:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not module.startswith(exc.name):  # the plugin lacks a dependency
+                raise ModelError(f"phoneme_type {config.phoneme_type!r} ({module}) needs {exc.name}: {exc}") from None
+        scheme = _SCHEMES.get(config.phoneme_type)
+    if scheme is None:
+        raise ModelError(
+            f"voice phoneme_type {config.phoneme_type!r} is not supported "
+            f"(supported: {', '.join(sorted(_SCHEMES))})"
+        )
+    return scheme
+
+
+# --- espeak-ng ---------------------------------------------------------------
+
+# espeak-ng is one global C state (voice, buffers): every call goes through this lock.
+# (piper.voice has its own lock; do not phonemize with PiperVoice concurrently in one process.)
+_ESPEAK_LOCK = threading.Lock()
+_espeak: ModuleType | None = None
+
+
+def piper_package_dir() -> Path:
+    """piper-tts's package directory, found without importing it."""
+    spec = importlib.util.find_spec("piper")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError("piper-tts is not installed; it provides espeak-ng (`pip install piper-tts==1.8.0`)")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _load_espeakbridge() -> ModuleType:
+    """Load and initialize ``piper.espeakbridge`` once (call with ``_ESPEAK_LOCK`` held)."""
+    global _espeak
+    if _espeak is None:
+        pkg = piper_package_dir()
+        found = sorted(pkg.glob("espeakbridge*.so")) + sorted(pkg.glob("espeakbridge*.pyd"))
+        if not found:
+            raise ModelError(f"piper-tts at {pkg} has no espeakbridge extension")
+        loader = importlib.machinery.ExtensionFileLoader("piper.espeakbridge", str(found[0]))
+        spec = importlib.util.spec_from_file_location("piper.espeakbridge", found[0], loader=loader)
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+        module.initialize(str(pkg / "espeak-ng-data"))
+        _espeak = module
+    return _espeak
+
+
+class EspeakPhonemizer:
+    """espeak-ng phonemes grouped by sentence, exactly as ``piper/phonemize_espeak.py``."""
+
+    def __init__(self, voice: str, vowel_clusters: frozenset[tuple[str, ...]] = frozenset()) -> None:
+        self.voice = voice
+        self.vowel_clusters = vowel_clusters
+
+    @classmethod
+    def for_voice(cls, config: VoiceConfig) -> EspeakPhonemizer:
+        return cls(config.espeak_voice, config.vowel_clusters)
+
+    def phonemize(self, text: str) -> list[list[str]]:
+        text = text.replace("\x00", " ")  # the C bridge rejects NUL
+        with _ESPEAK_LOCK:
+            bridge = _load_espeakbridge()
+            bridge.set_voice(self.voice)
+            clauses = bridge.get_phonemes(text)
+        sentences: list[list[str]] = []
+        current: list[str] = []
+        for phonemes, terminator, end_of_sentence in clauses:
+            phonemes = re.sub(r"\([^)]+\)", "", phonemes) + terminator  # drop (lang) switch flags
+            if terminator in (",", ":", ";"):
+                phonemes += " "
+            current.extend(unicodedata.normalize("NFD", phonemes))
+            if end_of_sentence:
+                sentences.append(self._merge_clusters(current))
+                current = []
+        if current:
+            sentences.append(self._merge_clusters(current))
+        return sentences
+
+    def _merge_clusters(self, phonemes: list[str]) -> list[str]:
+        if not self.vowel_clusters:
+            return phonemes
+        longest = max(len(c) for c in self.vowel_clusters)
+        out: list[str] = []
+        i = 0
+        while i < len(phonemes):
+            for n in range(min(longest, len(phonemes) - i), 1, -1):
+                if tuple(phonemes[i : i + n]) in self.vowel_clusters:
+                    out.append("".join(phonemes[i : i + n]))
+                    i += n
+                    break
+            else:
+                out.append(phonemes[i])
+                i += 1
+        return out
+
+
+class CodepointPhonemizer:
+    """``phoneme_type = "text"``: the phonemes are the text's NFD code points, one sentence."""
+
+    def phonemize(self, text: str) -> list[list[str]]:
+        return [list(unicodedata.normalize("NFD", text))]
+
+
+register_phoneme_type("espeak", PhonemeScheme(EspeakPhonemizer.for_voice))
+register_phoneme_type("text", PhonemeScheme(lambda _config: CodepointPhonemizer()))
+
+
+# --- normalization -----------------------------------------------------------
+
+_WORDLESS = {"Cc", "Cf", "Cs", "Co", "Cn", "So", "Sk", "Zl", "Zp"}  # replaced by a space
+_MARKS = {"Mn", "Me"}  # variation selectors, emoji keycaps; combining accents are composed by NFC
+_SPACES = re.compile(r"\s+")
+_CURRENCY_NAMES = {"$": ("dollar", "dollars", "cent", "cents"), "€": ("euro", "euros", "cent", "cents"),
+                   "£": ("pound", "pounds", "penny", "pence")}
+_SCALED_MONEY = re.compile(r"([$€£])\s?(\d[\d,]*(?:\.\d+)?)\s*(thousand|million|billion|trillion)\b")
+_MONEY = re.compile(r"([$€£])\s?(\d[\d,]*)(?:\.(\d\d))?(?!\d)")
+_ENGLISH_SYMBOLS = [
+    (re.compile(r"\s*&\s*"), " and "),
+    (re.compile(r"(\d)\s*%"), r"\1 percent"),
+    (re.compile(r"%"), " percent "),
+    (re.compile(r"\s*°\s*C\b"), " degrees Celsius"),
+    (re.compile(r"\s*°\s*F\b"), " degrees Fahrenheit"),
+    (re.compile(r"\s*°"), " degrees"),
+    (re.compile(r"#\s?(\d)"), r"number \1"),
+]
+
+
+def _money(match: re.Match[str]) -> str:
+    one, many, sub_one, sub_many = _CURRENCY_NAMES[match.group(1)]
+    whole, cents = match.group(2), match.group(3)
+    cents_words = f"{int(cents)} {sub_one if cents == '01' else sub_many}" if cents and cents != "00" else ""
+    if whole == "0" and cents_words:
+        return cents_words
+    return f"{whole} {one if whole == '1' else many} {cents_words}".rstrip()
+
+
+def normalize_english(text: str) -> str:
+    """Spell out the symbols espeak-ng reads badly or not at all: & % ° # and money amounts."""
+    text = _SCALED_MONEY.sub(lambda m: f"{m.group(2)} {m.group(3)} {_CURRENCY_NAMES[m.group(1)][1]}", text)
+    text = _MONEY.sub(_money, text)
+    for pattern, replacement in _ENGLISH_SYMBOLS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+_LANGUAGE_RULES: dict[str, Callable[[str], str]] = {"en": normalize_english}
+
+
+def clean_text(text: str) -> str:
+    """NFC; control/format characters, emoji and other pictographs -> space; whitespace collapsed."""
+    out = []
+    for ch in unicodedata.normalize("NFC", text):
+        category = unicodedata.category(ch)
+        if category in _MARKS and not (out and out[-1].isalpha()):
+            continue
+        out.append(" " if category in _WORDLESS else ch)
+    return _SPACES.sub(" ", "".join(out)).strip()
+
+
+def is_speakable(text: str) -> bool:
+    """True when ``text`` has at least one letter or digit."""
+    return any(unicodedata.category(ch)[0] in "LN" for ch in text)
+
+
+# --- the front end ------------------------------------------------------------
+
+
+class TextFrontend:
+    """normalize -> phonemize -> phonemes_to_ids for one voice.
+
+    Text without a letter or digit (empty, only punctuation or emoji) yields no
+    sentences: callers get an empty result, not an error, because a streamed clause
+    like "..." is normal. Text longer than ``max_text_chars`` raises InvalidInput.
+    """
+
+    def __init__(
+        self,
+        config: VoiceConfig,
+        phonemizer: Phonemizer | None = None,
+        *,
+        max_text_chars: int | None = None,
+        max_sentence_phonemes: int = MAX_SENTENCE_PHONEMES,
+    ) -> None:
+        self.config = config
+        self._scheme = scheme_for(config)
+        self.phonemizer = phonemizer or self._scheme.make_phonemizer(config)
+        self.max_text_chars = max_text_chars
+        self.max_sentence_phonemes = max_sentence_phonemes
+        #: Phonemes skipped because the voice's id map lacks them, with counts.
+        self.unknown_phonemes: Counter[str] = Counter()
+
+    def normalize(self, text: str) -> str:
+        """Clean text for the phonemizer (see ``clean_text``) plus the voice language's rules."""
+        rules = _LANGUAGE_RULES.get(self.config.language)
+        text = unicodedata.normalize("NFC", text)
+        if rules is not None:
+            text = rules(text)
+        text = clean_text(text)
+        if self._scheme.normalize is not None:
+            text = self._scheme.normalize(text)
+        return text
+
+    def phonemize(self, text: str) -> list[list[str]]:
+        """Phonemes per sentence; the voice's ``phoneme_map`` applied; empty sentences dropped."""
+        sentences = self.phonemizer.phonemize(text)
+        phoneme_map = self.config.phoneme_map
+        if phoneme_map:
+            sentences = [[q for p in s for q in phoneme_map.get(p, (p,))] for s in sentences]
+        return [s for s in sentences if s]
+
+    def phonemes_to_ids(self, phonemes: Sequence[str]) -> list[int]:
+        """Model input ids (Piper's BOS/PAD/EOS layout); unknown phonemes are skipped and counted."""
+        ids, skipped = self._scheme.encode(phonemes, self.config.phoneme_id_map)
+        for phoneme in skipped:
+            if phoneme not in self.unknown_phonemes:
+                log.warning("phoneme %r is not in the voice's id map; skipped", phoneme)
+            self.unknown_phonemes[phoneme] += 1
+        return ids
+
+    def sentence_ids(self, text: str) -> Iterator[list[int]]:
+        """Ids per sentence for raw ``text``: limit check, normalize, phonemize, split, encode.
+
+        Raises InvalidInput when ``text`` is longer than ``max_text_chars``.
+        """
+        self.check_length(text)
+        text = self.normalize(text)
+        if not is_speakable(text):
+            return iter(())
+        sentences = [part for s in self.phonemize(text) for part in self._split_long(s)]
+        return (self.phonemes_to_ids(s) for s in sentences)
+
+    def check_length(self, text: str) -> None:
+        if self.max_text_chars is not None and len(text) > self.max_text_chars:
+            raise InvalidInput(
+                f"text has {len(text)} characters; the limit is {self.max_text_chars} (limits.max_text_chars)"
+            )
+
+    def _split_long(self, phonemes: list[str]) -> Iterator[list[str]]:
+        """Cut sentences over ``max_sentence_phonemes`` after a clause or word boundary."""
+        limit = self.max_sentence_phonemes
+        while len(phonemes) > limit:
+            head = phonemes[:limit]
+            spaces = [i for i, p in enumerate(head) if p == " " and i > 0]
+            clause_ends = [i for i in spaces if head[i - 1] in ",:;" and i >= limit // 2]
+            cut = (clause_ends or spaces or [limit - 1])[-1] + 1
+            yield phonemes[:cut]
+            phonemes = phonemes[cut:]
+        if phonemes:
+            yield phonemes

@@ -1,0 +1,140 @@
+"""Piper VITS inference with onnxruntime on CPU, plus the audio post-processing steps.
+
+``OnnxVits.infer(ids, scales, speaker_id)`` runs the exported model: inputs ``input``
+[1, T] int64 phoneme ids, ``input_lengths`` [1] int64, ``scales`` [3] float32
+(noise_scale, length_scale, noise_w), ``sid`` [1] int64 for multi-speaker voices;
+output float32 audio in [-1, 1] at the voice's rate.
+
+``to_int16`` converts like Piper (clip to ±32767, truncate); ``StreamResampler``
+resamples one request's audio with a streaming soxr resampler so that the joins
+between clauses carry no discontinuity.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import soxr
+
+from voxloop.errors import ConfigError, ModelError
+
+log = logging.getLogger(__name__)
+
+_MAX_WAV_VALUE = 32767.0
+_INPUTS = ("input", "input_lengths", "scales")
+
+
+@dataclass(frozen=True)
+class InferenceScales:
+    """The model's three noise/length knobs, in the order of its ``scales`` input."""
+
+    #: Prior variance; 0 is deterministic.
+    noise_scale: float
+    #: Phoneme duration multiplier; >1 is slower.
+    length_scale: float
+    #: Duration-predictor noise; 0 is deterministic.
+    noise_w: float
+
+    def as_array(self) -> np.ndarray:
+        return np.array([self.noise_scale, self.length_scale, self.noise_w], dtype=np.float32)
+
+
+def session_options(threads: int) -> ort.SessionOptions:
+    """CPU session options: ``threads`` intra-op threads (0 lets onnxruntime choose), sequential graph."""
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = max(0, threads)
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return opts
+
+
+class OnnxVits:
+    """A pool of ``workers`` onnxruntime sessions over one Piper ``.onnx`` file.
+
+    ``infer`` may be called from several threads; each call takes a free session, so
+    up to ``workers`` clauses run in parallel (two 1-thread sessions beat one 2-thread
+    session on throughput on a 2-core CPU).
+    """
+
+    def __init__(self, model_path: str | Path, *, threads: int = 1, workers: int = 1) -> None:
+        self.model_path = Path(model_path)
+        if workers < 1:
+            raise ConfigError(f"tts.onnx_workers must be >= 1, got {workers}")
+        sessions = [self._load(threads) for _ in range(workers)]
+        self._free: queue.Queue[ort.InferenceSession] = queue.Queue()
+        for session in sessions:
+            self._free.put(session)
+        names = {i.name for i in sessions[0].get_inputs()}
+        missing = [n for n in _INPUTS if n not in names]
+        if missing:
+            raise ModelError(f"voice model {self.model_path} is not a Piper VITS export: no input {missing[0]!r}")
+        #: True when the model takes a speaker id (multi-speaker voice).
+        self.takes_speaker_id = "sid" in names
+        self.workers = workers
+
+    def _load(self, threads: int) -> ort.InferenceSession:
+        try:
+            return ort.InferenceSession(
+                str(self.model_path), sess_options=session_options(threads), providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:  # onnxruntime raises its own Fail/InvalidProtobuf/NoSuchFile types
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ModelError(f"cannot load voice model {self.model_path} (truncated or not ONNX?): {reason}") from None
+
+    @contextmanager
+    def _session(self) -> Iterator[ort.InferenceSession]:
+        session = self._free.get()
+        try:
+            yield session
+        finally:
+            self._free.put(session)
+
+    def infer(self, ids: Sequence[int], scales: InferenceScales, speaker_id: int | None = None) -> np.ndarray:
+        """Float32 mono audio for one id sequence (one sentence), at the voice's rate."""
+        feeds = {
+            "input": np.asarray(ids, dtype=np.int64)[np.newaxis, :],
+            "input_lengths": np.array([len(ids)], dtype=np.int64),
+            "scales": scales.as_array(),
+        }
+        if self.takes_speaker_id:
+            feeds["sid"] = np.array([speaker_id or 0], dtype=np.int64)
+        with self._session() as session:
+            audio = session.run(None, feeds)[0]
+        return audio.reshape(-1)
+
+
+def to_int16(audio: np.ndarray) -> np.ndarray:
+    """Float32 in [-1, 1] -> int16, clipped to ±32767 and truncated exactly like Piper."""
+    audio = np.asarray(audio, dtype=np.float32)
+    return np.clip(audio * _MAX_WAV_VALUE, -_MAX_WAV_VALUE, _MAX_WAV_VALUE).astype(np.int16)
+
+
+class StreamResampler:
+    """Resamples one request's float32 audio, chunk after chunk, with soxr (HQ).
+
+    Pass-through when the rates are equal. Call ``process(audio, last=True)`` with the
+    final chunk to flush the filter's delay; the output then has
+    ``round(total_in * out_rate / in_rate)`` samples.
+    """
+
+    def __init__(self, in_rate: int, out_rate: int) -> None:
+        self.in_rate = in_rate
+        self.out_rate = out_rate
+        self._stream = (
+            None if in_rate == out_rate else soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32", quality="HQ")
+        )
+
+    def process(self, audio: np.ndarray, last: bool = False) -> np.ndarray:
+        """Float32 samples at ``in_rate`` -> float32 samples at ``out_rate``."""
+        audio = np.asarray(audio, dtype=np.float32)
+        if self._stream is None:
+            return audio
+        return self._stream.resample_chunk(audio, last=last)

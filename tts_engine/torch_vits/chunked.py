@@ -1,0 +1,110 @@
+"""Flow + decoder on fixed-size frame chunks whose output equals the whole utterance's.
+
+A chunk of ``chunk_frames`` frames starting at frame ``s`` is computed from the window
+``[s - context, s + chunk_frames + context)`` of the prior sample ``z_p``: the flow runs
+on the whole window, which makes its output exact on the inner
+``[s - dec_context, s + chunk_frames + dec_context)``; the decoder runs on that and its
+middle ``chunk_frames * hop`` samples are kept. Frames outside the utterance are masked
+(the model masks every convolution's input), so windows at the utterance's edges are
+exact too. ``context = flow.receptive_radius + dec.receptive_radius`` (32 + 11 frames
+for Piper "medium"). Every shape depends only on the batch size: CUDA-graph friendly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tts_engine.torch_vits.model import Vits
+
+#: int16 full scale, as Piper converts (clip to +-32767, truncate).
+MAX_WAV_VALUE = 32767.0
+
+
+@dataclass(frozen=True)
+class ChunkGeometry:
+    """Sizes of one chunk's computation, in latent frames unless named ``_samples``."""
+
+    #: Frames of audio each chunk delivers.
+    chunk_frames: int
+    #: Context the flow needs on each side of what the decoder reads.
+    flow_context: int
+    #: Context the decoder needs on each side of the chunk.
+    dec_context: int
+    #: Audio samples per frame.
+    hop_length: int
+
+    @property
+    def context(self) -> int:
+        return self.flow_context + self.dec_context
+
+    @property
+    def window_frames(self) -> int:
+        """Frames of ``z_p`` read per chunk."""
+        return self.chunk_frames + 2 * self.context
+
+    @property
+    def chunk_samples(self) -> int:
+        return self.chunk_frames * self.hop_length
+
+    @staticmethod
+    def for_model(model: Vits, chunk_frames: int) -> ChunkGeometry:
+        if chunk_frames < 1:
+            raise ValueError(f"chunk_frames must be >= 1, got {chunk_frames}")
+        return ChunkGeometry(chunk_frames, model.flow.receptive_radius, model.dec.receptive_radius, model.hop_length)
+
+
+def gather_windows(
+    latents: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, frames: torch.Tensor, geometry: ChunkGeometry
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Read each chunk's ``z_p`` window from per-request frame buffers.
+
+    ``latents`` [S, F_cap, C] (frame-major, one row per request slot); ``slots``,
+    ``starts`` (first frame of the chunk), ``frames`` (utterance length, 0 = padding
+    entry) are [B] int64. Returns ``z`` [B, C, W] (0 outside the utterance) and
+    ``mask`` [B, 1, W] float32.
+    """
+    n_slots, f_cap, channels = latents.shape
+    offsets = torch.arange(geometry.window_frames, device=latents.device) - geometry.context
+    pos = starts[:, None] + offsets[None, :]  # [B, W]
+    valid = (pos >= 0) & (pos < frames[:, None])
+    rows = slots[:, None] * f_cap + pos.clamp(0, f_cap - 1)
+    z = latents.reshape(n_slots * f_cap, channels).index_select(0, rows.reshape(-1))
+    mask = valid.unsqueeze(1).to(latents.dtype)
+    z = z.view(pos.shape[0], pos.shape[1], channels).transpose(1, 2) * mask
+    return z, mask
+
+
+def decode_windows(
+    model: Vits, z: torch.Tensor, mask: torch.Tensor, geometry: ChunkGeometry, g: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``z`` [B, C, W], ``mask`` [B, 1, W] (model dtype) -> float audio [B, chunk_samples]."""
+    z = model.flow.reverse(z, mask, g=g)
+    fc, dc = geometry.flow_context, geometry.dec_context
+    inner = slice(fc, z.shape[2] - fc)
+    z, mask = z[:, :, inner], mask[:, :, inner]
+    audio = model.dec(z * mask, mask, g=g)
+    start = dc * geometry.hop_length
+    return audio[:, start : start + geometry.chunk_samples]
+
+
+def to_int16(audio: torch.Tensor) -> torch.Tensor:
+    """Float audio in [-1, 1] -> int16, clipped and truncated like Piper."""
+    return (audio.float() * MAX_WAV_VALUE).clamp(-MAX_WAV_VALUE, MAX_WAV_VALUE).to(torch.int16)
+
+
+def decode_chunked(model: Vits, z_p: torch.Tensor, frames: int, chunk_frames: int) -> torch.Tensor:
+    """One utterance's prior sample ``z_p`` [1, C, >= frames] -> float audio [frames * hop], chunk by chunk.
+
+    The reference chunked path (eager, any device); the GPU engine batches the same
+    ``gather_windows`` + ``decode_windows`` across requests.
+    """
+    geometry = ChunkGeometry.for_model(model, chunk_frames)
+    latents = z_p[:, :, :frames].transpose(1, 2).contiguous()  # [1, F, C]
+    one = torch.zeros(1, dtype=torch.long, device=z_p.device)
+    pieces = []
+    for start in range(0, frames, chunk_frames):
+        z, mask = gather_windows(latents, one, one + start, one + frames, geometry)
+        pieces.append(decode_windows(model, z, mask, geometry)[0])
+    return torch.cat(pieces)[: frames * geometry.hop_length]

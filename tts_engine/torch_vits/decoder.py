@@ -1,0 +1,129 @@
+"""HiFi-GAN generator (VITS ``dec``): latent frames -> float32 waveform in [-1, 1].
+
+``forward(z, mask)``: ``z`` [B, C, F] frames, ``mask`` [B, 1, F] or None. With a mask,
+the input of every convolution is zeroed outside the valid samples at its rate, which
+makes a masked window compute, inside its valid part, exactly what Piper computes on
+the unpadded utterance (whose convolutions see zero padding at the edges). Without a
+mask it is Piper's generator as exported to ONNX. Output is [B, F * hop_length] samples.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+LRELU_SLOPE = 0.1
+
+
+class ResBlock1(nn.Module):
+    """Pairs of (dilated, plain) convolutions with residual connections (Piper "high" voices)."""
+
+    def __init__(self, channels: int, kernel_size: int, dilation: tuple[int, ...]) -> None:
+        super().__init__()
+        pad = [(kernel_size - 1) * d // 2 for d in dilation]
+        self.convs1 = nn.ModuleList(
+            nn.Conv1d(channels, channels, kernel_size, dilation=d, padding=p) for d, p in zip(dilation, pad)
+        )
+        self.convs2 = nn.ModuleList(
+            nn.Conv1d(channels, channels, kernel_size, padding=(kernel_size - 1) // 2) for _ in dilation
+        )
+        self.radius = sum(pad) + len(dilation) * (kernel_size - 1) // 2
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        for c1, c2 in zip(self.convs1, self.convs2):
+            xt = _masked(F.leaky_relu(x, LRELU_SLOPE), mask)
+            xt = _masked(F.leaky_relu(c1(xt), LRELU_SLOPE), mask)
+            x = c2(xt) + x
+        return x
+
+
+class ResBlock2(nn.Module):
+    """Dilated convolutions with residual connections (Piper "medium"/"low" voices)."""
+
+    def __init__(self, channels: int, kernel_size: int, dilation: tuple[int, ...]) -> None:
+        super().__init__()
+        pad = [(kernel_size - 1) * d // 2 for d in dilation]
+        self.convs = nn.ModuleList(
+            nn.Conv1d(channels, channels, kernel_size, dilation=d, padding=p) for d, p in zip(dilation, pad)
+        )
+        self.radius = sum(pad)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        for conv in self.convs:
+            x = conv(_masked(F.leaky_relu(x, LRELU_SLOPE), mask)) + x
+        return x
+
+
+def _masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    return x if mask is None else x * mask
+
+
+class Generator(nn.Module):
+    """Upsampling transposed convolutions, each followed by the mean of parallel ResBlocks."""
+
+    def __init__(
+        self,
+        initial_channel: int,
+        resblock: str,
+        resblock_kernel_sizes: tuple[int, ...],
+        resblock_dilation_sizes: tuple[tuple[int, ...], ...],
+        upsample_rates: tuple[int, ...],
+        upsample_initial_channel: int,
+        upsample_kernel_sizes: tuple[int, ...],
+        gin_channels: int = 0,
+    ) -> None:
+        super().__init__()
+        self.num_kernels = len(resblock_kernel_sizes)
+        self.upsample_rates = tuple(upsample_rates)
+        self.conv_pre = nn.Conv1d(initial_channel, upsample_initial_channel, 7, 1, padding=3)
+        block = ResBlock1 if resblock == "1" else ResBlock2
+        self.ups = nn.ModuleList()
+        self.resblocks = nn.ModuleList()
+        ch = upsample_initial_channel
+        for i, (u, k) in enumerate(zip(upsample_rates, upsample_kernel_sizes)):
+            ch = upsample_initial_channel // (2 ** (i + 1))
+            self.ups.append(nn.ConvTranspose1d(ch * 2, ch, k, u, padding=(k - u) // 2))
+            for rk, rd in zip(resblock_kernel_sizes, resblock_dilation_sizes):
+                self.resblocks.append(block(ch, rk, tuple(rd)))
+        self.conv_post = nn.Conv1d(ch, 1, 7, 1, padding=3, bias=False)
+        if gin_channels:
+            self.cond = nn.Conv1d(gin_channels, upsample_initial_channel, 1)
+
+    @property
+    def hop_length(self) -> int:
+        """Output samples per input frame."""
+        return math.prod(self.upsample_rates)
+
+    def forward(self, z: torch.Tensor, mask: torch.Tensor | None = None, g: torch.Tensor | None = None) -> torch.Tensor:
+        """``z`` [B, C, F] -> audio [B, F * hop_length] float in [-1, 1]."""
+        x = self.conv_pre(_masked(z, mask))
+        if g is not None:
+            x = x + self.cond(g)
+        for i, up in enumerate(self.ups):
+            x = up(_masked(F.leaky_relu(x, LRELU_SLOPE), mask))
+            if mask is not None:
+                mask = mask.repeat_interleave(self.upsample_rates[i], dim=2)
+            blocks = self.resblocks[i * self.num_kernels : (i + 1) * self.num_kernels]
+            xs = blocks[0](x, mask)
+            for block in blocks[1:]:
+                xs = xs + block(x, mask)
+            x = xs / self.num_kernels
+        x = self.conv_post(_masked(F.leaky_relu(x), mask))
+        return torch.tanh(x)[:, 0]
+
+    @property
+    def receptive_radius(self) -> int:
+        """Input frames on each side that the samples of one frame depend on."""
+        lo, hi = 0, self.hop_length - 1  # samples of frame 0 at the output rate
+        lo, hi = lo - 3, hi + 3  # conv_post
+        for i in reversed(range(len(self.ups))):
+            blocks = self.resblocks[i * self.num_kernels : (i + 1) * self.num_kernels]
+            r = max(b.radius for b in blocks)
+            lo, hi = lo - r, hi + r
+            up = self.ups[i]
+            k, s, p = up.kernel_size[0], up.stride[0], up.padding[0]
+            lo, hi = -((-(lo + p - k + 1)) // s), (hi + p) // s
+        return max(-(lo - 3), hi + 3)  # conv_pre

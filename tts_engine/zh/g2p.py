@@ -1,0 +1,373 @@
+"""Chinese grapheme-to-pinyin with polyphone disambiguation.
+
+``ChineseG2p.pinyin(text)`` -> syllables like ``["yin2", "hang2"]`` (tone 5 = neutral,
+``v`` = ü, erhua merged: ``dianr3``), for text already through ``normalize_zh``.
+
+Steps: jieba segmentation with part-of-speech tags (its dictionary plus our lexicon's
+words) -> our lexicon, else pypinyin's phrase data, per word -> context rules for
+polyphones pypinyin gets wrong (得 地 了 行 长 还 种 只 干 数 倒 ...) -> neutral tone of
+reduplicated verbs and kinship nouns -> tone changes of 一 and 不 -> erhua.
+
+The tones are the ones written in teaching pinyin: citation tones, with the tone
+changes of 一 and 不 written (``yi2 ge4``, ``bu2 shi4``); third-tone sandhi is not
+written here — ``phonemes.third_tone_sandhi`` applies it for voices that want it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from dataclasses import dataclass, field
+
+import jieba
+import jieba.posseg
+from pypinyin import Style, lazy_pinyin
+
+from tts_engine.zh.lexicon import Lexicon, is_erhua
+
+HANZI = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_NUMERALS = set("零一二两三四五六七八九十百千万亿几半")
+_DEMONSTRATIVES = set("这那哪每各某")
+_KINSHIP = set("妈爸哥姐弟妹爷奶姥叔伯舅婶姑姨婆公宝娃星")
+_NEUTRAL_PARTICLES = {"的": "de5", "吗": "ma5", "呢": "ne5", "吧": "ba5", "啊": "a5", "呀": "ya5", "啦": "la5", "嘛": "ma5"}
+#: 儿 after these is a word of its own meaning child (女儿 nv3 er2), not erhua.
+_NOT_ERHUA = set("女婴孤幼胎健男宠患少侄孙孩")
+_PUNCTUATION = re.compile(r"[^\w]+|_+")
+
+jieba.setLogLevel(logging.WARNING)
+
+
+@dataclass
+class Word:
+    """A segment of the sentence: its text, jieba POS tag and one syllable per Hanzi."""
+
+    text: str
+    pos: str
+    syllables: list[str] = field(default_factory=list)
+    #: Pronunciation from our lexicon: context rules leave it alone.
+    fixed: bool = False
+
+    @property
+    def is_chinese(self) -> bool:
+        return bool(HANZI.search(self.text))
+
+
+class ChineseG2p:
+    """Chinese text -> pinyin; thread-safe; build once (loads jieba, ~1 s)."""
+
+    def __init__(self, lexicon: Lexicon | None = None) -> None:
+        self.lexicon = lexicon if lexicon is not None else Lexicon.load()
+        self._lock = threading.Lock()
+        tokenizer = jieba.Tokenizer()
+        tokenizer.initialize()
+        for word in self.lexicon:
+            if len(word) > 1 and HANZI.search(word):
+                tokenizer.add_word(word, freq=tokenizer.suggest_freq(word, tune=False) + 1000)
+        self._segmenter = jieba.posseg.POSTokenizer(tokenizer)
+
+    def words(self, text: str) -> list[Word]:
+        """Segment ``text`` and give every Chinese word its syllables (rules applied)."""
+        with self._lock:
+            pairs = [(p.word, p.flag) for p in self._segmenter.lcut(text)]
+        words = [self._lookup(text, pos) for text, pos in pairs]
+        chars = _CharView(words)
+        for rule in (_polyphones, _reduplication, _yi_bu):
+            rule(chars)
+        for word in words:
+            word.syllables = _merge_erhua(word)
+        return words
+
+    def pinyin(self, text: str) -> list[str]:
+        """Syllables for the Chinese in ``text``, other words as they are; punctuation dropped."""
+        out: list[str] = []
+        for word in self.words(text):
+            if word.is_chinese:
+                out.extend(word.syllables)
+            else:
+                out.extend(t for t in _PUNCTUATION.split(word.text) if t)
+        return out
+
+    def _lookup(self, text: str, pos: str) -> Word:
+        if not HANZI.search(text):
+            return Word(text, pos)
+        entry = self.lexicon.get(text)
+        if entry is not None:
+            return Word(text, pos, _expand_erhua(text, list(entry)), fixed=True)
+        return Word(text, pos, pypinyin_syllables(text))
+
+
+def pypinyin_syllables(text: str) -> list[str]:
+    """pypinyin's reading of ``text`` (its phrase data), one syllable per character."""
+    return lazy_pinyin(text, style=Style.TONE3, neutral_tone_with_five=True, errors=lambda chars: ["_"] * len(chars))
+
+
+def citation_tone(char: str) -> int:
+    """The most common tone of a single Hanzi (pypinyin's first reading)."""
+    syllable = lazy_pinyin(char, style=Style.TONE3, neutral_tone_with_five=True)[0]
+    return int(syllable[-1]) if syllable[-1:].isdigit() else 0
+
+
+def _expand_erhua(text: str, syllables: list[str]) -> list[str]:
+    """Lexicon syllables -> one per character (erhua ``dianr3`` -> ``dianr3``, ``r``)."""
+    out: list[str] = []
+    for syllable in syllables:
+        out.append(syllable)
+        if is_erhua(syllable):
+            out.append("r")  # placeholder for the 儿, removed by _merge_erhua
+    return out
+
+
+class _CharView:
+    """The sentence as Hanzi positions: char, its word, syllable get/set, neighbours."""
+
+    def __init__(self, words: list[Word]) -> None:
+        self.items: list[tuple[Word, int]] = []  # (word, index in word); None gaps for non-Chinese
+        for word in words:
+            if not word.is_chinese:
+                self.items.append((word, -1))
+                continue
+            for k in range(len(word.text)):
+                self.items.append((word, k))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def char(self, i: int) -> str:
+        if not 0 <= i < len(self.items):
+            return ""
+        word, k = self.items[i]
+        return word.text[k] if k >= 0 else ""
+
+    def word(self, i: int) -> Word | None:
+        return self.items[i][0] if 0 <= i < len(self.items) else None
+
+    def syllable(self, i: int) -> str:
+        if not 0 <= i < len(self.items):
+            return ""
+        word, k = self.items[i]
+        return word.syllables[k] if k >= 0 and k < len(word.syllables) else ""
+
+    def set(self, i: int, syllable: str) -> None:
+        word, k = self.items[i]
+        word.syllables[k] = syllable
+
+    def fixed(self, i: int) -> bool:
+        word = self.word(i)
+        return word is None or word.fixed
+
+    def alone(self, i: int) -> bool:
+        """The character is a one-character word."""
+        word = self.word(i)
+        return word is not None and len(word.text) == 1
+
+    def text_after(self, i: int, n: int = 2) -> str:
+        return "".join(self.char(j) for j in range(i + 1, i + 1 + n))
+
+    def tone(self, i: int) -> int:
+        """Tone of the syllable at ``i``; a neutral tone counts as the character's citation tone."""
+        syllable = self.syllable(i)
+        if not syllable or not syllable[-1].isdigit():
+            return 0
+        tone = int(syllable[-1])
+        return citation_tone(self.char(i)) if tone == 5 else tone
+
+
+# -- context rules --------------------------------------------------------------
+
+_HUAN_OBJECTS = set("钱书债款账")
+_ZHONG4_OBJECTS = set("树花菜地田草瓜豆麦稻粮庄苗")
+_DAO4_OBJECTS = set("水茶酒垃车杯咖奶")
+_GAN4_NEXT = ("什么", "啥", "吗", "嘛", "活", "完", "了", "得", "吧", "掉", "事", "过", "好")
+_ZHANG3_NEXT = set("得大高出胖满")
+_VERBISH = ("v", "a", "d")
+
+
+def _polyphones(c: _CharView) -> None:
+    for i in range(len(c)):
+        if c.fixed(i):
+            continue
+        char = c.char(i)
+        rule = _CHAR_RULES.get(char)
+        if rule is not None:
+            syllable = rule(c, i)
+            if syllable:
+                c.set(i, syllable)
+        elif char in _NEUTRAL_PARTICLES and c.alone(i):
+            c.set(i, _NEUTRAL_PARTICLES[char])
+
+
+def _pos(word: Word | None) -> str:
+    return word.pos if word is not None else ""
+
+
+def _prev_word(c: _CharView, i: int) -> Word | None:
+    word = c.word(i)
+    j = i - 1
+    while j >= 0 and c.word(j) is word:
+        j -= 1
+    return c.word(j) if j >= 0 else None
+
+
+def _next_word(c: _CharView, i: int) -> Word | None:
+    word = c.word(i)
+    j = i + 1
+    while j < len(c) and c.word(j) is word:
+        j += 1
+    return c.word(j) if j < len(c) else None
+
+
+def _de_complement(c: _CharView, i: int) -> str | None:
+    """得: de5 after a verb/adjective (跑得快), dei3 as 'must' (我得走), else de2 (得了奖)."""
+    if not c.alone(i):
+        return None
+    prev, nxt = _prev_word(c, i), _next_word(c, i)
+    if prev is not None and prev.is_chinese and _pos(prev)[:1] in ("v", "a") and _pos(prev) != "ad":
+        return "de5"
+    if (prev is None or _pos(prev)[:1] in ("r", "n", "d", "c", "t", "x")) and _pos(nxt)[:1] in _VERBISH:
+        return "dei3"
+    if prev is not None and prev.is_chinese and _pos(c.word(i)) == "ud" and _pos(nxt)[:1] in ("d", "a", "z"):
+        return "de5"
+    return "de2"
+
+
+def _de_adverbial(c: _CharView, i: int) -> str | None:
+    """地: de5 after an adverbial (慢慢地走), else di4 (这块地)."""
+    if not c.alone(i):
+        return None
+    prev = _prev_word(c, i)
+    if prev is None or not prev.is_chinese:
+        return "di4"
+    reduplicated = len(prev.text) >= 2 and prev.text[-1] == prev.text[-2]
+    if reduplicated or _pos(prev)[:1] in ("a", "d", "z", "i", "l") or (
+        _pos(c.word(i)) == "uv" and _pos(prev)[:1] not in ("n", "r", "s", "f", "m", "q")
+    ):
+        return "de5"
+    return "di4"
+
+
+def _le(c: _CharView, i: int) -> str | None:
+    """了: liao3 in a potential complement (吃不了, 受得了), else le5."""
+    if not c.alone(i):
+        return None
+    if c.char(i - 1) in ("不", "得") and _pos(c.word(i - 2))[:1] == "v" and c.char(i + 1) not in ("吧", "吗"):
+        return "liao3"
+    return "le5"
+
+
+def _xing(c: _CharView, i: int) -> str | None:
+    """行: hang2 as a measure word (两行字), else as pypinyin has it."""
+    if c.char(i - 1) in _NUMERALS and c.char(i + 1) != "人" and c.char(i - 2) != "银":
+        return "hang2"
+    return "xing2" if c.alone(i) else None
+
+
+def _zhang(c: _CharView, i: int) -> str | None:
+    """长: zhang3 as 'grow' (长得, 长高), else pypinyin."""
+    return "zhang3" if c.char(i + 1) in _ZHANG3_NEXT and c.alone(i) else None
+
+
+def _huan(c: _CharView, i: int) -> str | None:
+    """还: huan2 'give back' before what is returned (还钱, 还你书), else hai2."""
+    if not c.alone(i):
+        return None
+    after = c.text_after(i, 3)
+    if after[:1] in _HUAN_OBJECTS or after[:1] == "给" or (after[:1] in "我你他她它" and after[1:2] in _HUAN_OBJECTS):
+        return "huan2"
+    return "hai2"
+
+
+def _zhong(c: _CharView, i: int) -> str | None:
+    """种: zhong4 'to plant' (种树), zhong3 'kind' (这种)."""
+    if not c.alone(i):
+        return None
+    if c.char(i + 1) in _ZHONG4_OBJECTS or _pos(c.word(i)) == "v":
+        return "zhong4"
+    return "zhong3"
+
+
+def _zhi(c: _CharView, i: int) -> str | None:
+    """只: zhi1 as a measure word (一只猫), else zhi3 'only'."""
+    if c.char(i - 1) in _NUMERALS or c.char(i - 1) in _DEMONSTRATIVES:
+        return "zhi1"
+    return "zhi3" if c.alone(i) else None
+
+
+def _gan(c: _CharView, i: int) -> str | None:
+    """干: gan4 'do' (干什么, 干活), else pypinyin (gan1 'dry')."""
+    if not c.alone(i):
+        return None
+    after = c.text_after(i, 2)
+    return "gan4" if after.startswith(_GAN4_NEXT) or _pos(c.word(i)) == "v" else None
+
+
+def _shu(c: _CharView, i: int) -> str | None:
+    """数: shu3 'to count' as a verb (数钱), else shu4."""
+    if not c.alone(i):
+        return None
+    return "shu3" if _pos(c.word(i)) == "v" or c.char(i + 1) in ("钱", "星", "了", "到") else "shu4"
+
+
+def _dao(c: _CharView, i: int) -> str | None:
+    """倒: dao4 'pour/reverse' before a liquid or vehicle (倒水), else pypinyin."""
+    return "dao4" if c.alone(i) and c.char(i + 1) in _DAO4_OBJECTS else None
+
+
+def _zhe(c: _CharView, i: int) -> str | None:
+    """着: zhe5 as the durative particle after a verb."""
+    return "zhe5" if c.alone(i) else None
+
+
+_CHAR_RULES = {
+    "得": _de_complement, "地": _de_adverbial, "了": _le, "行": _xing, "长": _zhang, "还": _huan,
+    "种": _zhong, "只": _zhi, "干": _gan, "数": _shu, "倒": _dao, "着": _zhe,
+}
+
+
+def _reduplication(c: _CharView) -> None:
+    """AA kinship nouns and verbs: the second syllable is neutral (妈妈 ma1 ma5, 看看 kan4 kan5)."""
+    for i in range(1, len(c)):
+        word = c.word(i)
+        if word is None or word.fixed or word is not c.word(i - 1) or c.char(i) != c.char(i - 1):
+            continue
+        if len(word.text) == 2 and (c.char(i) in _KINSHIP or _pos(word).startswith("v")):
+            c.set(i, c.syllable(i)[:-1] + "5")
+
+
+def _yi_bu(c: _CharView) -> None:
+    """Tone changes of 一 and 不 (written in teaching pinyin)."""
+    for i in range(len(c)):
+        char = c.char(i)
+        if char not in ("一", "不") or c.fixed(i):
+            continue
+        prev, nxt = c.char(i - 1), c.char(i + 1)
+        if prev and prev == nxt and prev not in _NUMERALS:
+            c.set(i, "yi5" if char == "一" else "bu5")  # 看一看, 是不是
+            continue
+        next_tone = c.tone(i + 1) if nxt else 0
+        if char == "不":
+            c.set(i, "bu2" if next_tone == 4 else "bu4")
+            continue
+        if not nxt or prev == "第" or (nxt in _NUMERALS and nxt not in "百千万亿") or (
+            prev in _NUMERALS and prev not in "万亿"
+        ) or nxt in ("月", "号"):
+            c.set(i, "yi1")  # counting, ordinals, dates, word-final: 十一, 第一, 一二三
+        elif next_tone:
+            c.set(i, "yi2" if next_tone == 4 else "yi4")
+
+
+def _merge_erhua(word: Word) -> list[str]:
+    """Fold 儿 into the syllable before it (玩儿 wanr2), unless it means 'child' (女儿)."""
+    out: list[str] = []
+    for k, syllable in enumerate(word.syllables):
+        if syllable == "r":
+            continue  # lexicon erhua placeholder
+        if (
+            k > 0 and word.text[k] == "儿" and syllable.startswith("er") and out
+            and HANZI.match(word.text[k - 1]) and word.text[k - 1] not in _NOT_ERHUA and not is_erhua(out[-1])
+            and not word.fixed and out[-1][:-1] != "er"
+        ):
+            out[-1] = out[-1][:-1] + "r" + out[-1][-1]
+            continue
+        out.append(syllable)
+    return out

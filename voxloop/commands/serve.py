@@ -1,0 +1,45 @@
+"""``voxloop serve``: run the voice chat server (WebSocket + HTTP on one port)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+from voxloop.commands import config_from_args
+
+log = logging.getLogger("voxloop.serve")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run the voice chat server")
+    p.add_argument("--host", help="interface to bind (default from config: 127.0.0.1)")
+    p.add_argument("--port", type=int, help="TCP port (default from config: 8765)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    changes = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    if changes:
+        cfg = cfg.replace("server", **changes)
+    asyncio.run(_serve(cfg))
+    return 0
+
+
+async def _serve(cfg) -> None:
+    from pipeline.engines import Engines
+    from pipeline.hub import Hub
+
+    engines = Engines(cfg)
+    hub = Hub(cfg, engines)
+    await hub.start()  # /health answers while models load; /ready turns 200 after
+    loader = asyncio.create_task(engines.load())
+    serving = asyncio.create_task(hub.serve_until_signal())
+    await asyncio.wait({loader, serving}, return_when=asyncio.FIRST_COMPLETED)
+    if loader.done() and loader.exception() is not None:
+        serving.cancel()
+        await hub.stop(grace_s=0)
+        raise loader.exception()  # a VoxloopError (e.g. ModelError) becomes a clear CLI error
+    await serving
+    log.info("stopped")
