@@ -79,7 +79,8 @@ class Hub:
             self.cfg.server.host,
             self.cfg.server.port,
             process_request=self._process_request,
-            max_size=self.cfg.limits.max_message_bytes,
+            # Twice the protocol limit: an oversize message gets an error event, a huge one 1009.
+            max_size=2 * self.cfg.limits.max_message_bytes,
             max_queue=64,
             ping_interval=20,
             ping_timeout=20,
@@ -176,7 +177,7 @@ class Hub:
         assert task is not None
         self._conn_tasks.add(task)
         session_id = "sess_" + uuid.uuid4().hex[:20]
-        protocol = RealtimeProtocol(max_message_bytes=self.cfg.limits.max_message_bytes)
+        protocol = RealtimeProtocol.from_limits(self.cfg.limits)
         outbox: asyncio.Queue = asyncio.Queue(maxsize=self.cfg.limits.send_queue_messages)
         session = Session(session_id, self.cfg, self.engines, outbox, self.metrics, self.traces,
                           close=lambda code, reason: ws.close(code, reason))

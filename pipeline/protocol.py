@@ -76,6 +76,7 @@ class RealtimeProtocol:
         self.max_text_chars = max_text_chars
         self._defaults = session or SessionConfig()
         self._session = self._defaults
+        self._updated = False  # any session.update applied yet
 
     @classmethod
     def from_limits(cls, limits: LimitsConfig, session: SessionConfig | None = None) -> RealtimeProtocol:
@@ -90,8 +91,14 @@ class RealtimeProtocol:
 
     @session.setter
     def session(self, value: SessionConfig) -> None:
-        """Replace the session (e.g. the session vetoes part of an update)."""
+        """Replace the session (initial setup, or vetoing part of an update).
+
+        Until the first accepted ``session.update`` this also replaces the initial session,
+        which is the base for settings a client re-enables after setting them to null.
+        """
         self._session = value
+        if not self._updated:
+            self._defaults = value
 
     @property
     def binary_audio(self) -> bool:
@@ -118,6 +125,7 @@ class RealtimeProtocol:
                                        max_text_chars=self.max_text_chars)
             if isinstance(event, SessionUpdate):
                 self._session = apply_session_update(self._session, event.session, self._defaults)
+                self._updated = True
         except ProtocolError as exc:
             return [ErrorEvent.from_exception(exc)]
         return [event]

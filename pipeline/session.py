@@ -374,12 +374,16 @@ class Session:
         else:
             self.turns.interrupt("failed", turn)
 
-    def _interrupt(self, reason: str) -> Turn | None:
-        """Barge-in / cancel: stop the current turn, tell the client, keep only heard text."""
+    def _interrupt(self, reason: str, by_voice: bool = True) -> Turn | None:
+        """Barge-in / cancel: stop the current turn, tell the client, keep only heard text.
+
+        ``by_voice``: the user spoke over the reply, so a finished reply that is still
+        playing is cut in history too (the client stops playback on speech_started).
+        """
         turn = self.turns.interrupt(reason)
         if turn is None:
             last = self._last_turn
-            if reason == "turn_detected" and last is not None and last.still_audible():
+            if by_voice and last is not None and last.still_audible():
                 self._truncate_history(last, last.heard_ms())
                 last.played_ms = last.heard_ms()  # no longer audible: the client stops playback
             return None
@@ -437,7 +441,7 @@ class Session:
         if current is not None and current.committed and not current.finished.is_set():
             raise InvalidInput("a response is already in progress; cancel it first",
                                code=ErrorCode.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE)
-        self._interrupt("turn_detected")  # drops a speculative turn, if any
+        self._interrupt("turn_detected", by_voice=False)  # drops a speculative turn, if any
         opts = event.response
         turn = self._new_turn("text", committed=True)
         turn.trace.mark("vad_end")

@@ -317,6 +317,20 @@ def test_session_update_merges_and_push_to_talk_round_trip(cfg):
     assert proto.session.audio.input.turn_detection.threshold is None
 
 
+def test_session_set_before_updates_is_the_base_for_reenabled_settings(cfg):
+    proto = RealtimeProtocol()  # as the hub builds it; the session then sets its own start
+    tuned = default_session(cfg.replace("vad", silence_duration_ms=1234), "sess_x")
+    proto.session = tuned
+    _update(proto, {"audio": {"input": {"turn_detection": None, "transcription": None}}})
+    _update(proto, {"audio": {"input": {"turn_detection": {"type": "server_vad"}, "transcription": {}}}})
+    assert proto.session.audio.input.turn_detection.silence_duration_ms == 1234
+    assert proto.session.audio.input.transcription.language == cfg.asr.language
+    proto.session = SessionConfig()  # a later replacement (veto) keeps the base
+    _update(proto, {"audio": {"input": {"turn_detection": None}}})
+    _update(proto, {"audio": {"input": {"turn_detection": {"prefix_padding_ms": 10}}}})
+    assert proto.session.audio.input.turn_detection.silence_duration_ms == 1234
+
+
 @pytest.mark.parametrize(("threshold", "aggressiveness"), [(0.0, 0), (0.3, 1), (0.5, 2), (0.74, 2), (1.0, 3)])
 def test_threshold_maps_to_webrtcvad_aggressiveness(threshold, aggressiveness):
     proto = RealtimeProtocol()

@@ -138,6 +138,10 @@ class TtsConfig:
     chunk_frames: int = 64
     #: Largest batch on GPU.
     max_batch: int = 64
+    #: Longest utterance on GPU, latent frames (256 samples each at 22050 Hz: 3072 = 35.7 s); longer is cut.
+    max_frames: int = 3072
+    #: Capture the GPU steps as CUDA graphs at start-up (False: eager, for debugging).
+    cuda_graphs: bool = True
     #: Pending requests before new ones are refused.
     queue_size: int = 256
     #: Length scale override (>1 is slower speech); None is the voice's default.

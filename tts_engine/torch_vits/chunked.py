@@ -79,14 +79,16 @@ def gather_windows(
 def decode_windows(
     model: Vits, z: torch.Tensor, mask: torch.Tensor, geometry: ChunkGeometry, g: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """``z`` [B, C, W], ``mask`` [B, 1, W] (model dtype) -> float audio [B, chunk_samples]."""
+    """``z`` [B, C, W], ``mask`` [B, 1, W] (model dtype) -> float audio [B, (W - 2 * context) * hop].
+
+    Only the contexts of ``geometry`` are used, so any window width works (ONNX export).
+    """
     z = model.flow.reverse(z, mask, g=g)
-    fc, dc = geometry.flow_context, geometry.dec_context
-    inner = slice(fc, z.shape[2] - fc)
-    z, mask = z[:, :, inner], mask[:, :, inner]
+    fc, dc = geometry.flow_context, geometry.dec_context * geometry.hop_length
+    if fc:
+        z, mask = z[:, :, fc:-fc], mask[:, :, fc:-fc]
     audio = model.dec(z * mask, mask, g=g)
-    start = dc * geometry.hop_length
-    return audio[:, start : start + geometry.chunk_samples]
+    return audio[:, dc:-dc] if dc else audio
 
 
 def to_int16(audio: torch.Tensor) -> torch.Tensor:

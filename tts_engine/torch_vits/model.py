@@ -126,7 +126,7 @@ class Vits(nn.Module):
         (drawn here when None).
         """
         if noise is None:
-            noise = torch.randn(x.shape[0], 2, x.shape[2], device=x.device, dtype=x.dtype)
+            noise = torch.randn_like(x[:, :2])
         logw = self.dp(x, mask, noise * noise_w.view(-1, 1, 1), g=g)
         w = torch.exp(logw) * mask * length_scale.view(-1, 1, 1)
         w_ceil = torch.ceil(w)[:, 0]
@@ -138,7 +138,7 @@ class Vits(nn.Module):
         m_p: torch.Tensor,
         logs_p: torch.Tensor,
         w_ceil: torch.Tensor,
-        n_frames: int,
+        n_frames: int | torch.Tensor,
         noise_scale: torch.Tensor,
         noise: torch.Tensor | None = None,
     ) -> torch.Tensor:
@@ -148,12 +148,16 @@ class Vits(nn.Module):
         ``w_ceil``) — the same alignment as Piper's ``generate_path``. ``noise``: standard
         normal [B, C, n_frames] (drawn here when None); ``noise_scale`` [B].
         """
-        b, c, t = m_p.shape
+        t = m_p.shape[2]
         cum = torch.cumsum(w_ceil, dim=1)
-        frame = torch.arange(n_frames, device=m_p.device, dtype=cum.dtype).expand(b, n_frames).contiguous()
-        idx = torch.searchsorted(cum, frame, right=True).clamp_max(t - 1)
+        frame = torch.arange(n_frames, device=m_p.device).to(cum.dtype)[None, :] + torch.zeros_like(cum[:, :1])
+        if torch.onnx.is_in_onnx_export():  # no searchsorted in ONNX: count the edges passed
+            idx = (cum[:, None, :] <= frame[:, :, None]).sum(dim=2)
+        else:
+            idx = torch.searchsorted(cum, frame, right=True)
+        idx = idx.clamp_max(t - 1)
         inside = (frame < cum[:, -1:]).unsqueeze(1).to(m_p.dtype)
-        idx = idx.unsqueeze(1).expand(b, c, n_frames)
+        idx = idx.unsqueeze(1).expand(-1, m_p.shape[1], -1)
         m = torch.gather(m_p, 2, idx) * inside
         logs = torch.gather(logs_p, 2, idx) * inside
         if noise is None:

@@ -147,17 +147,23 @@ class BatchScheduler:
             self._fail_all(None)
 
     def _collect(self) -> bool:
-        """Move submissions to the waiting line (blocking briefly when idle); True if work exists."""
+        """Move submissions to the waiting line (blocking briefly when idle); True if work exists.
+
+        The line holds at most one step's worth of admissions (``max_slots``); the rest
+        stays in the bounded inbox, so ``queue_size`` really bounds what waits.
+        """
         idle = not self._running and not self._waiting
-        try:
-            self._waiting.append(self._inbox.get(timeout=0.05) if idle else self._inbox.get_nowait())
-        except queue.Empty:
-            return not idle
-        while True:
+        if idle:
+            try:
+                self._waiting.append(self._inbox.get(timeout=0.05))
+            except queue.Empty:
+                return False
+        while len(self._waiting) < self.max_slots:
             try:
                 self._waiting.append(self._inbox.get_nowait())
             except queue.Empty:
-                return True
+                break
+        return True
 
     def _step(self) -> None:
         self._drop_cancelled()

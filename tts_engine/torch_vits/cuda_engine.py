@@ -1,0 +1,186 @@
+"""``CudaTtsEngine``: the GPU ``TtsEngine`` (PyTorch VITS, CUDA graphs, continuous batching).
+
+Three lines from a notebook::
+
+    engine = CudaTtsEngine.from_config(load_config("configs/gpu.toml"))
+    for chunk in engine.synthesize("Hello there. How are you?"):
+        play(chunk.pcm, chunk.sample_rate)
+
+One instance serves every session: calls from many threads are batched together on
+the GPU by its ``BatchScheduler``. Each sentence streams as several chunks of
+``tts.chunk_frames`` frames (the last has ``final=True``); the joined chunks equal the
+whole-utterance audio. Also runs on CPU (eager, no graphs) for tests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tts_engine.engine import AudioChunk, SynthesisOptions
+from tts_engine.onnx_backend import StreamResampler
+from tts_engine.torch_vits.runner import RunnerOptions, StepRunner
+from tts_engine.torch_vits.scheduler import BatchScheduler, Scales, SpeechRequest
+from tts_engine.torch_vits.weights import load_vits
+from tts_engine.voice import Voice
+from voxloop.config import Config
+from voxloop.errors import ConfigError, InvalidInput, ModelError
+
+#: Output rates accepted in ``SynthesisOptions.sample_rate``, Hz (as the CPU engine).
+MIN_RATE, MAX_RATE = 8_000, 192_000
+
+
+def batch_buckets(max_batch: int, midpoints: bool = True) -> tuple[int, ...]:
+    """Batch sizes up to ``max_batch``: powers of two (and their 1.5x midpoints), plus ``max_batch``."""
+    sizes, p = {max_batch}, 1
+    while p <= max_batch:
+        sizes.add(p)
+        if midpoints and p >= 2 and p * 3 // 2 <= max_batch:
+            sizes.add(p * 3 // 2)
+        p *= 2
+    return tuple(sorted(sizes))
+
+
+class CudaTtsEngine:
+    """Text or phoneme ids in, streamed int16 ``AudioChunk``s out; thread-safe."""
+
+    def __init__(
+        self,
+        voice: Voice,
+        options: RunnerOptions,
+        *,
+        device: str = "cuda",
+        queue_size: int = 256,
+        defaults: SynthesisOptions | None = None,
+        max_text_chars: int | None = None,
+        weights_path: str | Path | None = None,
+    ) -> None:
+        """``weights_path``: a PyTorch checkpoint to use instead of ``voice.model_path`` (.onnx)."""
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise ModelError("tts.backend = 'cuda' but PyTorch sees no CUDA device; set tts.backend = 'onnx'")
+        self.voice = voice
+        self.sample_rate = voice.sample_rate
+        self.defaults = defaults or SynthesisOptions()
+        self._max_text_chars = max_text_chars
+        self._frontend = None
+        model = load_vits(weights_path or voice.model_path)
+        self.runner = StepRunner(model, options, device)
+        self.scheduler = BatchScheduler(self.runner, self.sample_rate, queue_size)
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> CudaTtsEngine:
+        """Voice, precision, chunking and batching from ``cfg.tts`` (models via ``voxloop.models``)."""
+        from voxloop import models
+
+        tts = cfg.tts
+        onnx_path = models.resolve_voice(cfg).path
+        voice = Voice.load(onnx_path, models.voice_config_path(cfg, onnx_path))
+        if tts.precision not in ("fp32", "bf16", "fp16"):
+            raise ConfigError(f"tts.precision {tts.precision!r} is not supported by the cuda backend (fp32, bf16, fp16)")
+        options = RunnerOptions(
+            chunk_frames=tts.chunk_frames,
+            max_frames=tts.max_frames,
+            decode_batches=batch_buckets(tts.max_batch),
+            encode_batches=batch_buckets(tts.max_batch, midpoints=False),
+            precision=tts.precision,
+            cuda_graphs=tts.cuda_graphs,
+        )
+        defaults = SynthesisOptions(
+            length_scale=tts.length_scale, noise_scale=tts.noise_scale, noise_w=tts.noise_w, speaker_id=tts.speaker_id
+        )
+        return cls(
+            voice, options, queue_size=tts.queue_size, defaults=defaults, max_text_chars=cfg.limits.max_text_chars
+        )
+
+    @property
+    def frontend(self):  # noqa: ANN201 - TextFrontend, imported lazily (espeak-ng)
+        if self._frontend is None:
+            from tts_engine.frontend import TextFrontend
+
+            self._frontend = TextFrontend(self.voice.config, max_text_chars=self._max_text_chars)
+        return self._frontend
+
+    def submit(self, phoneme_ids: Sequence[int], options: SynthesisOptions | None = None) -> SpeechRequest:
+        """Queue one clause and return its handle at once (native rate); Overloaded when full."""
+        scales, _ = self._resolve(options)
+        return self.scheduler.submit(self._check_ids(phoneme_ids), scales)
+
+    def synthesize_ids(self, phoneme_ids: Sequence[int], options: SynthesisOptions | None = None) -> Iterator[AudioChunk]:
+        """Speak one clause (Piper layout: BOS ... EOS); chunks as they are decoded."""
+        scales, rate = self._resolve(options)
+        request = self.scheduler.submit(self._check_ids(phoneme_ids), scales)
+        return self._stream([request], rate)
+
+    def synthesize(self, text: str, options: SynthesisOptions | None = None) -> Iterator[AudioChunk]:
+        """Speak ``text``: every sentence is queued at once (they share GPU steps) and streamed in order."""
+        scales, rate = self._resolve(options)
+        sentences = list(self.frontend.sentence_ids(text))
+        requests: list[SpeechRequest] = []
+        try:
+            for index, ids in enumerate(sentences):
+                requests.append(self.scheduler.submit(ids, scales, clause_index=index))
+        except BaseException:
+            for r in requests:
+                r.cancel()
+            raise
+        return self._stream(requests, rate)
+
+    def close(self) -> None:
+        self.scheduler.close()
+
+    def _stream(self, requests: list[SpeechRequest], rate: int) -> Iterator[AudioChunk]:
+        resampler = StreamResampler(self.sample_rate, rate)
+        try:
+            for n, request in enumerate(requests):
+                last_request = n == len(requests) - 1
+                for chunk in request:
+                    if rate != self.sample_rate:
+                        audio = resampler.process(chunk.pcm.astype(np.float32) / 32767.0, last=last_request and chunk.final)
+                        pcm = np.clip(audio * 32767.0, -32767, 32767).astype(np.int16)
+                        chunk = AudioChunk(pcm, rate, chunk.clause_index, chunk.final)
+                    yield chunk
+        finally:  # consumer stopped early (barge-in) or finished: free the GPU slots
+            for request in requests:
+                request.cancel()
+
+    def _resolve(self, options: SynthesisOptions | None) -> tuple[Scales, int]:
+        """Request options over engine defaults over the voice's own; validated like the CPU engine."""
+        req, dflt, voice = options or SynthesisOptions(), self.defaults, self.voice.config
+
+        def pick(name: str, voice_value: float) -> float:
+            for value in (getattr(req, name), getattr(dflt, name)):
+                if value is not None:
+                    return float(value)
+            return voice_value
+
+        noise_scale = pick("noise_scale", voice.noise_scale)
+        length_scale = pick("length_scale", voice.length_scale)
+        noise_w = pick("noise_w", voice.noise_w)
+        if not all(math.isfinite(v) for v in (noise_scale, length_scale, noise_w)):
+            raise InvalidInput("synthesis scales must be finite numbers")
+        if not 0.05 <= length_scale <= 20:
+            raise InvalidInput(f"length_scale must be in [0.05, 20], got {length_scale}")
+        if noise_scale < 0 or noise_w < 0:
+            raise InvalidInput("noise_scale and noise_w must be >= 0")
+        speaker = req.speaker_id if req.speaker_id is not None else dflt.speaker_id
+        sid = self.voice.speaker_id(speaker)
+        rate = int(req.sample_rate or dflt.sample_rate or self.sample_rate)
+        if not MIN_RATE <= rate <= MAX_RATE:
+            raise InvalidInput(f"sample_rate must be in [{MIN_RATE}, {MAX_RATE}] Hz, got {rate}")
+        return Scales(noise_scale, length_scale, noise_w, sid or 0), rate
+
+    def _check_ids(self, phoneme_ids: Sequence[int]) -> list[int]:
+        try:
+            ids = [int(i) for i in phoneme_ids]
+        except (TypeError, ValueError):
+            raise InvalidInput("phoneme_ids must be integers") from None
+        if not ids:
+            raise InvalidInput("phoneme_ids is empty")
+        n_symbols = self.voice.config.num_symbols
+        if any(not 0 <= i < n_symbols for i in ids):
+            raise InvalidInput(f"phoneme ids must be in [0, {n_symbols})")
+        return ids
