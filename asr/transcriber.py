@@ -12,9 +12,12 @@ without timestamps. Padding matters: with little or none (whisper.cpp's
 sentence until the token limit; with 5 s of padding, on 36 synthetic utterances
 (0.6-6 s, clean and at 15 dB SNR), the word error rate equalled the 30 s window's
 and the total time was 3.8x lower. A result that still looks like a loop (token
-budget hit, or zlib compression ratio > ``MAX_COMPRESSION_RATIO``) is decoded again
-in the full 30 s window, which is exactly what faster-whisper would have done.
-Longer audio goes through ``WhisperModel.transcribe`` (sequential 30 s windows).
+budget of ``TOKENS_PER_S`` hit, a block of 4+ tokens said twice in a row or a
+shorter one three times, or zlib compression ratio > ``MAX_COMPRESSION_RATIO``) is
+decoded again in the full 30 s window, which is exactly what faster-whisper would
+have done; a false alarm ("no, no, no") only costs that second decode.
+Longer audio goes through ``WhisperModel.transcribe`` (sequential 30 s windows,
+with timestamps so that windows end at segment boundaries).
 
 Hallucination guard: whisper invents text ("Thank you.") for silence and noise. A
 segment whose no-speech probability > ``NO_SPEECH_PROB`` (0.6) *and* whose average
@@ -88,6 +91,19 @@ def _to_float32(pcm: np.ndarray) -> np.ndarray:
 
 def _is_hallucination(no_speech_prob: float, avg_logprob: float) -> bool:
     return no_speech_prob > NO_SPEECH_PROB and avg_logprob < MIN_AVG_LOGPROB
+
+
+def _repeats(tokens: list[int], longest: int = 64) -> bool:
+    """Whether a block of >= 4 tokens occurs twice in a row, or a shorter one three times."""
+    n = len(tokens)
+    for period in range(1, min(longest, n // 2) + 1):
+        need = period if period >= 4 else 2 * period  # matches after the first occurrence
+        run = 0
+        for i in range(period, n):
+            run = run + 1 if tokens[i] == tokens[i - period] else 0
+            if run >= need:
+                return True
+    return False
 
 
 def _compression_ratio(text: str) -> float:
@@ -218,7 +234,8 @@ class Transcriber:
         # As faster-whisper: the score is the length-normalised log-probability.
         avg_logprob = result.scores[0] * len(tokens) / (len(tokens) + 1)
         text = tok.decode(tokens)
-        looped = len(tokens) >= budget or _compression_ratio(text) > MAX_COMPRESSION_RATIO
+        looped = (len(tokens) >= budget or _repeats(tokens)
+                  or _compression_ratio(text) > MAX_COMPRESSION_RATIO)
         seg = TranscriptSegment(text, 0.0, audio_s, avg_logprob, result.no_speech_prob)
         return lang, seg, looped
 
@@ -226,8 +243,9 @@ class Transcriber:
         self, audio: np.ndarray, lang: str | None
     ) -> tuple[str, list[TranscriptSegment]]:
         segments, info = self._model.transcribe(
+            # Timestamps let each window end at a segment boundary instead of mid-word.
             audio, language=lang, beam_size=self.beam_size, temperature=0.0,
-            without_timestamps=True, condition_on_previous_text=False, vad_filter=False,
+            without_timestamps=False, condition_on_previous_text=False, vad_filter=False,
             no_speech_threshold=NO_SPEECH_PROB, log_prob_threshold=MIN_AVG_LOGPROB,
         )
         out = [TranscriptSegment(s.text, s.start, s.end, s.avg_logprob, s.no_speech_prob)

@@ -45,12 +45,16 @@ class Engines:
         from tts_engine.factory import create_engines
 
         tts = create_engines(cfg)
+        for engine in {id(e): e for e in tts}.values():
+            for _ in engine.synthesize("Warm up."):
+                pass
         self.load_s["tts"] = time.monotonic() - t0
 
         t0 = time.monotonic()
         from asr.transcriber import Transcriber
 
         asr = Transcriber.from_config(cfg)
+        asr.warmup()
         self.load_s["asr"] = time.monotonic() - t0
 
         t0 = time.monotonic()

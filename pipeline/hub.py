@@ -32,7 +32,7 @@ from websockets.http11 import Request, Response
 
 from pipeline.engines import Engines
 from pipeline.protocol import RealtimeProtocol
-from pipeline.session import Session, SlowClient
+from pipeline.session import AfterSent, Session, SlowClient
 from pipeline.trace import Metrics, TraceSink
 from voxloop.config import Config
 
@@ -215,6 +215,9 @@ class Hub:
         try:
             while True:
                 event = await outbox.get()
+                if isinstance(event, AfterSent):
+                    event.run()
+                    continue
                 await ws.send(protocol.send(event))
                 on_sent(event)
         except ConnectionClosed:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from dataclasses import dataclass
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -48,6 +49,13 @@ MIN_COMMIT_MS = 100
 
 class SlowClient(Exception):
     """The client does not read: its outbox is full."""
+
+
+@dataclass(frozen=True)
+class AfterSent:
+    """An outbox entry that runs ``run()`` once every event queued before it is on the socket."""
+
+    run: Callable[[], None]
 
 
 class Session:
@@ -363,9 +371,14 @@ class Session:
         self._record(turn, status)
 
     def _record(self, turn: Turn, status: str) -> None:
-        summary = self.traces.record(turn.trace, status)
-        if self.cfg.trace.send_to_client and turn.committed and status != "empty_transcript":
-            self._send(ev.XTurnMetrics(response_id=turn.response_id, item_id=turn.item_id, metrics=summary))
+        """Write the turn's trace once what it queued is sent (so ``first_audio_sent`` is real)."""
+
+        def record() -> None:
+            summary = self.traces.record(turn.trace, status)
+            if self.cfg.trace.send_to_client and turn.committed and status != "empty_transcript":
+                self._send(ev.XTurnMetrics(response_id=turn.response_id, item_id=turn.item_id, metrics=summary))
+
+        self._send(AfterSent(record))
 
     def _fail(self, turn: Turn, exc: BaseException) -> None:
         self._error(exc)

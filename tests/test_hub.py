@@ -20,6 +20,7 @@ import pytest
 import websockets
 
 from conftest import scaled
+from rt import append, http_get, recv, until, url, user_text
 from pipeline.engines import Engines
 from pipeline.hub import Hub
 from tts_engine.factory import create_engines
@@ -82,43 +83,6 @@ async def start_hub(tts_engines, *overrides, asr=None, llm=None):
     hub = Hub(cfg, engines)
     await hub.start()
     return hub
-
-
-def url(hub: Hub, path: str = "/v1/realtime") -> str:
-    return f"ws://127.0.0.1:{hub.port}{path}"
-
-
-def http_get(hub: Hub, path: str, headers: dict | None = None) -> tuple[int, str, dict]:
-    req = urllib.request.Request(f"http://127.0.0.1:{hub.port}{path}", headers=headers or {})
-    try:
-        with urllib.request.urlopen(req, timeout=5) as r:
-            return r.status, r.read().decode(), dict(r.headers)
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode(), dict(e.headers)
-
-
-async def recv(ws, timeout=10.0) -> dict:
-    msg = await asyncio.wait_for(ws.recv(), scaled(timeout))
-    return json.loads(msg)
-
-
-async def until(ws, type_: str, timeout=20.0) -> tuple[dict, list[dict]]:
-    seen = []
-    deadline = time.monotonic() + scaled(timeout)
-    while True:
-        m = await recv(ws, deadline - time.monotonic())
-        seen.append(m)
-        if m["type"] == type_:
-            return m, seen
-
-
-def append(pcm: np.ndarray) -> str:
-    return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm.tobytes()).decode()})
-
-
-def user_text(text: str) -> list[str]:
-    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
-    return [json.dumps({"type": "conversation.item.create", "item": item}), json.dumps({"type": "response.create"})]
 
 
 def speech_24k(seconds: float, seed: int = 0) -> np.ndarray:

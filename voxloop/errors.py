@@ -50,6 +50,21 @@ class Overloaded(VoxloopError):
         self.retry_after_ms = retry_after_ms
 
 
+class ConnectionFailed(VoxloopError):
+    """A client could not reach the server, was refused the WebSocket, or lost it.
+
+    ``status`` is the HTTP status of a refused upgrade (401, 403, 404…; a full server's
+    503 raises ``Overloaded`` instead); ``close_code`` the WebSocket close code, if any.
+    """
+
+    code = "connection_failed"
+
+    def __init__(self, message: str, *, status: int | None = None, close_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.close_code = close_code
+
+
 class Cancelled(VoxloopError):
     """Work for a turn or request was cancelled (barge-in, client cancel)."""
 

@@ -133,7 +133,7 @@ class BatchScheduler:
     def _loop(self) -> None:
         try:
             while not self._stop.is_set():
-                if not self._collect():
+                if not self._fill():
                     continue
                 t0 = time.perf_counter()
                 self._step()
@@ -146,32 +146,33 @@ class BatchScheduler:
         else:
             self._fail_all(None)
 
-    def _collect(self) -> bool:
-        """Move submissions to the waiting line (blocking briefly when idle); True if work exists.
+    def _fill(self) -> bool:
+        """Drop cancelled requests, then take as many submissions as there are free slots.
 
-        The line holds at most one step's worth of admissions (``max_slots``); the rest
-        stays in the bounded inbox, so ``queue_size`` really bounds what waits.
+        Blocks briefly when idle. The rest stays in the bounded inbox, so ``queue_size``
+        bounds everything that waits. True when there is work for a step.
         """
-        idle = not self._running and not self._waiting
-        if idle:
+        self._waiting = [r for r in self._waiting if not r.cancelled]
+        for request in [r for r in self._running.values() if r.cancelled]:
+            self._release(request)
+        if not self._running and not self._waiting:
             try:
                 self._waiting.append(self._inbox.get(timeout=0.05))
             except queue.Empty:
                 return False
-        while len(self._waiting) < self.max_slots:
+        while len(self._waiting) < len(self._free_slots):
             try:
                 self._waiting.append(self._inbox.get_nowait())
             except queue.Empty:
                 break
-        return True
+        self._waiting = [r for r in self._waiting if not r.cancelled]
+        return bool(self._running or self._waiting)
 
     def _step(self) -> None:
-        self._drop_cancelled()
         admitted = self._admit()
         frames_dev = self.runner.encode([self._encode_item(r) for r in admitted]) if admitted else None
+        # First chunks first, then the oldest requests.
         batch = sorted(self._running.values(), key=lambda r: (r.next_frame > 0, r.seq))[: self.max_slots]
-        if not batch:
-            return
         audio_dev = self.runner.decode([r.slot for r in batch], [r.next_frame for r in batch])
         results = self.runner.fetch(audio_dev, *([frames_dev] if frames_dev is not None else []))
         if frames_dev is not None:
@@ -217,11 +218,6 @@ class BatchScheduler:
             request._chunks.put(AudioChunk(pcm, request.sample_rate, request.clause_index, final))
             if final:
                 self._release(request)
-
-    def _drop_cancelled(self) -> None:
-        self._waiting = [r for r in self._waiting if not r.cancelled]
-        for request in [r for r in self._running.values() if r.cancelled]:
-            self._release(request)
 
     def _release(self, request: SpeechRequest) -> None:
         if request.slot is not None and self._running.get(request.slot) is request:

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 import jieba
 import jieba.posseg
 from pypinyin import Style, lazy_pinyin
+from pypinyin.constants import PHRASES_DICT
+from pypinyin.seg.mmseg import seg as mmseg
 
 from tts_engine.zh.lexicon import Lexicon, is_erhua
 
@@ -45,8 +47,10 @@ class Word:
     text: str
     pos: str
     syllables: list[str] = field(default_factory=list)
-    #: Pronunciation from our lexicon: context rules leave it alone.
-    fixed: bool = False
+    #: Per character: pronunciation from our lexicon, which context rules leave alone.
+    locked: list[bool] = field(default_factory=list)
+    #: Per character: no phrase decided its reading (context rules may).
+    free: list[bool] = field(default_factory=list)
 
     @property
     def is_chinese(self) -> bool:
@@ -89,12 +93,44 @@ class ChineseG2p:
         return out
 
     def _lookup(self, text: str, pos: str) -> Word:
+        """Syllables of one segment: our lexicon for it or for its pypinyin phrases, else pypinyin."""
         if not HANZI.search(text):
             return Word(text, pos)
-        entry = self.lexicon.get(text)
-        if entry is not None:
-            return Word(text, pos, _expand_erhua(text, list(entry)), fixed=True)
-        return Word(text, pos, pypinyin_syllables(text))
+        word = Word(text, pos)
+        if text in self.lexicon:
+            _add_lexicon(word, self.lexicon[text])
+            return word
+        pending = ""
+        for piece in mmseg.cut(text) if len(text) > 1 else [text]:
+            entry = self.lexicon.get(piece) if len(piece) > 1 else None
+            if entry is None:
+                pending += piece
+                continue
+            if pending:
+                _add_pypinyin(word, pending, alone=False)
+                pending = ""
+            _add_lexicon(word, entry)
+        if pending:
+            _add_pypinyin(word, pending, alone=len(text) == 1)
+        return word
+
+
+def _add_lexicon(word: Word, syllables: tuple[str, ...]) -> None:
+    expanded = _expand_erhua(list(syllables))
+    word.syllables += expanded
+    word.locked += [True] * len(expanded)
+    word.free += [False] * len(expanded)
+
+
+def _add_pypinyin(word: Word, text: str, alone: bool) -> None:
+    """Append pypinyin's syllables for ``text``; a character is free unless one of its phrases covers it."""
+    word.syllables += pypinyin_syllables(text)
+    word.locked += [False] * len(text)
+    if alone:
+        word.free.append(True)
+        return
+    for piece in mmseg.cut(text):
+        word.free += [len(piece) == 1 or piece not in PHRASES_DICT] * len(piece)
 
 
 def pypinyin_syllables(text: str) -> list[str]:
@@ -108,7 +144,7 @@ def citation_tone(char: str) -> int:
     return int(syllable[-1]) if syllable[-1:].isdigit() else 0
 
 
-def _expand_erhua(text: str, syllables: list[str]) -> list[str]:
+def _expand_erhua(syllables: list[str]) -> list[str]:
     """Lexicon syllables -> one per character (erhua ``dianr3`` -> ``dianr3``, ``r``)."""
     out: list[str] = []
     for syllable in syllables:
@@ -153,16 +189,31 @@ class _CharView:
         word.syllables[k] = syllable
 
     def fixed(self, i: int) -> bool:
-        word = self.word(i)
-        return word is None or word.fixed
+        """From our lexicon (or not Chinese): no rule changes it."""
+        if not 0 <= i < len(self.items):
+            return True
+        word, k = self.items[i]
+        return k < 0 or word.locked[k]
 
     def alone(self, i: int) -> bool:
-        """The character is a one-character word."""
-        word = self.word(i)
-        return word is not None and len(word.text) == 1
+        """Context decides the reading: a one-character word, or in a segment pypinyin has no phrase for."""
+        if not 0 <= i < len(self.items):
+            return False
+        word, k = self.items[i]
+        return k >= 0 and word.free[k]
+
+    def same_word(self, i: int, j: int) -> bool:
+        return 0 <= j < len(self.items) and self.word(i) is self.word(j)
 
     def text_after(self, i: int, n: int = 2) -> str:
-        return "".join(self.char(j) for j in range(i + 1, i + 1 + n))
+        """Up to ``n`` Hanzi after ``i``, stopping at punctuation or other script."""
+        out = ""
+        for j in range(i + 1, i + 1 + n):
+            char = self.char(j)
+            if not char:
+                break
+            out += char
+        return out
 
     def tone(self, i: int) -> int:
         """Tone of the syllable at ``i``; a neutral tone counts as the character's citation tone."""
@@ -178,7 +229,7 @@ class _CharView:
 _HUAN_OBJECTS = set("钱书债款账")
 _ZHONG4_OBJECTS = set("树花菜地田草瓜豆麦稻粮庄苗")
 _DAO4_OBJECTS = set("水茶酒垃车杯咖奶")
-_GAN4_NEXT = ("什么", "啥", "吗", "嘛", "活", "完", "了", "得", "吧", "掉", "事", "过", "好")
+_GAN4_NEXT = ("什么", "啥", "吗", "嘛", "活", "完", "得", "吧", "掉", "事", "过", "好")
 _ZHANG3_NEXT = set("得大高出胖满")
 _VERBISH = ("v", "a", "d")
 
@@ -221,10 +272,14 @@ def _de_complement(c: _CharView, i: int) -> str | None:
     """得: de5 after a verb/adjective (跑得快), dei3 as 'must' (我得走), else de2 (得了奖)."""
     if not c.alone(i):
         return None
+    if c.same_word(i, i - 1):
+        return "de5"  # jieba joined V得X (说得对): a complement
     prev, nxt = _prev_word(c, i), _next_word(c, i)
-    if prev is not None and prev.is_chinese and _pos(prev)[:1] in ("v", "a") and _pos(prev) != "ad":
+    if prev is not None and prev.is_chinese and _pos(prev)[:1] in ("v", "a", "b") and _pos(prev) != "ad":
         return "de5"
-    if (prev is None or _pos(prev)[:1] in ("r", "n", "d", "c", "t", "x")) and _pos(nxt)[:1] in _VERBISH:
+    if (prev is None or _pos(prev)[:1] in ("r", "n", "d", "c", "t", "x")) and (
+        _pos(nxt)[:1] in _VERBISH or (nxt is not None and nxt.text.startswith(_DEI3_NEXT))
+    ):
         return "dei3"
     if prev is not None and prev.is_chinese and _pos(c.word(i)) == "ud" and _pos(nxt)[:1] in ("d", "a", "z"):
         return "de5"
@@ -235,12 +290,14 @@ def _de_adverbial(c: _CharView, i: int) -> str | None:
     """地: de5 after an adverbial (慢慢地走), else di4 (这块地)."""
     if not c.alone(i):
         return None
+    if c.same_word(i, i - 1) and not c.same_word(i, i + 1):
+        return "de5"  # jieba joined the adverbial and its 地 (轻轻地); nouns in 地 are phrases (草地)
     prev = _prev_word(c, i)
     if prev is None or not prev.is_chinese:
         return "di4"
     reduplicated = len(prev.text) >= 2 and prev.text[-1] == prev.text[-2]
     if reduplicated or _pos(prev)[:1] in ("a", "d", "z", "i", "l") or (
-        _pos(c.word(i)) == "uv" and _pos(prev)[:1] not in ("n", "r", "s", "f", "m", "q")
+        _pos(c.word(i)) == "uv" and _pos(prev)[:1] not in ("n", "r", "s", "f", "m", "q", "p")
     ):
         return "de5"
     return "di4"
@@ -250,7 +307,7 @@ def _le(c: _CharView, i: int) -> str | None:
     """了: liao3 in a potential complement (吃不了, 受得了), else le5."""
     if not c.alone(i):
         return None
-    if c.char(i - 1) in ("不", "得") and _pos(c.word(i - 2))[:1] == "v" and c.char(i + 1) not in ("吧", "吗"):
+    if c.char(i - 1) in ("不", "得") and _pos(c.word(i - 2))[:1] == "v":
         return "liao3"
     return "le5"
 
@@ -264,7 +321,9 @@ def _xing(c: _CharView, i: int) -> str | None:
 
 def _zhang(c: _CharView, i: int) -> str | None:
     """长: zhang3 as 'grow' (长得, 长高), else pypinyin."""
-    return "zhang3" if c.char(i + 1) in _ZHANG3_NEXT and c.alone(i) else None
+    if not c.alone(i):
+        return None
+    return "zhang3" if c.char(i + 1) in _ZHANG3_NEXT else "chang2"
 
 
 def _huan(c: _CharView, i: int) -> str | None:
@@ -272,6 +331,8 @@ def _huan(c: _CharView, i: int) -> str | None:
     if not c.alone(i):
         return None
     after = c.text_after(i, 3)
+    if not after:
+        return "huan2"  # clause-final: the verb (按时还), never the adverb
     if after[:1] in _HUAN_OBJECTS or after[:1] == "给" or (after[:1] in "我你他她它" and after[1:2] in _HUAN_OBJECTS):
         return "huan2"
     return "hai2"
@@ -298,7 +359,9 @@ def _gan(c: _CharView, i: int) -> str | None:
     if not c.alone(i):
         return None
     after = c.text_after(i, 2)
-    return "gan4" if after.startswith(_GAN4_NEXT) or _pos(c.word(i)) == "v" else None
+    if after.startswith(_GAN4_NEXT) or (after[:1] == "了" and after[1:2] in _NUMERALS):
+        return "gan4"  # 干什么, 干了三天
+    return "gan1" if after[:1] == "了" or not after else None
 
 
 def _shu(c: _CharView, i: int) -> str | None:
@@ -310,7 +373,9 @@ def _shu(c: _CharView, i: int) -> str | None:
 
 def _dao(c: _CharView, i: int) -> str | None:
     """倒: dao4 'pour/reverse' before a liquid or vehicle (倒水), else pypinyin."""
-    return "dao4" if c.alone(i) and c.char(i + 1) in _DAO4_OBJECTS else None
+    if not c.alone(i):
+        return None
+    return "dao4" if c.char(i + 1) in _DAO4_OBJECTS else "dao3"
 
 
 def _zhe(c: _CharView, i: int) -> str | None:
@@ -318,9 +383,45 @@ def _zhe(c: _CharView, i: int) -> str | None:
     return "zhe5" if c.alone(i) else None
 
 
+def _jiao(c: _CharView, i: int) -> str | None:
+    """教: jiao1 'to teach' as a word of its own (教我做饭); jiao4 comes from words (教室)."""
+    return "jiao1" if c.alone(i) else None
+
+
+def _bei(c: _CharView, i: int) -> str | None:
+    """背: bei1 'carry on the back' (背着书包), else pypinyin (bei4)."""
+    return "bei1" if c.alone(i) and c.char(i + 1) in ("着", "起", "包") else None
+
+
+def _ceng(c: _CharView, i: int) -> str | None:
+    """曾: zeng1 as a surname before a title (曾先生), else ceng2."""
+    return "zeng1" if c.text_after(i, 2) in _TITLES or c.text_after(i, 1) == "总" else None
+
+
+def _feng(c: _CharView, i: int) -> str | None:
+    """缝: feng4 'a seam' after a numeral/measure (一条缝), else feng2 'to sew'."""
+    if not c.alone(i):
+        return None
+    return "feng4" if c.char(i - 1) in _NUMERALS or c.char(i - 1) in "条道个" else "feng2"
+
+
+def _wei(c: _CharView, i: int) -> str | None:
+    """为: wei2 in 为人 'as a person' (他为人正直); wei4 'for' (为人民服务) as pypinyin has it."""
+    if not c.alone(i):
+        return None
+    if c.char(i + 1) == "人" and c.alone(i + 1) and c.text_after(i + 1, 2)[:1] in "很真十非正和老诚热":
+        return "wei2"
+    return "wei2" if c.char(i - 1) in _WEI2_AFTER and c.char(i - 1) else None
+
+
+_WEI2_AFTER = "选称成作认以视评改列定封化分"  # 选为 称为 分为: 'as, into'
+_TITLES = {"先生", "女士", "老师", "小姐", "经理", "同学", "教授", "医生", "大夫", "阿姨"}
+_DEI3_NEXT = ("多", "少", "先", "快", "早", "马上", "赶紧", "赶快", "好好", "再", "去", "来", "走", "给")
+
 _CHAR_RULES = {
     "得": _de_complement, "地": _de_adverbial, "了": _le, "行": _xing, "长": _zhang, "还": _huan,
-    "种": _zhong, "只": _zhi, "干": _gan, "数": _shu, "倒": _dao, "着": _zhe,
+    "种": _zhong, "只": _zhi, "干": _gan, "数": _shu, "倒": _dao, "着": _zhe, "教": _jiao, "背": _bei,
+    "曾": _ceng, "缝": _feng, "为": _wei,
 }
 
 
@@ -328,10 +429,14 @@ def _reduplication(c: _CharView) -> None:
     """AA kinship nouns and verbs: the second syllable is neutral (妈妈 ma1 ma5, 看看 kan4 kan5)."""
     for i in range(1, len(c)):
         word = c.word(i)
-        if word is None or word.fixed or word is not c.word(i - 1) or c.char(i) != c.char(i - 1):
+        if word is None or c.fixed(i) or word is not c.word(i - 1) or c.char(i) != c.char(i - 1):
             continue
-        if len(word.text) == 2 and (c.char(i) in _KINSHIP or _pos(word).startswith("v")):
+        if c.char(i) in _KINSHIP or (len(word.text) == 2 and _pos(word).startswith("v")):
             c.set(i, c.syllable(i)[:-1] + "5")
+
+
+_YI1_AFTER = set("第之加减乘除于比")  # ordinals, fractions (三分之一), arithmetic
+_YI1_BEFORE = set("月号日加减乘除等比")  # dates, arithmetic
 
 
 def _yi_bu(c: _CharView) -> None:
@@ -348,9 +453,9 @@ def _yi_bu(c: _CharView) -> None:
         if char == "不":
             c.set(i, "bu2" if next_tone == 4 else "bu4")
             continue
-        if not nxt or prev == "第" or (nxt in _NUMERALS and nxt not in "百千万亿") or (
+        if not nxt or prev in _YI1_AFTER or nxt in _YI1_BEFORE or (nxt in _NUMERALS and nxt not in "百千万亿") or (
             prev in _NUMERALS and prev not in "万亿"
-        ) or nxt in ("月", "号"):
+        ):
             c.set(i, "yi1")  # counting, ordinals, dates, word-final: 十一, 第一, 一二三
         elif next_tone:
             c.set(i, "yi2" if next_tone == 4 else "yi4")
@@ -365,7 +470,7 @@ def _merge_erhua(word: Word) -> list[str]:
         if (
             k > 0 and word.text[k] == "儿" and syllable.startswith("er") and out
             and HANZI.match(word.text[k - 1]) and word.text[k - 1] not in _NOT_ERHUA and not is_erhua(out[-1])
-            and not word.fixed and out[-1][:-1] != "er"
+            and not word.locked[k] and out[-1][:-1] != "er"
         ):
             out[-1] = out[-1][:-1] + "r" + out[-1][-1]
             continue

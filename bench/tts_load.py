@@ -1,0 +1,340 @@
+"""TTS load benchmark: closed-loop clients against the GPU engine and the onnxruntime CPU engine.
+
+Each of N clients speaks one sentence of ``bench/tts_sentences.json`` (English, 8-20 words,
+3-5 s with the bundled voice), waits for its last chunk, and repeats, for ``--duration``
+seconds. Reported per (backend, N): QPS, audio seconds per second, first-audio and
+full-sentence latency p50/p99, RTF (p50 of latency / audio length), peak VRAM.
+
+Modes: ``engine`` calls the engines in-process (``CudaTtsEngine.submit``; the CPU engine's
+``OnnxVits.infer`` + int16, i.e. ``OnnxTtsEngine.synthesize_ids`` at the native rate).
+``ws`` (x.tts.speak over the server's WebSocket) needs ``pipeline/hub.py``'s server: see
+``--mode`` help. Examples::
+
+    python bench/tts_load.py --backends cuda,onnx --concurrency 1,8,50,128 --hardware h200
+    python bench/tts_load.py --plot bench/results/tts_load-h200-2026-11-29.json
+    python bench/tts_load.py --make-sentences   # rebuild the JSON from tts_sentences.txt
+
+Writes ``bench/results/tts_load-<hardware>-<date>.json`` (a list of rows) and, with
+``--plot``, PNGs beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+SENTENCES = ROOT / "bench" / "tts_sentences.json"
+RESULTS = ROOT / "bench" / "results"
+
+
+def load_sentences() -> list[dict]:
+    return json.loads(SENTENCES.read_text())["sentences"]
+
+
+def make_sentences() -> None:
+    """Phonemize ``tts_sentences.txt`` (espeak-ng, as the server does) and measure each sentence's audio length."""
+    from tts_engine.frontend import TextFrontend
+    from tts_engine.onnx_backend import InferenceScales, OnnxVits
+    from tts_engine.voice import Voice
+    from voxloop import models
+    from voxloop.config import load_config
+
+    cfg = load_config()
+    path = models.resolve_voice(cfg).path
+    voice = Voice.load(path, models.voice_config_path(cfg, path))
+    frontend, model = TextFrontend(voice.config), OnnxVits(path)
+    lines = (ROOT / "bench" / "tts_sentences.txt").read_text().splitlines()
+    rows = []
+    for text in (t.strip() for t in lines if t.strip() and not t.startswith("#")):
+        (ids,) = list(frontend.sentence_ids(text))
+        audio = model.infer(ids, InferenceScales(voice.config.noise_scale, 1.0, voice.config.noise_w))
+        rows.append({"text": text, "words": len(text.split()), "ids": ids, "audio_s": round(len(audio) / voice.sample_rate, 3)})
+    meta = {"voice": path.name, "sample_rate": voice.sample_rate, "note": "audio_s: one onnxruntime run, default noise"}
+    body = ",\n  ".join(json.dumps(r, ensure_ascii=False) for r in rows)  # one sentence per line
+    SENTENCES.write_text(json.dumps(meta, ensure_ascii=False)[:-1] + ',\n "sentences": [\n  ' + body + "\n ]\n}\n")
+    print(f"wrote {len(rows)} sentences, mean {np.mean([r['audio_s'] for r in rows]):.2f} s of audio")
+
+
+# ---------------------------------------------------------------- backends
+
+
+class CudaBackend:
+    """In-process ``CudaTtsEngine``; one request = one clause streamed in chunks."""
+
+    name = "cuda"
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        import torch
+
+        from tts_engine.torch_vits.cuda_engine import CudaTtsEngine, batch_buckets
+        from tts_engine.torch_vits.runner import RunnerOptions
+        from tts_engine.voice import Voice
+
+        self.torch = torch
+        opts = RunnerOptions(
+            chunk_frames=args.chunk_frames, max_frames=args.max_frames, precision=args.precision,
+            decode_batches=batch_buckets(args.max_batch), encode_batches=batch_buckets(args.max_batch, midpoints=False),
+        )  # fmt: skip
+        t0 = time.perf_counter()
+        self.engine = CudaTtsEngine(Voice.load(args.voice), opts, device=args.device, queue_size=4096)
+        self.startup_s = time.perf_counter() - t0
+        self.sample_rate = self.engine.sample_rate
+        self.name = f"cuda-{args.precision}"
+        runner = self.engine.runner
+        self.info = {
+            "startup_s": round(self.startup_s, 2), "graph_capture_s": round(runner.capture_s, 2),
+            "graphs": len(runner._encode_steps) + len(runner._decode_steps),
+            "memory_after_capture_mb": round(runner.memory_mb(), 1), "chunk_frames": args.chunk_frames,
+            "precision": args.precision, "max_batch": args.max_batch,
+        }  # fmt: skip
+
+    def speak(self, ids: list[int]) -> tuple[float, int]:
+        """Blocks until the clause is spoken; returns (first-audio delay s, samples)."""
+        t0 = time.perf_counter()
+        first, samples = None, 0
+        for chunk in self.engine.submit(ids):
+            if first is None:
+                first = time.perf_counter() - t0
+            samples += chunk.num_samples
+        return first or 0.0, samples
+
+    def reset_peak(self) -> None:
+        self.torch.cuda.reset_peak_memory_stats()
+
+    def peak_vram_mb(self) -> float:
+        return self.torch.cuda.max_memory_reserved() / 2**20
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class OnnxBackend:
+    """The CPU engine's inference path: a pool of 1-thread onnxruntime sessions, whole clause."""
+
+    name = "onnx-cpu"
+
+    def __init__(self, args: argparse.Namespace, workers: int) -> None:
+        from tts_engine.onnx_backend import InferenceScales, OnnxVits, to_int16
+        from tts_engine.voice import Voice
+
+        voice = Voice.load(args.voice)
+        self.sample_rate = voice.sample_rate
+        self.scales = InferenceScales(voice.config.noise_scale, voice.config.length_scale, voice.config.noise_w)
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        self.model = OnnxVits(args.voice, threads=threads, workers=workers)
+        self.to_int16 = to_int16
+        self.info = {"workers": workers, "threads_per_worker": threads, "cpu": cpu_name()}
+
+    def speak(self, ids: list[int]) -> tuple[float, int]:
+        t0 = time.perf_counter()
+        pcm = self.to_int16(self.model.infer(ids, self.scales))
+        return time.perf_counter() - t0, len(pcm)
+
+    def reset_peak(self) -> None:
+        pass
+
+    def peak_vram_mb(self) -> float:
+        return 0.0
+
+    def close(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------- the load loop
+
+
+def closed_loop(backend, sentences: list[dict], clients: int, duration_s: float, warmup_s: float) -> list[dict]:
+    """Run ``clients`` threads for warm-up + ``duration_s``; records of requests started after warm-up."""
+    records: list[dict] = []
+    lock = threading.Lock()
+    t_start = time.perf_counter()
+    t_measure, t_end = t_start + warmup_s, t_start + warmup_s + duration_s
+    errors: list[BaseException] = []
+
+    def client(index: int) -> None:
+        k = 0
+        try:
+            while time.perf_counter() < t_end:
+                sentence = sentences[(index * 13 + k) % len(sentences)]
+                k += 1
+                t0 = time.perf_counter()
+                first, samples = backend.speak(sentence["ids"])
+                t1 = time.perf_counter()
+                if t0 >= t_measure:
+                    with lock:
+                        records.append({"start": t0, "end": t1, "first_s": first, "latency_s": t1 - t0,
+                                        "audio_s": samples / backend.sample_rate})  # fmt: skip
+        except BaseException as exc:  # noqa: BLE001 - reported after the run
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError(f"{len(errors)} client(s) failed: {errors[0]!r}") from errors[0]
+    return records
+
+
+def summarize(records: list[dict], backend, clients: int, hardware: str) -> dict:
+    t0 = min(r["start"] for r in records)
+    elapsed = max(r["end"] for r in records) - t0
+    first = np.array([r["first_s"] for r in records]) * 1000
+    lat = np.array([r["latency_s"] for r in records]) * 1000
+    audio = np.array([r["audio_s"] for r in records])
+    rtf = lat / 1000 / audio
+    return {
+        "backend": backend.name, "hardware": hardware, "concurrency": clients, "requests": len(records),
+        "qps": round(len(records) / elapsed, 2), "audio_seconds_per_second": round(audio.sum() / elapsed, 1),
+        "audio_s_per_request": round(float(audio.mean()), 3),
+        "first_audio_p50_ms": round(float(np.percentile(first, 50)), 2),
+        "first_audio_p99_ms": round(float(np.percentile(first, 99)), 2),
+        "latency_p50_ms": round(float(np.percentile(lat, 50)), 2),
+        "latency_p99_ms": round(float(np.percentile(lat, 99)), 2),
+        "rtf": float(f"{np.percentile(rtf, 50):.3g}"), "rtf_aggregate": float(f"{elapsed / audio.sum():.3g}"),
+        "peak_vram_mb": round(backend.peak_vram_mb(), 1), "elapsed_s": round(elapsed, 2), **backend.info,
+    }  # fmt: skip
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} x{os.cpu_count()}"
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def run(args: argparse.Namespace) -> Path:
+    sentences = load_sentences()
+    levels = [int(n) for n in args.concurrency.split(",")]
+    rows: list[dict] = []
+    for name in args.backends.split(","):
+        if name == "cuda":
+            backend = CudaBackend(args)
+            print(f"[{backend.name}] {json.dumps(backend.info)}", flush=True)
+            for clients in levels:
+                backend.reset_peak()
+                rows.append(summarize(closed_loop(backend, sentences, clients, args.duration, args.warmup),
+                                      backend, clients, args.hardware))  # fmt: skip
+                print(json.dumps(rows[-1]), flush=True)
+            if args.steps_report:
+                sched = backend.engine.scheduler
+                print(f"[{backend.name}] steps {sched.steps}, mean step {1000 * sched.step_s / max(1, sched.steps):.2f} ms")
+            backend.close()
+        elif name == "onnx":
+            for clients in levels:
+                backend = OnnxBackend(args, workers=min(clients, os.cpu_count() or 1))
+                rows.append(summarize(closed_loop(backend, sentences, clients, args.cpu_duration, 1.0),
+                                      backend, clients, args.hardware))  # fmt: skip
+                print(json.dumps(rows[-1]), flush=True)
+        else:
+            raise SystemExit(f"unknown backend {name!r}")
+    meta = {"date": args.date, "command": " ".join(sys.argv), "gpu": gpu_name(), "cpu": cpu_name(),
+            "mode": args.mode, "sentences": len(sentences),
+            "mean_sentence_audio_s": round(float(np.mean([s["audio_s"] for s in sentences])), 3)}  # fmt: skip
+    for row in rows:
+        row.setdefault("date", args.date)
+    out = Path(args.out) / f"tts_load-{args.hardware}-{args.date}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rows, indent=1) + "\n")
+    (out.with_suffix(".meta.json")).write_text(json.dumps(meta, indent=1) + "\n")
+    print(f"wrote {out}")
+    return out
+
+
+def gpu_name() -> str:
+    try:
+        import torch
+
+        return torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
+    except ImportError:
+        return "none"
+
+
+def plot(path: Path) -> None:
+    """PNGs beside ``path``: throughput and latency against concurrency, per backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = json.loads(path.read_text())
+    backends = sorted({r["backend"] for r in rows})
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for b in backends:
+        rs = sorted((r for r in rows if r["backend"] == b), key=lambda r: r["concurrency"])
+        n = [r["concurrency"] for r in rs]
+        axes[0].plot(n, [r["qps"] for r in rs], "o-", label=b)
+        axes[1].plot(n, [r["latency_p50_ms"] for r in rs], "o-", label=f"{b} p50")
+        axes[1].plot(n, [r["latency_p99_ms"] for r in rs], "x--", label=f"{b} p99")
+        axes[2].plot(n, [r["first_audio_p50_ms"] for r in rs], "o-", label=f"{b} p50")
+        axes[2].plot(n, [r["first_audio_p99_ms"] for r in rs], "x--", label=f"{b} p99")
+    titles = ("requests per second", "full-sentence latency, ms", "first audio, ms")
+    for ax, title in zip(axes, titles):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("concurrent clients")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"TTS closed-loop load, {path.stem}")
+    fig.tight_layout()
+    fig.savefig(path.with_suffix(".png"), dpi=110)
+    print(f"wrote {path.with_suffix('.png')}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mode", choices=["engine", "ws"], default="engine",
+                   help="engine: in-process; ws: x.tts.speak over the server (not implemented yet)")  # fmt: skip
+    p.add_argument("--backends", default="cuda,onnx", help="comma list of cuda, onnx")
+    p.add_argument("--concurrency", default="1,8,50,128")
+    p.add_argument("--duration", type=float, default=15.0, help="measured seconds per level (GPU)")
+    p.add_argument("--cpu-duration", type=float, default=10.0, help="measured seconds per level (CPU)")
+    p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--voice", default=os.environ.get("VOXLOOP_TTS__VOICE_PATH"), help="Piper .onnx (default: bundled)")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--chunk-frames", type=int, default=64)
+    p.add_argument("--max-batch", type=int, default=128)
+    p.add_argument("--max-frames", type=int, default=3072)
+    p.add_argument("--hardware", default="local")
+    p.add_argument("--date", default=dt.date.today().isoformat())
+    p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--steps-report", action="store_true")
+    p.add_argument("--plot", type=Path, help="only render PNGs from this results JSON")
+    p.add_argument("--make-sentences", action="store_true")
+    args = p.parse_args(argv)
+    if args.make_sentences:
+        make_sentences()
+        return 0
+    if args.plot:
+        plot(args.plot)
+        return 0
+    if args.mode == "ws":
+        raise SystemExit("ws mode: the server's x.tts.speak path is not available in this tree yet; use --mode engine")
+    if args.voice is None:
+        from voxloop import models
+        from voxloop.config import load_config
+
+        args.voice = str(models.resolve_voice(load_config()).path)
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

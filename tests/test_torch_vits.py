@@ -1,0 +1,304 @@
+"""PyTorch VITS on CPU: parity with onnxruntime, chunked == whole, checkpoints, scheduler, export."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("onnx")
+
+from conftest import scaled  # noqa: E402
+from tts_engine.engine import SynthesisOptions  # noqa: E402
+from tts_engine.torch_vits import chunked  # noqa: E402
+from tts_engine.torch_vits.model import Vits, VitsConfig  # noqa: E402
+from tts_engine.torch_vits.runner import RunnerOptions, StepRunner  # noqa: E402
+from tts_engine.torch_vits.scheduler import BatchScheduler, Scales  # noqa: E402
+from tts_engine.torch_vits.weights import load_vits, save_checkpoint, state_dict_from_checkpoint  # noqa: E402
+from voxloop.errors import InvalidInput, Overloaded  # noqa: E402
+
+SENTENCES = Path(__file__).resolve().parent.parent / "bench" / "tts_sentences.json"
+#: A small random-weight model with the voice's structure (fast scheduler tests).
+TINY = VitsConfig(
+    n_vocab=64, inter_channels=16, hidden_channels=16, filter_channels=32, n_layers=2,
+    upsample_initial_channel=32, dp_filter_channels=16,
+)  # fmt: skip
+
+
+def bench_ids(n: int) -> list[list[int]]:
+    """Phoneme ids of the first ``n`` benchmark sentences (frozen espeak-ng output)."""
+    return [s["ids"] for s in json.loads(SENTENCES.read_text())["sentences"][:n]]
+
+
+@pytest.fixture(scope="module")
+def voice_path(cfg) -> Path:
+    from voxloop import models
+
+    return models.resolve_voice(cfg).path
+
+
+@pytest.fixture(scope="module")
+def model(voice_path) -> Vits:
+    torch.set_num_threads(2)
+    return load_vits(voice_path)
+
+
+def tiny_model(seed: int = 0) -> Vits:
+    torch.manual_seed(seed)
+    m = Vits(TINY)
+    with torch.no_grad():  # give the zero-initialised layers some weight, as trained ones have
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return m.eval()
+
+
+# ---------------------------------------------------------------- model parity
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("length_scale", [1.0, 1.3])
+def test_parity_with_onnxruntime(model, voice_path, length_scale):
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(voice_path), providers=["CPUExecutionProvider"])
+    for ids in [bench_ids(40)[-1], [1, 0, 20, 0, 14, 0, 2]]:  # longest sentence, and a 2-phoneme clause
+        feeds = {
+            "input": np.array([ids], dtype=np.int64),
+            "input_lengths": np.array([len(ids)], dtype=np.int64),
+            "scales": np.array([0.0, length_scale, 0.0], dtype=np.float32),
+        }
+        ref = session.run(None, feeds)[0].reshape(-1)
+        audio, samples = model.infer(torch.tensor([ids]), torch.tensor([len(ids)]), 0.0, length_scale, 0.0)
+        assert int(samples[0]) == ref.shape[0] == audio.shape[1]
+        assert np.abs(audio[0].numpy() - ref).max() < 1e-3
+
+
+@pytest.mark.slow
+def test_batched_infer_equals_single(model):
+    ids = bench_ids(2)
+    lengths = torch.tensor([len(i) for i in ids])
+    padded = torch.zeros(2, int(lengths.max()), dtype=torch.long)
+    for row, i in enumerate(ids):
+        padded[row, : len(i)] = torch.tensor(i)
+    batch, samples = model.infer(padded, lengths, 0.0, 1.0, 0.0)
+    for row, i in enumerate(ids):
+        single, n = model.infer(torch.tensor([i]), torch.tensor([len(i)]), 0.0, 1.0, 0.0)
+        assert int(samples[row]) == int(n[0])
+        assert (batch[row, : int(n[0])] - single[0]).abs().max() < 1e-4
+
+
+# ---------------------------------------------------------------- chunked == whole
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chunk_frames", [7, 64])
+def test_chunked_equals_whole_in_float64(model, chunk_frames):
+    """Exact up to float64 rounding; one frame less of decoder context is visibly wrong."""
+    m = Vits(model.config).double().eval()
+    m.load_state_dict(model.state_dict())
+    frames = 150  # not a multiple of either chunk size: the last chunk ends inside its window
+    z_p = torch.randn(1, m.config.inter_channels, frames, dtype=torch.float64)
+    with torch.inference_mode():
+        whole = m.synthesize_latents(z_p, torch.ones(1, 1, frames, dtype=torch.float64))[0]
+        chunked_audio = chunked.decode_chunked(m, z_p, frames, chunk_frames)
+        assert chunked_audio.shape == whole.shape
+        assert (chunked_audio - whole).abs().max() < 1e-10
+
+        exact = chunked.ChunkGeometry.for_model
+        short = replace(exact(m, chunk_frames), dec_context=exact(m, chunk_frames).dec_context - 1)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(chunked.ChunkGeometry, "for_model", staticmethod(lambda *_: short))
+            wrong = chunked.decode_chunked(m, z_p, frames, chunk_frames)
+        assert (wrong - whole).abs().max() > 1e-9
+
+
+def test_receptive_radius_matches_perturbation():
+    """Perturb one latent frame: audio changes exactly within the computed radius (tiny model, float64)."""
+    m = tiny_model().double()
+    frames, probe = 80, 40
+    z = torch.randn(1, TINY.inter_channels, frames, dtype=torch.float64)
+    with torch.inference_mode():
+        base = m.dec(z)[0]
+        bumped = z.clone()
+        bumped[:, :, probe] += 1.0
+        changed = ((m.dec(bumped)[0] - base).abs() > 0).nonzero()[:, 0] // m.hop_length
+    radius = m.dec.receptive_radius
+    assert int(changed.min()) == probe - radius and int(changed.max()) == probe + radius
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def test_piper_checkpoint_with_weight_norm_loads(tmp_path):
+    from torch.nn.utils import parametrizations, weight_norm
+
+    m = tiny_model()
+    trained = Vits(TINY)
+    trained.load_state_dict(m.state_dict())
+    normed = [*trained.dec.ups, *[c for rb in trained.dec.resblocks for c in rb.convs]]
+    for wn in [c for layer in trained.flow.flows[::2] for c in (*layer.enc.in_layers, *layer.enc.res_skip_layers)]:
+        parametrizations.weight_norm(wn)  # new spelling
+    for conv in normed:
+        weight_norm(conv)  # old spelling: weight_g / weight_v
+    state = {f"model_g.{k}": v for k, v in trained.state_dict().items()}
+    state["model_g.enc_q.pre.weight"] = torch.zeros(1)  # training-only parts are dropped
+    state["model_d.discriminators.0.conv_post.weight"] = torch.zeros(1)
+    hparams = {"resblock_dilation_sizes": [list(d) for d in TINY.resblock_dilation_sizes]}
+    torch.save({"state_dict": state, "hyper_parameters": hparams}, tmp_path / "voice.ckpt")
+
+    config, loaded = state_dict_from_checkpoint(tmp_path / "voice.ckpt")
+    assert config == TINY
+    restored = load_vits(tmp_path / "voice.ckpt")
+    ids = torch.randint(1, TINY.n_vocab, (1, 30))
+    a, _ = m.infer(ids, torch.tensor([30]), 0.0, 1.0, 0.0)
+    b, _ = restored.infer(ids, torch.tensor([30]), 0.0, 1.0, 0.0)
+    assert (a - b).abs().max() < 1e-5
+
+    save_checkpoint(m, tmp_path / "tiny.pt", dtype=torch.float16)
+    half = load_vits(tmp_path / "tiny.pt")
+    c, _ = half.infer(ids, torch.tensor([30]), 0.0, 1.0, 0.0)
+    assert c.shape == a.shape and (c - a).abs().max() < 0.05
+
+
+# ---------------------------------------------------------------- scheduler (eager, CPU)
+
+
+def tiny_runner(**kw) -> StepRunner:
+    opts = RunnerOptions(
+        chunk_frames=16, max_frames=512, decode_batches=(1, 2, 4), encode_batches=(1, 2, 4),
+        phoneme_buckets=(32, 64), **kw,
+    )  # fmt: skip
+    return StepRunner(tiny_model(), opts)
+
+
+def test_scheduler_batched_chunks_equal_whole_utterances():
+    runner = tiny_runner()
+    scheduler = BatchScheduler(runner, sample_rate=22050, queue_size=16)
+    rng = np.random.default_rng(1)
+    inputs = [list(rng.integers(1, TINY.n_vocab, n)) for n in (9, 30, 57, 12, 44, 20)]  # > slots: queued
+    try:
+        requests = [scheduler.submit(ids, Scales(0.0, 1.0, 0.0)) for ids in inputs]
+        results = [list(r) for r in requests]
+    finally:
+        scheduler.close()
+    for ids, chunks in zip(inputs, results):
+        whole, samples = runner.model.infer(torch.tensor([ids]), torch.tensor([len(ids)]), 0.0, 1.0, 0.0)
+        audio = np.concatenate([c.pcm for c in chunks])
+        expected = chunked.to_int16(whole[0]).numpy()
+        assert audio.shape[0] == int(samples[0])
+        assert np.abs(audio.astype(np.int32) - expected).max() <= 1  # float rounding before truncation
+        frames = int(samples[0]) // runner.geometry.hop_length
+        assert len(chunks) == -(-frames // runner.options.chunk_frames)
+        assert [c.final for c in chunks] == [False] * (len(chunks) - 1) + [True]
+
+
+class _BlockingRunner:
+    """Stands in for StepRunner: each step waits for the test (orchestration only)."""
+
+    def __init__(self, slots: int = 2, frames: int = 48) -> None:
+        self.options = RunnerOptions(chunk_frames=16, decode_batches=tuple(range(1, slots + 1)), phoneme_buckets=(64,))
+        self.geometry = chunked.ChunkGeometry(16, 0, 0, 4)
+        self.frames = frames
+        self.go = threading.Semaphore(0)
+        self.decoded: list[list[tuple[int, int]]] = []
+
+    def max_encode_batch(self, phonemes: int) -> int:
+        return self.options.max_slots
+
+    def encode(self, items):
+        return np.full(len(items), self.frames)
+
+    def decode(self, slots, starts):
+        assert self.go.acquire(timeout=scaled(10))
+        self.decoded.append(list(zip(slots, starts)))
+        return np.ones((len(slots), self.geometry.chunk_samples), dtype=np.int16)
+
+    def fetch(self, *arrays):
+        return list(arrays)
+
+
+def test_scheduler_cancel_frees_slot_and_queue_is_bounded():
+    runner = _BlockingRunner(slots=2)
+    scheduler = BatchScheduler(runner, sample_rate=16000, queue_size=2)  # type: ignore[arg-type]
+    try:
+        a, b = scheduler.submit([1] * 10), scheduler.submit([1] * 10)
+        runner.go.release()  # step 1: a and b admitted, first chunks; step 2 then waits
+        first_a, first_b = next(iter(a)), next(iter(b))
+        assert not first_a.final and not first_b.final
+        c, d = scheduler.submit([1] * 10), scheduler.submit([1] * 10)  # no free slot: they wait in the inbox
+        with pytest.raises(Overloaded):
+            scheduler.submit([1] * 10)
+        a.cancel()
+        assert list(a) == []  # iteration ends at once
+        for _ in range(10):
+            runner.go.release()
+        assert [ch.final for ch in b] == [False, True]
+        assert len(list(c)) == 3 and len(list(d)) == 3
+        step3 = runner.decoded[2]  # a's slot went to c, whose first chunk comes before b's last
+        assert [start for _, start in step3] == [0, 32]
+    finally:
+        for _ in range(10):
+            runner.go.release()
+        scheduler.close()
+
+
+def test_scheduler_rejects_bad_input():
+    scheduler = BatchScheduler(_BlockingRunner(), sample_rate=16000)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(InvalidInput):
+            scheduler.submit([])
+        with pytest.raises(InvalidInput):
+            scheduler.submit([1] * 65)
+    finally:
+        scheduler.close()
+
+
+# ---------------------------------------------------------------- engine, export
+
+
+@pytest.mark.slow
+def test_cuda_engine_on_cpu_speaks_text_like_the_onnx_engine(cfg, voice_path):
+    from tts_engine.cpu_engine import OnnxTtsEngine
+    from tts_engine.torch_vits.cuda_engine import CudaTtsEngine
+    from tts_engine.voice import Voice
+
+    voice = Voice.load(voice_path)
+    options = RunnerOptions(
+        chunk_frames=64, max_frames=1024, decode_batches=(1, 2), encode_batches=(1, 2), phoneme_buckets=(128, 256)
+    )
+    engine = CudaTtsEngine(voice, options, device="cpu")
+    reference = OnnxTtsEngine(voice)
+    quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
+    try:
+        text = "Hello there. The second sentence is a little longer than the first one."
+        chunks = list(engine.synthesize(text, quiet))
+        ref = list(reference.synthesize(text, quiet))
+        for index, ref_chunk in enumerate(ref):
+            mine = [c for c in chunks if c.clause_index == index]
+            assert [c.final for c in mine][-1] and len(mine) >= 2
+            audio = np.concatenate([c.pcm for c in mine]).astype(np.int32)
+            assert audio.shape == ref_chunk.pcm.shape
+            assert np.abs(audio - ref_chunk.pcm).max() <= 40  # 1e-3 of full scale
+        resampled = list(engine.synthesize("Hello there.", SynthesisOptions(sample_rate=16000)))
+        assert {c.sample_rate for c in resampled} == {16000}
+        stream = engine.synthesize_ids(bench_ids(1)[0])
+        next(stream)
+        stream.close()  # consumer gone (barge-in): the request is cancelled, the slot freed
+        assert len(list(engine.synthesize_ids(bench_ids(1)[0]))) > 1
+    finally:
+        engine.close()
+
+
+@pytest.mark.slow
+def test_onnx_export_matches_pytorch(model, tmp_path):
+    from tts_engine.torch_vits import export_onnx
+
+    enc, dec = export_onnx.export(model, tmp_path)
+    report = export_onnx.check(model, enc, dec, bench_ids(1)[0])
+    assert report["frames_equal"] == 1.0
+    assert report["encoder_max_abs"] < 1e-3 and report["decoder_max_abs"] < 1e-3
