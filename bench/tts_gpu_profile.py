@@ -1,0 +1,209 @@
+"""Where the GPU TTS time goes: per-bucket CUDA-graph step times, flow vs decoder, precision.
+
+Measures on the device (CUDA events around graph replays, median of ``--reps``, after
+warm-up; inputs are real utterances, never zeros): the two ceilings (bf16 matmul rate,
+device copy bandwidth), each decode batch bucket's step time and audio throughput for
+each precision and chunk size, encoder step times, the flow/decoder split, FLOPs per
+chunk (counted by hooks on every convolution), the SNR of bf16/fp16 against fp32, and
+saves GPU audio for the intelligibility check (``--wavs``). Example::
+
+    python bench/tts_gpu_profile.py --out /tmp/prof --wavs /tmp/prof/gpu_wavs.npz
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tts_engine.torch_vits.chunked import decode_windows, gather_windows  # noqa: E402
+from tts_engine.torch_vits.runner import EncodeItem, RunnerOptions, StepRunner  # noqa: E402
+from tts_engine.torch_vits.weights import load_vits  # noqa: E402
+
+SR = 22050
+
+
+def timed(fn, reps: int) -> float:
+    """Median ms of ``fn()`` over ``reps`` runs, CUDA events, after 3 warm-ups."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def ceilings() -> dict:
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = timed(lambda: x @ y, 10)
+    src = torch.randn(2**29, device="cuda")  # 2 GiB
+    dst = torch.empty_like(src)
+    copy_ms = timed(lambda: dst.copy_(src), 10)
+    return {"bf16_matmul_tflops": round(2 * 8192**3 / ms / 1e9, 1), "copy_tb_s": round(2 * src.numel() * 4 / copy_ms / 1e9, 2)}
+
+
+def conv_flops(model, z: torch.Tensor, mask: torch.Tensor, geometry) -> float:
+    """Multiply-adds x2 of every Conv1d / ConvTranspose1d in one ``decode_windows`` call."""
+    total = [0.0]
+
+    def hook(mod, inp, out):
+        k = mod.kernel_size[0]
+        cin = mod.in_channels // mod.groups
+        length = inp[0].shape[-1] if isinstance(mod, torch.nn.ConvTranspose1d) else out.shape[-1]
+        total[0] += 2.0 * out.shape[0] * mod.out_channels * cin * k * length
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, (torch.nn.Conv1d, torch.nn.ConvTranspose1d))]
+    with torch.inference_mode():
+        decode_windows(model, z, mask, geometry)
+    for h in handles:
+        h.remove()
+    return total[0]
+
+
+def fill_slots(runner: StepRunner, sentences: list[list[int]], noise: bool) -> list[int]:
+    """Encode real sentences into every slot; returns their frame counts."""
+    n = runner.options.max_slots
+    frames = []
+    for start in range(0, n, 32):
+        items = [
+            EncodeItem(sentences[i % len(sentences)], i, 0.667 if noise else 0.0, 1.0, 0.8 if noise else 0.0)
+            for i in range(start, min(n, start + 32))
+        ]
+        frames.extend(int(f) for f in runner.fetch(runner.encode(items))[0])
+    return frames
+
+
+def profile_runner(model, precision: str, chunk: int, batches: list[int], sentences, reps: int) -> dict:
+    t0 = time.perf_counter()
+    opts = RunnerOptions(chunk_frames=chunk, max_frames=1024, decode_batches=tuple(batches), encode_batches=(1, 8, 32),
+                         phoneme_buckets=(256,), precision=precision)  # fmt: skip
+    runner = StepRunner(model, opts, "cuda")
+    out = {"precision": precision, "chunk_frames": chunk, "capture_s": round(runner.capture_s, 2),
+           "build_s": round(time.perf_counter() - t0, 2), "memory_mb": round(runner.memory_mb(), 1), "decode": [],
+           "encode": []}  # fmt: skip
+    fill_slots(runner, sentences, noise=True)
+    geo = runner.geometry
+    for b in batches:
+        step = runner._decode_steps[b]
+        step.inputs[0].copy_(torch.arange(b))
+        step.inputs[1].fill_(chunk)  # the second chunk: a full window inside the utterance
+        step.inputs[2].fill_(1)
+        ms = timed(step.graph.replay, reps)
+        audio_s = b * geo.chunk_samples / SR
+        out["decode"].append({"batch": b, "step_ms": round(ms, 3), "audio_s_per_s": round(audio_s / ms * 1000, 1)})
+    for (b, t), step in sorted(runner._encode_steps.items()):
+        ids = torch.zeros(b, t, dtype=torch.long)
+        lengths = torch.zeros(b, dtype=torch.long)
+        for i in range(b):
+            s = sentences[i % len(sentences)]
+            ids[i, : len(s)] = torch.tensor(s)
+            lengths[i] = len(s)
+        step.inputs[0].copy_(ids)
+        step.inputs[1].copy_(lengths)
+        step.inputs[2].copy_(torch.tensor([[0.667, 1.0, 0.8]] * b))
+        step.inputs[3].fill_(runner.scratch_slot)
+        out["encode"].append({"batch": b, "phonemes": t, "step_ms": round(timed(step.graph.replay, reps), 3)})
+    out["split"] = split_flow_decoder(runner, batches, reps)
+    return out, runner
+
+
+def split_flow_decoder(runner: StepRunner, batches: list[int], reps: int) -> list[dict]:
+    """Flow alone and decoder alone, each captured as a graph, at a few batch sizes."""
+    geo, model, rows = runner.geometry, runner.synth_model, []
+    for b in [x for x in batches if x in (1, 32, 128)] or batches[-1:]:
+        slots = torch.arange(b, device="cuda")
+        z, mask = gather_windows(runner.latents, slots, slots * 0 + geo.chunk_frames, runner.frames[:b], geo)
+        z, mask = z.to(runner.dtype), mask.to(runner.dtype)
+        fc = geo.flow_context
+        zi, mi = z[:, :, fc:-fc].contiguous(), mask[:, :, fc:-fc].contiguous()
+        res = {"batch": b}
+        with torch.inference_mode():
+            for name, fn in (("flow", lambda: model.flow.reverse(z, mask)), ("decoder", lambda: model.dec(zi, mi)),
+                             ("both", lambda: decode_windows(model, z, mask, geo))):  # fmt: skip
+                fn()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    fn()
+                res[f"{name}_ms"] = round(timed(g.replay, reps), 3)
+            res["flops_per_step"] = conv_flops(model, z, mask, geo)
+        res["conv_tflops"] = round(res["flops_per_step"] / res["both_ms"] / 1e9, 1)
+        rows.append(res)
+    return rows
+
+
+def quality(model, runner: StepRunner, sentences, fp32_audio: dict) -> dict:
+    """SNR (dB) of the chunked engine path at ``runner``'s precision against fp32 whole utterances."""
+    frames = fill_slots(runner, sentences[:8], noise=False)[:8]
+    snrs, max_abs = [], []
+    for slot, f in enumerate(frames):
+        pieces = []
+        for start in range(0, f, runner.geometry.chunk_frames):
+            pieces.append(runner.fetch(runner.decode([slot], [start]))[0][0])
+        audio = np.concatenate(pieces)[: f * runner.geometry.hop_length] / 32767.0
+        ref = fp32_audio[slot]
+        err = audio - ref
+        snrs.append(float(10 * np.log10(np.sum(ref**2) / max(np.sum(err**2), 1e-20))))
+        max_abs.append(float(np.abs(err).max()))
+    return {"snr_db_min": round(min(snrs), 1), "snr_db_mean": round(float(np.mean(snrs)), 1), "max_abs": round(max(max_abs), 4)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--voice", required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--precisions", default="fp32,bf16,fp16")
+    p.add_argument("--chunks", default="64,128", help="chunk sizes profiled for the first low precision")
+    p.add_argument("--batches", default="1,8,32,64,128")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--wavs", type=Path, help="save GPU audio of 8 sentences (npz, int16) per precision")
+    args = p.parse_args()
+    torch.manual_seed(0)
+    args.out.mkdir(parents=True, exist_ok=True)
+    sentences_meta = json.loads((ROOT / "bench" / "tts_sentences.json").read_text())["sentences"]
+    sentences = [s["ids"] for s in sentences_meta]
+    batches = [int(b) for b in args.batches.split(",")]
+    report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "ceilings": ceilings(), "runs": []}
+    print(json.dumps(report["ceilings"]), flush=True)
+    model = load_vits(args.voice, device="cuda")
+    with torch.inference_mode():  # fp32 whole-utterance references, noise 0
+        fp32_audio = [model.infer(torch.tensor([s], device="cuda"), torch.tensor([len(s)], device="cuda"), 0.0, 1.0, 0.0)[0][0].cpu().numpy()
+                      for s in sentences[:8]]  # fmt: skip
+    wavs = {"texts": np.array([s["text"] for s in sentences_meta[:8]])}
+    precisions = args.precisions.split(",")
+    for precision in precisions:
+        chunks = [int(c) for c in args.chunks.split(",")] if precision == precisions[1 % len(precisions)] else [64]
+        for chunk in chunks:
+            run, runner = profile_runner(model, precision, chunk, batches, sentences, args.reps)
+            run["quality_vs_fp32"] = quality(model, runner, sentences, fp32_audio)
+            if args.wavs is not None and chunk == 64:
+                frames = fill_slots(runner, sentences[:8], noise=True)[:8]
+                for slot, f in enumerate(frames):
+                    pieces = [runner.fetch(runner.decode([slot], [s]))[0][0] for s in range(0, f, chunk)]
+                    wavs[f"{precision}_{slot}"] = np.concatenate(pieces)[: f * runner.geometry.hop_length]
+            report["runs"].append(run)
+            print(json.dumps(run), flush=True)
+            del runner
+            torch.cuda.empty_cache()
+    (args.out / "gpu_profile.json").write_text(json.dumps(report, indent=1) + "\n")
+    if args.wavs is not None:
+        np.savez_compressed(args.wavs, **wavs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

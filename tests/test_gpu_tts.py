@@ -1,0 +1,132 @@
+"""GPU TTS engine on CUDA: parity, chunked == whole, precision, graphs, cancellation.
+
+Skipped without CUDA. Tolerances (see bench/results/tts_load-h200-*.md for the numbers):
+fp32 on GPU matches onnxruntime within 1e-3 (same as CPU); the chunked fp32 engine
+matches the whole-utterance GPU run within 1 int16 step. bf16/fp16 run the flow and
+decoder in low precision (encoder in fp32, so durations are identical): their waveform
+stays within ``LOW_PRECISION_MIN_SNR_DB`` of fp32, a level at which faster-whisper
+transcribes the GPU audio as well as the CPU audio (the intelligibility check).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+SENTENCES = Path(__file__).resolve().parent.parent / "bench" / "tts_sentences.json"
+LOW_PRECISION_MIN_SNR_DB = {"bf16": 15.0, "fp16": 25.0}
+
+
+def bench_ids(n: int) -> list[list[int]]:
+    return [s["ids"] for s in json.loads(SENTENCES.read_text())["sentences"][:n]]
+
+
+@pytest.fixture(scope="module")
+def voice_path(cfg) -> Path:
+    from voxloop import models
+
+    return models.resolve_voice(cfg).path
+
+
+@pytest.fixture(scope="module")
+def model(voice_path):
+    from tts_engine.torch_vits.weights import load_vits
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return load_vits(voice_path, device="cuda")
+
+
+def engine(voice_path, precision: str, max_batch: int = 8, chunk_frames: int = 64):
+    from tts_engine.torch_vits.cuda_engine import CudaTtsEngine, batch_buckets
+    from tts_engine.torch_vits.runner import RunnerOptions
+    from tts_engine.voice import Voice
+
+    opts = RunnerOptions(
+        chunk_frames=chunk_frames, max_frames=1024, precision=precision, decode_batches=batch_buckets(max_batch),
+        encode_batches=(1, 2, 4, 8), phoneme_buckets=(64, 128, 256),
+    )  # fmt: skip
+    return CudaTtsEngine(Voice.load(voice_path), opts, device="cuda")
+
+
+def whole(model, ids: list[int]) -> np.ndarray:
+    audio, _ = model.infer(torch.tensor([ids], device="cuda"), torch.tensor([len(ids)], device="cuda"), 0.0, 1.0, 0.0)
+    return audio[0].float().cpu().numpy()
+
+
+def snr_db(signal: np.ndarray, noisy: np.ndarray) -> float:
+    err = np.sum((noisy.astype(np.float64) - signal) ** 2)
+    return float(10 * np.log10(np.sum(signal.astype(np.float64) ** 2) / max(err, 1e-20)))
+
+
+def test_gpu_fp32_matches_onnxruntime(model, voice_path):
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(voice_path), providers=["CPUExecutionProvider"])
+    for ids in bench_ids(3):
+        feeds = {"input": np.array([ids], dtype=np.int64), "input_lengths": np.array([len(ids)], dtype=np.int64),
+                 "scales": np.array([0.0, 1.0, 0.0], dtype=np.float32)}  # fmt: skip
+        ref = session.run(None, feeds)[0].reshape(-1)
+        mine = whole(model, ids)
+        assert mine.shape == ref.shape
+        assert np.abs(mine - ref).max() < 1e-3
+
+
+def test_gpu_engine_chunks_equal_whole_utterance(model, voice_path):
+    from tts_engine.engine import SynthesisOptions
+
+    eng = engine(voice_path, "fp32")
+    quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
+    try:
+        assert all(s.graph is not None for s in [*eng.runner._encode_steps.values(), *eng.runner._decode_steps.values()])
+        inputs = bench_ids(12)  # more than the 8 slots: some wait, all share steps
+        requests = [eng.submit(ids, quiet) for ids in inputs]
+        for ids, request in zip(inputs, requests):
+            chunks = list(request)
+            audio = np.concatenate([c.pcm for c in chunks]).astype(np.int32)
+            ref = np.clip(whole(model, ids) * 32767, -32767, 32767).astype(np.int32)
+            assert audio.shape == ref.shape and len(chunks) > 1 and chunks[-1].final
+            assert np.abs(audio - ref).max() <= 1
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_gpu_low_precision_quality(model, voice_path, precision):
+    from tts_engine.engine import SynthesisOptions
+
+    eng = engine(voice_path, precision)
+    quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
+    try:
+        for ids in bench_ids(4):
+            audio = np.concatenate([c.pcm for c in eng.submit(ids, quiet)]) / 32767.0
+            ref = whole(model, ids)
+            assert audio.shape == ref.shape  # encoder in fp32: same durations
+            snr = snr_db(ref, audio)
+            print(f"{precision}: SNR vs fp32 {snr:.1f} dB, max abs {np.abs(audio - ref).max():.4f}")
+            assert snr >= LOW_PRECISION_MIN_SNR_DB[precision]
+    finally:
+        eng.close()
+
+
+def test_gpu_cancel_frees_slot(voice_path):
+    eng = engine(voice_path, "bf16", max_batch=2, chunk_frames=16)
+    try:
+        ids = bench_ids(3)
+        a, b = eng.submit(ids[0]), eng.submit(ids[1])
+        next(iter(a))
+        a.cancel()
+        c = eng.submit(ids[2])  # gets a's slot
+        assert list(a) == []
+        assert list(b)[-1].final and list(c)[-1].final
+    finally:
+        eng.close()
