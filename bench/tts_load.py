@@ -110,10 +110,11 @@ class CudaBackend:
         return first or 0.0, samples
 
     def reset_peak(self) -> None:
-        self.torch.cuda.reset_peak_memory_stats()
+        if self.torch.cuda.is_available():
+            self.torch.cuda.reset_peak_memory_stats()
 
     def peak_vram_mb(self) -> float:
-        return self.torch.cuda.max_memory_reserved() / 2**20
+        return self.torch.cuda.max_memory_reserved() / 2**20 if self.torch.cuda.is_available() else 0.0
 
     def close(self) -> None:
         self.engine.close()

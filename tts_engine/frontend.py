@@ -80,8 +80,8 @@ class PhonemeScheme:
 
 
 _SCHEMES: dict[str, PhonemeScheme] = {}
-#: phoneme_type -> module that registers it when imported.
-_PLUGIN_MODULES = {"pinyin": "tts_engine.zh"}
+#: phoneme_type (or "phoneme_type:language", which wins) -> module that registers it when imported.
+_PLUGIN_MODULES = {"pinyin": "tts_engine.zh", "espeak:zh": "tts_engine.zh"}
 
 
 def register_phoneme_type(phoneme_type: str, scheme: PhonemeScheme) -> None:
@@ -90,7 +90,15 @@ def register_phoneme_type(phoneme_type: str, scheme: PhonemeScheme) -> None:
 
 
 def scheme_for(config: VoiceConfig) -> PhonemeScheme:
-    """The registered scheme for the voice; ModelError when none is available."""
+    """The registered scheme for the voice; ModelError when none is available.
+
+    A scheme registered as "phoneme_type:language" (e.g. "espeak:zh") wins over the plain one.
+    """
+    specific = f"{config.phoneme_type}:{config.language}"
+    if specific in _PLUGIN_MODULES and specific not in _SCHEMES:
+        importlib.import_module(_PLUGIN_MODULES[specific])
+    if specific in _SCHEMES:
+        return _SCHEMES[specific]
     scheme = _SCHEMES.get(config.phoneme_type)
     module = _PLUGIN_MODULES.get(config.phoneme_type)
     if scheme is None and module is not None:
@@ -240,6 +248,11 @@ def normalize_english(text: str) -> str:
 
 
 _LANGUAGE_RULES: dict[str, Callable[[str], str]] = {"en": normalize_english}
+
+
+def register_language_rules(language: str, rules: Callable[[str], str]) -> None:
+    """Text rules run before the generic cleanup for voices of ``language`` (e.g. "zh": numbers, ℃)."""
+    _LANGUAGE_RULES[language] = rules
 
 
 def clean_text(text: str) -> str:

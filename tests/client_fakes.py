@@ -1,0 +1,72 @@
+"""Shared by test_client.py and test_ptt.py: tiny ASR/LLM fakes and an in-process hub on port 0."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from pipeline.engines import Engines
+from pipeline.hub import Hub
+from tts_engine.factory import create_engines
+from voxloop.config import load_config
+
+PTT = {"audio": {"input": {"turn_detection": None}}}
+
+
+class FakeTranscript:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+class FakeASR:
+    """Says ``text``; records how many 16 kHz samples each call got."""
+
+    def __init__(self, text: str = "tell me about the weather") -> None:
+        self.text = text
+        self.samples: list[int] = []
+
+    def transcribe(self, pcm, language=None):
+        self.samples.append(len(pcm))
+        return FakeTranscript(self.text)
+
+
+class FakeLLM:
+    """Streams a fixed reply, ``delay_s`` per token, stopping when ``cancel`` is set."""
+
+    def __init__(self, reply: str = "It is sunny today. Take a hat with you.", delay_s: float = 0.005) -> None:
+        self.tokens = [t if i == 0 else " " + t for i, t in enumerate(reply.split(" "))]
+        self.reply = reply
+        self.delay_s = delay_s
+        self.seen: list[list[dict]] = []
+
+    def stream(self, messages, cancel: threading.Event | None = None, max_tokens=None):
+        self.seen.append(messages)
+        for token in self.tokens:
+            if cancel is not None and cancel.is_set():
+                return
+            time.sleep(self.delay_s)
+            yield token
+
+
+@pytest.fixture(scope="module")
+def tts_engines():
+    return create_engines(load_config(None, [], environ={}))
+
+
+async def start_hub(tts_engines, *overrides: str, asr=None, llm=None) -> Hub:
+    cfg = load_config(None, ["server.port=0", "trace.path=none", *overrides], environ={})
+    hub = Hub(cfg, Engines.from_parts(cfg, asr or FakeASR(), llm or FakeLLM(), tts_engines))
+    await hub.start()
+    return hub
+
+
+def ws_url(hub: Hub) -> str:
+    return f"ws://127.0.0.1:{hub.port}/v1/realtime"
+
+
+def tone(seconds: float, rate: int) -> np.ndarray:
+    t = np.arange(int(rate * seconds)) / rate
+    return (8000 * np.sin(2 * np.pi * 220 * t)).astype(np.int16)

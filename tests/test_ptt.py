@@ -1,0 +1,227 @@
+"""``voxloop ptt``: the talk-key logic, the playback queue, live mode with stand-in audio
+devices (fake ASR/LLM, real TTS), audio-device errors, and the WAV mode end to end
+with every real model (slow)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+import threading
+import time
+
+import jiwer
+import numpy as np
+import pytest
+import soxr
+
+from conftest import scaled
+from client_fakes import PTT, FakeASR, FakeLLM, start_hub, tone, tts_engines, ws_url  # noqa: F401 (fixture)
+from voxloop.client import RealtimeClient
+from voxloop.errors import VoxloopError
+from voxloop.ptt import read_wav, write_wav
+from voxloop.ptt_live import LiveConversation, Playback, TalkKey, open_sounddevice
+
+pytestmark = pytest.mark.timeout(scaled(180))
+
+
+def test_talk_key_hold_release_and_tap_toggle():
+    key = TalkKey(hold_detect_s=0.8, release_gap_s=0.2)
+    # Held: first press, OS repeat delay 0.5 s, then repeats every 33 ms; release = repeats stop.
+    assert key.press(0.0) == "start"
+    assert key.tick(0.4) is None
+    assert [key.press(0.5 + 0.033 * i) for i in range(30)] == [None] * 30
+    last = 0.5 + 0.033 * 29
+    assert key.tick(last + 0.1) is None
+    assert key.tick(last + 0.25) == "stop"
+    # Tapped (or key repeat off): talk until the next press.
+    assert key.press(10.0) == "start"
+    assert key.tick(10.9) is None and key.state == "toggled"
+    assert key.tick(15.0) is None
+    assert key.press(15.1) == "stop"
+    assert key.press(20.0) == "start"
+
+
+def test_playback_queue_positions_and_stop():
+    p = Playback(1000)  # 1 sample = 1 ms
+    p.push("item_a", "resp_a", np.arange(1, 301, dtype=np.int16))
+    p.push("item_a", "resp_a", np.full(200, 7, np.int16))
+    first = p.pull(250)
+    assert first[0] == 1 and first[-1] == 250
+    assert p.position() == ("item_a", "resp_a", 250.0, False)
+    assert p.queued_ms == 250
+    assert p.stop() == ("item_a", 250.0)  # barge-in: empty at once
+    assert p.queued_ms == 0 and not p.pull(10).any()
+    p.push("item_b", "resp_b", np.ones(100, np.int16))
+    p.end_item()
+    assert p.pull(150)[:100].all()
+    assert p.position() == ("item_b", "resp_b", 100.0, True)
+    assert p.stop() == (None, 100.0)  # finished playing: nothing to interrupt
+
+
+def test_missing_portaudio_is_a_clear_error(monkeypatch):
+    import ctypes.util
+
+    monkeypatch.delitem(sys.modules, "sounddevice", raising=False)
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
+    with pytest.raises(VoxloopError) as info:
+        open_sounddevice()
+    assert info.value.code == "audio_device_error"
+    assert "libportaudio2" in str(info.value) and "--input-wav" in str(info.value)
+
+
+def test_no_audio_devices_is_a_clear_error():
+    try:
+        import sounddevice
+    except OSError:
+        pytest.skip("PortAudio is not installed (libportaudio2); the missing-library path is tested above")
+    try:
+        sounddevice.check_input_settings(channels=1, dtype="int16")
+        sounddevice.check_output_settings(channels=1, dtype="int16")
+        pytest.skip("this machine has working audio devices")
+    except (sounddevice.PortAudioError, ValueError):
+        pass
+    with pytest.raises(VoxloopError) as info:
+        open_sounddevice()
+    assert "no usable" in str(info.value) and "--input-wav" in str(info.value)
+
+
+class FakeStream:
+    """A sounddevice stream stand-in: calls ``callback`` with ``blocksize`` frames in real time."""
+
+    def __init__(self, callback, blocksize: int, samplerate: int, source=None) -> None:
+        self.callback, self.blocksize, self.rate, self.source = callback, blocksize, samplerate, source
+        self.blocks: list[np.ndarray] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        start, n = time.monotonic(), 0
+        while not self._stop.is_set():
+            buf = np.zeros((self.blocksize, 1), np.int16)
+            if self.source is not None:
+                buf[:, 0] = self.source(self.blocksize)
+            self.callback(buf, self.blocksize, None, None)
+            self.blocks.append(buf[:, 0].copy())
+            n += 1
+            time.sleep(max(0.0, start + n * self.blocksize / self.rate - time.monotonic()))
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class FakeAudio:
+    """sounddevice stand-in: a 48 kHz microphone hearing a tone, a 44.1 kHz speaker that records."""
+
+    rates = {"input": 48000, "output": 44100}
+
+    def __init__(self) -> None:
+        self.mic_signal = tone(60.0, 48000)
+        self.mic_pos = 0
+        self.speaker: FakeStream | None = None
+
+    def query_devices(self, device, kind):
+        return {"default_samplerate": float(self.rates[kind])}
+
+    def _mic(self, n: int) -> np.ndarray:
+        out = self.mic_signal[self.mic_pos:self.mic_pos + n]
+        self.mic_pos += n
+        return out
+
+    def InputStream(self, samplerate, channels, dtype, device, blocksize, callback):  # noqa: N802
+        return FakeStream(callback, blocksize, samplerate, source=self._mic)
+
+    def OutputStream(self, samplerate, channels, dtype, device, blocksize, callback):  # noqa: N802
+        self.speaker = FakeStream(callback, blocksize, samplerate)
+        return self.speaker
+
+
+async def test_live_push_to_talk_with_barge_in(tts_engines):  # noqa: F811 (fixture)
+    asr = FakeASR()
+    llm = FakeLLM("The first clause is here. The second clause comes next. The third one ends it.")
+    hub = await start_hub(tts_engines, asr=asr, llm=llm)
+    lines: list[str] = []
+    audio = FakeAudio()
+    try:
+        async with RealtimeClient.connect(ws_url(hub), session=PTT, binary_audio=True) as client:
+            live = LiveConversation(client, audio, write=lines.append)
+
+            async def until(predicate, timeout_s: float) -> None:
+                deadline = time.monotonic() + scaled(timeout_s)
+                while not predicate():
+                    assert time.monotonic() < deadline, "".join(lines)
+                    await asyncio.sleep(0.02)
+
+            async def keys():
+                yield "start"
+                await asyncio.sleep(1.0)
+                yield "stop"  # turn 1: ~1 s of microphone audio
+                await until(lambda: live.playback.position()[2] >= 600, 20)
+                yield "start"  # talk over the reply after ~0.6 s of it played
+                assert live.playback.queued_ms == 0
+                await asyncio.sleep(0.5)
+                yield "stop"
+                await until(lambda: "".join(lines).count("latency:") >= 2 and live.playback.position()[3], 20)
+                await asyncio.sleep(0.4)  # the final x.playback goes out
+                yield "quit"
+
+            await live.run(keys())
+    finally:
+        await hub.stop()
+    text = "".join(lines)
+    assert text.count("you:       " + asr.text) == 2
+    assert "(interrupted after 0." in text and "first audio" in text
+    assert [round(n / 16000, 1) for n in asr.samples] == [pytest.approx(1.0, abs=0.15), pytest.approx(0.5, abs=0.15)]
+    # The server kept only what was heard of reply 1 (truncate), so the LLM saw a shorter text.
+    heard = [m["content"] for m in llm.seen[1] if m["role"] == "assistant"]
+    assert heard and 0 < len(heard[0]) < len(llm.reply)
+    played = np.concatenate(audio.speaker.blocks)
+    assert np.abs(played).max() > 1000  # the speaker got the replies' audio
+
+
+@pytest.mark.slow
+async def test_wav_mode_end_to_end_with_real_models(tmp_path, capsys):
+    from pipeline.engines import Engines
+    from pipeline.hub import Hub
+    from voxloop.cli import main
+    from voxloop.config import load_config
+
+    question = tmp_path / "q.wav"
+    assert await asyncio.to_thread(main, ["say", "What is the capital of France?", "-o", str(question)]) == 0
+    cfg = load_config(None, ["server.port=0", "trace.path=none"], environ={})
+    engines = Engines(cfg)
+    await engines.load()
+    hub = Hub(cfg, engines)
+    await hub.start()
+    try:
+        answer = tmp_path / "a.wav"
+        capsys.readouterr()
+        rc = await asyncio.to_thread(main, ["ptt", "--url", ws_url(hub), "--input-wav", str(question),
+                                            "--output-wav", str(answer)])
+        printed = capsys.readouterr().out
+        assert rc == 0, printed
+        pcm, rate = read_wav(answer)
+        heard = engines.asr.engine.transcribe(soxr.resample(pcm, rate, 16000), "en").text
+    finally:
+        await hub.stop()
+    you = re.search(r"^you:\s+(.*)$", printed, re.M).group(1).lower()
+    said = re.search(r"^assistant:\s+(.*)$", printed, re.M).group(1)
+    assert "capital" in you and "france" in you
+    assert re.search(r"^latency:\s+first audio \d+ ms after release \(server", printed, re.M), printed
+    assert len(pcm) / rate > 0.5 and said.strip()
+    norm = jiwer.Compose([jiwer.ToLowerCase(), jiwer.RemovePunctuation(), jiwer.RemoveMultipleSpaces(),
+                          jiwer.Strip(), jiwer.ReduceToListOfListOfWords()])
+    wer = jiwer.wer(said, heard, reference_transform=norm, hypothesis_transform=norm)
+    assert wer <= 0.35, (said, heard, wer)
+
+
+def test_wav_helpers_round_trip(tmp_path):
+    pcm = tone(0.25, 22050)
+    write_wav(tmp_path / "x.wav", pcm, 22050)
+    back, rate = read_wav(tmp_path / "x.wav")
+    assert rate == 22050 and np.array_equal(back, pcm)
