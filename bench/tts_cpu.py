@@ -18,7 +18,6 @@ import datetime as dt
 import json
 import os
 import platform
-import re
 import sys
 import threading
 import time
@@ -26,23 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown-cpu"
-
-
-def hardware_tag() -> str:
-    slug = re.sub(r"[^a-z0-9]+", "-", cpu_model().lower()).strip("-")
-    return f"{slug[:40]}-{os.cpu_count()}c"
+from bench.common import ROOT, cpu_model, hardware_tag  # noqa: E402
 
 
 def percentiles(values: list[float]) -> dict[str, float]:

@@ -12,8 +12,6 @@ import base64
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest

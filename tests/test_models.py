@@ -2,7 +2,6 @@
 
 import hashlib
 import shutil
-from pathlib import Path
 
 import pytest
 

@@ -29,6 +29,7 @@ from tts_engine.zh.lexicon import Lexicon
 #: Latin words with digits/apostrophes/hyphens inside, and the spaces between them.
 _LATIN_RUN = re.compile(r"[A-Za-z][A-Za-z0-9'’\-]*(?:[ .&+]+[A-Za-z0-9][A-Za-z0-9'’\-]*)*")
 _SENTENCE_END = re.compile(r"[。！？.!?…]\W*$")
+_ASCII_PAUSES = frozenset(",;:.!?")
 _TO_ASCII_PAUSE = {"，": ",", "、": ",", "；": ";", "：": ":", "。": ".", "！": "!", "？": "?", "…": ",", "—": ","}
 #: Chinese names of Latin letters, as pinyin syllables (for pinyin-symbol voices).
 LETTER_NAMES = {
@@ -66,23 +67,21 @@ class ChinesePhonemizer:
             raise ValueError(f"kind must be 'espeak' or 'pinyin', got {kind!r}")
         self.kind = kind
         self.g2p = g2p if g2p is not None else shared_g2p(_user_lexicon)
-        self._chinese = EspeakPhonemizer("cmn")
+        self._chinese_voice = EspeakPhonemizer("cmn")
         self._english = EspeakPhonemizer(english_voice)
 
     def phonemize(self, text: str) -> list[list[str]]:
         """Normalized text -> phonemes per sentence (empty sentences dropped)."""
         sentences: list[list[str]] = [[]]
         for run, latin in split_scripts(text):
-            parts = self._latin(run) if latin else self._chinese_run(run)
-            for k, part in enumerate(parts):
-                if k > 0:
-                    sentences.append([])
+            for phonemes, closes in self._latin(run) if latin else self._chinese(run):
                 current = sentences[-1]
-                if current and part and current[-1] != " " and self.kind == "espeak":
+                if self.kind == "espeak" and current and phonemes and " " not in (current[-1], phonemes[0]) \
+                        and phonemes[0] not in _ASCII_PAUSES:
                     current.append(" ")
-                current.extend(part)
-            if _SENTENCE_END.search(run):
-                sentences.append([])
+                current.extend(phonemes)
+                if closes:
+                    sentences.append([])
         return [s for s in (_strip_spaces(s) for s in sentences) if s]
 
     def pinyin_text(self, words: list[Word]) -> str:
@@ -92,16 +91,25 @@ class ChinesePhonemizer:
             if word.is_chinese:
                 out.append("".join(ph.espeak_spelling(s) for s in word.syllables))
             else:
-                pauses = "".join(_TO_ASCII_PAUSE.get(ch, "") for ch in word.text)
-                if pauses and out:
-                    out[-1] += pauses[0]
+                pause = _ascii_pause(word.text)
+                if pause and out:
+                    out[-1] += pause
         return " ".join(out)
 
-    def _chinese_run(self, run: str) -> list[list[str]]:
-        words = self.g2p.words(run)
-        if self.kind == "pinyin":
-            return [self._pinyin_symbols(words)]
-        return self._espeak_words(words)
+    def _chinese(self, run: str) -> list[tuple[list[str], bool]]:
+        """(phonemes, ends a sentence) per sentence of a Chinese run."""
+        segments = []
+        for words in _sentences(self.g2p.words(run)):
+            closes = bool(_SENTENCE_END.search(words[-1].text)) and not words[-1].is_chinese
+            if not any(w.is_chinese for w in words):  # pauses only, e.g. "。" after an English word
+                pause = _ascii_pause("".join(w.text for w in words)) if self.kind == "espeak" else ""
+                symbols = [pause] if pause else [ch for w in words for ch in w.text if ch in ph.PINYIN_PAUSES]
+                segments.append(([s for s in symbols if s.strip()], closes))
+            elif self.kind == "pinyin":
+                segments.append((self._pinyin_symbols(words), closes))
+            else:
+                segments.append((self._espeak_words(words), closes))
+        return segments
 
     def _pinyin_symbols(self, words: list[Word]) -> list[str]:
         out: list[str] = []
@@ -112,31 +120,31 @@ class ChinesePhonemizer:
                 out += [ch for ch in word.text if ch in ph.PINYIN_PAUSES and ch != " "]
         return out
 
-    def _espeak_words(self, words: list[Word]) -> list[list[str]]:
-        """espeak on the pinyin; words with a syllable espeak cannot read are composed by hand."""
-        sentences: list[list[str]] = [[]]
+    def _espeak_words(self, words: list[Word]) -> list[str]:
+        """espeak on one sentence's pinyin; words with a syllable espeak cannot read are composed by hand."""
+        out: list[str] = []
         batch: list[Word] = []
 
         def flush() -> None:
             text = self.pinyin_text(batch)
             if text.strip():
-                for k, sentence in enumerate(self._chinese.phonemize(text)):
-                    if k > 0:
-                        sentences.append([])
-                    sentences[-1].extend(sentence)
+                if out and out[-1] != " ":
+                    out.append(" ")
+                out.extend(p for sentence in self._chinese_voice.phonemize(text) for p in sentence)
             batch.clear()
 
         for word in words:
             if word.is_chinese and any(ph.ESPEAK_UNREADABLE.fullmatch(s) for s in word.syllables):
                 flush()
-                if sentences[-1] and sentences[-1][-1] != " ":
-                    sentences[-1].append(" ")
-                sentences[-1].extend(self._composed_word(word.syllables))
-                sentences[-1].append(" ")
+                if out and out[-1] != " ":
+                    out.append(" ")
+                out.extend(self._composed_word(word.syllables))
+                out.append(" ")
+                batch.append(Word("", "x"))  # keeps a following pause attached
             else:
                 batch.append(word)
         flush()
-        return sentences
+        return _strip_spaces(out)
 
     def _composed_word(self, syllables: list[str]) -> list[str]:
         """One word's IPA with one stress mark, on its last syllable, as espeak marks words."""
@@ -145,18 +153,40 @@ class ChinesePhonemizer:
             if ph.ESPEAK_UNREADABLE.fullmatch(syllable):
                 ipa = ph.compose_espeak_syllable(syllable)
             else:
-                ipa = "".join(p for s in self._chinese.phonemize(ph.espeak_spelling(syllable)) for p in s)
+                ipa = "".join(p for s in self._chinese_voice.phonemize(ph.espeak_spelling(syllable)) for p in s)
             parts.append(ipa.replace("ˈ", "").replace("ˌ", ""))
         last = parts[-1]
         vowel = next((k for k, ch in enumerate(last) if ch in "aeiouəɑɛɔyʊɤ"), 0)
         parts[-1] = last[:vowel] + "ˈ" + last[vowel:]
         return list(unicodedata.normalize("NFD", "".join(parts)))
 
-    def _latin(self, run: str) -> list[list[str]]:
+    def _latin(self, run: str) -> list[tuple[list[str], bool]]:
+        ends = bool(_SENTENCE_END.search(run))
         if self.kind == "espeak":
-            return self._english.phonemize(run)
+            sentences = self._english.phonemize(run)
+            return [(s, k < len(sentences) - 1 or ends) for k, s in enumerate(sentences)]
         syllables = [s for ch in run.lower() if ch in LETTER_NAMES for s in LETTER_NAMES[ch].split()]
-        return [ph.pinyin_symbols(syllables)]
+        return [(ph.pinyin_symbols(syllables), ends)]
+
+
+def _ascii_pause(text: str) -> str:
+    """The ASCII pause espeak understands for Chinese/ASCII punctuation in ``text`` ("" if none)."""
+    for ch in text:
+        if ch in _ASCII_PAUSES:
+            return ch
+        if ch in _TO_ASCII_PAUSE:
+            return _TO_ASCII_PAUSE[ch]
+    return ""
+
+
+def _sentences(words: list[Word]) -> list[list[Word]]:
+    """Split after each punctuation word that ends a sentence."""
+    groups: list[list[Word]] = [[]]
+    for word in words:
+        groups[-1].append(word)
+        if not word.is_chinese and _SENTENCE_END.search(word.text):
+            groups.append([])
+    return [g for g in groups if g]
 
 
 def split_scripts(text: str) -> list[tuple[str, bool]]:
