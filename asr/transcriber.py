@@ -52,7 +52,8 @@ TOKENS_PER_S = 15.0  # token budget per second of audio (fast Chinese is ~8 toke
 TOKEN_MARGIN = 12
 FRAMES_PER_S = 100  # log-mel frames (hop 160 samples at 16 kHz)
 
-#: ``postprocess(text, language) -> text``, applied to every segment (e.g. zh Traditional -> Simplified).
+#: ``postprocess(text, language) -> text``, applied to every segment
+#: (e.g. zh Traditional -> Simplified).
 Postprocess = Callable[[str, str], str]
 
 
@@ -154,8 +155,12 @@ class Transcriber:
 
     @classmethod
     def from_config(cls, cfg: Config, postprocess: Postprocess | None = None) -> "Transcriber":
+        """From ``cfg.asr``; without ``postprocess``, zh transcripts become Simplified
+        when ``asr.zh_simplified`` (``asr.zh.postprocess_transcript``)."""
         from voxloop.models import resolve_asr
 
+        if postprocess is None and cfg.asr.zh_simplified:
+            from asr.zh import postprocess_transcript as postprocess
         a = cfg.asr
         return cls(resolve_asr(cfg).path, device=a.device, compute_type=a.compute_type,
                    beam_size=a.beam_size, language=a.language, cpu_threads=a.cpu_threads,
@@ -217,7 +222,7 @@ class Transcriber:
         from faster_whisper.transcribe import get_ctranslate2_storage
 
         window = np.zeros((1, features.shape[0], frames), dtype=np.float32)
-        n = min(frames, features.shape[-1])
+        n = min(frames, features.shape[-1] - 1)  # as faster-whisper: the last frame is partial
         window[0, :, :n] = features[:, :n]
         encoded = self._model.model.encode(get_ctranslate2_storage(window))
         if lang is None:

@@ -11,12 +11,15 @@ returns the events those frames caused:
 - ``SpeechEnd``: silence reached ``silence_duration_ms`` (or the utterance reached
   ``max_utterance_s``, ``forced=True``); carries the whole utterance.
 
-Times (``t_ms``) are stream time: milliseconds of audio fed since construction,
-counted on frame boundaries. ``SpeechStart.t_ms`` is where the first voiced frame
-of the start run begins; ``Pause.t_ms`` and ``SpeechEnd.t_ms`` are where the last
-voiced frame ends (speech end, not detection time; detection happens
-``speculative_pause_ms`` / ``silence_duration_ms`` later); ``Resume.t_ms`` is where
-the voiced frame that resumed speech begins.
+Durations in the config are rounded up to whole frames (``speculative_pause_ms``
+200 with 30 ms frames waits 210 ms). Times (``t_ms``, int) are stream time:
+milliseconds of audio fed since construction, on frame boundaries (samples that
+``reset()`` drops still count, so the clock never goes back).
+``SpeechStart.t_ms`` is where the first voiced frame of the start run begins;
+``Pause.t_ms`` and ``SpeechEnd.t_ms`` are where the last voiced frame ends (speech
+end, not detection time: detection happens ``speculative_pause_ms`` /
+``silence_duration_ms`` later; a forced ``SpeechEnd`` is at the cut);
+``Resume.t_ms`` is where the voiced frame that resumed speech begins.
 
 Utterance audio runs from ``prefix_padding_ms`` before the speech start to
 ``TRAILING_MS`` after the last voiced frame (webrtcvad often calls soft word
@@ -273,6 +276,7 @@ def _as_int16(pcm: np.ndarray | bytes) -> np.ndarray:
             raise InvalidInput("int16 PCM must have an even number of bytes")
         return np.frombuffer(pcm, dtype="<i2").astype(np.int16, copy=False)
     if not isinstance(pcm, np.ndarray) or pcm.dtype != np.int16 or pcm.ndim != 1:
-        got = f"{pcm.dtype} array of shape {pcm.shape}" if isinstance(pcm, np.ndarray) else type(pcm)
+        got = (f"{pcm.dtype} array of shape {pcm.shape}" if isinstance(pcm, np.ndarray)
+               else type(pcm).__name__)
         raise InvalidInput(f"VAD expects 1-D int16 PCM, got {got}")
     return pcm

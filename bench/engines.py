@@ -112,14 +112,18 @@ def bench_llm(cfg, reps: int) -> dict:
     model = ChatModel.from_config(cfg)
     model.warmup()
     system = {"role": "system", "content": cfg.llm.system_prompt}
-    ttft, rates = [], []
+    ttft, rates, gaps = [], [], []
     for i in range(reps):
         q = {"role": "user", "content": f"What is the capital of France? ({i})"}
         for _ in model.stream([system, q], max_tokens=8):
             pass
         ttft.append(model.last_stats.first_token_s)
+        last = None
         for _ in model.stream([system, {"role": "user", "content": STORY}], max_tokens=120):
-            pass
+            now = time.perf_counter()
+            if last is not None:
+                gaps.append(now - last)
+            last = now
         s = model.last_stats
         if s.completion_tokens > 10:
             rates.append((s.completion_tokens - 1) / (s.total_s - s.first_token_s))
@@ -149,6 +153,7 @@ def bench_llm(cfg, reps: int) -> dict:
     return {
         "first_token_short_prompt": summary(ttft),
         "decode_tok_per_s_median": round(statistics.median(rates), 1),
+        "gap_between_deltas": summary(gaps),
         "history": {"prompt_tokens": cold.prompt_tokens,
                     "turn1_cold_first_token_ms": ms(cold.first_token_s),
                     "prefill_tok_per_s": round((cold.prompt_tokens - cold.cached_tokens)

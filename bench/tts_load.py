@@ -84,7 +84,8 @@ class CudaBackend:
         self.torch = torch
         opts = RunnerOptions(
             chunk_frames=args.chunk_frames, max_frames=args.max_frames, precision=args.precision,
-            decode_batches=batch_buckets(args.max_batch), encode_batches=batch_buckets(args.max_batch, midpoints=False),
+            tail_chunk_frames=args.tail_chunk_frames, decode_batches=batch_buckets(args.max_batch),
+            encode_batches=batch_buckets(args.max_batch, fine=False),
         )  # fmt: skip
         t0 = time.perf_counter()
         self.engine = CudaTtsEngine(Voice.load(args.voice), opts, device=args.device, queue_size=4096)
@@ -95,7 +96,9 @@ class CudaBackend:
         self.info = {
             "startup_s": round(self.startup_s, 2), "graph_capture_s": round(runner.capture_s, 2),
             "graphs": len(runner._encode_steps) + len(runner._decode_steps),
-            "memory_after_capture_mb": round(runner.memory_mb(), 1), "chunk_frames": args.chunk_frames,
+            "capture_peak_mb": round(runner.capture_peak_mb, 1),
+            "memory_after_capture_mb": round(self.torch.cuda.memory_reserved() / 2**20, 1),
+            "chunk_frames": args.chunk_frames, "tail_chunk_frames": args.tail_chunk_frames,
             "precision": args.precision, "max_batch": args.max_batch,
         }  # fmt: skip
 
@@ -309,8 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--voice", default=os.environ.get("VOXLOOP_TTS__VOICE_PATH"), help="Piper .onnx (default: bundled)")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--precision", default="fp16", choices=["fp32", "bf16", "fp16"])
     p.add_argument("--chunk-frames", type=int, default=64)
+    p.add_argument("--tail-chunk-frames", type=int, default=256)
     p.add_argument("--max-batch", type=int, default=128)
     p.add_argument("--max-frames", type=int, default=3072)
     p.add_argument("--hardware", default="local")

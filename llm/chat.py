@@ -17,8 +17,9 @@ does not raise) and the KV cache keeps what was evaluated for the next prompt.
 
 Context overflow: when history + ``max_tokens`` does not fit in ``n_ctx``, the
 oldest non-system messages are dropped (system messages and the last message
-are kept). The cut is remembered and reused while it still fits, so the prompt
-prefix and its cache stay stable over the following turns.
+are kept; the kept part starts with a user message), down to half the budget.
+The cut is remembered and reused while it still fits, so the prompt prefix and
+its cache stay stable over the following turns.
 """
 
 from __future__ import annotations
@@ -98,6 +99,9 @@ class ChatModel:
         self.max_tokens = max_tokens
         self.system_prompt = system_prompt
         self._template = _template(self._llm)
+        import llama_cpp
+
+        self._vocab = llama_cpp.llama_model_get_vocab(self._llm.model)
         self._busy = threading.Lock()
         self._cut: tuple[int, str] | None = None  # (messages dropped, first kept message)
         self.last_stats: GenerationStats | None = None
@@ -185,18 +189,18 @@ class ChatModel:
         import llama_cpp
 
         llm = self._llm
-        llm.set_seed(self.seed if self.seed is not None else int.from_bytes(os.urandom(4), "little"))
+        seed = self.seed if self.seed is not None else int.from_bytes(os.urandom(4), "little")
+        llm.set_seed(seed)
         # The whole prompt is evaluated: generate() finds it cached and samples at once.
         gen = llm.generate(tokens, top_k=TOP_K, top_p=TOP_P, min_p=MIN_P,
                            temp=self.temperature, repeat_penalty=1.0)
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        vocab = llm._model.vocab
         last = ""  # the delta of the token that hit the length limit
         try:
             for token in gen:
                 if cancel is not None and cancel.is_set():
                     return  # finish_reason stays "cancelled"
-                if llama_cpp.llama_vocab_is_eog(vocab, token):
+                if llama_cpp.llama_vocab_is_eog(self._vocab, token):
                     run.finish_reason = "stop"
                     break
                 run.completion_tokens += 1
@@ -238,8 +242,11 @@ class ChatModel:
         tokens = self._tokenize(self._render(messages))
         if len(tokens) <= budget:
             return tokens, 0
-        # Cut down to half the budget so the next turns fit under the same cut.
+        # Cut down to half the budget so the next turns fit under the same cut; the kept
+        # part starts with a user message (templates expect user/assistant alternation).
         for n in range(1, len(rest)):
+            if rest[n]["role"] != "user" and n < len(rest) - 1:
+                continue
             tokens = self._tokenize(self._render(system + rest[n:]))
             if len(tokens) <= budget // 2 or (n == len(rest) - 1 and len(tokens) <= budget):
                 self._cut = (n, rest[n]["content"])
@@ -271,8 +278,11 @@ def _template(llm):
     if not source:
         raise ModelError("the GGUF has no tokenizer.chat_template; use a chat (instruct) model")
     eos_id, bos_id = llm.token_eos(), llm.token_bos()
-    eos = llm._model.token_get_text(eos_id) if eos_id != -1 else ""
-    bos = llm._model.token_get_text(bos_id) if bos_id != -1 else ""
+
+    def text(token: int) -> str:
+        return llm.detokenize([token], special=True).decode("utf-8") if token != -1 else ""
+
+    eos, bos = text(eos_id), text(bos_id)
     return llama_chat_format.Jinja2ChatFormatter(template=source, eos_token=eos, bos_token=bos)
 
 

@@ -52,8 +52,12 @@ class Engines:
 
         t0 = time.monotonic()
         from asr.transcriber import Transcriber
+        from asr.zh import postprocess_transcript
 
-        asr = Transcriber.from_config(cfg)
+        def postprocess(text: str, language: str) -> str:
+            return postprocess_transcript(text, language, cfg.asr.zh_simplified)
+
+        asr = Transcriber.from_config(cfg, postprocess=postprocess)
         asr.warmup()
         self.load_s["asr"] = time.monotonic() - t0
 

@@ -268,7 +268,7 @@ class Session:
 
     async def _partial(self, audio: np.ndarray, utterance: int, item: str | None) -> None:
         try:
-            language = self.cfg.asr.language
+            language = self._language()
             result = await self.engines.asr.submit(lambda asr: asr.transcribe(audio, language),
                                                    priority=BACKGROUND)
             text = result.text.strip()
@@ -280,6 +280,13 @@ class Session:
             pass  # a partial is a courtesy; the final transcript reports real errors
         finally:
             self._partial_task = None
+
+    def _language(self) -> str | None:
+        """The session's transcription language, else the server's ``asr.language``."""
+        transcription = self.protocol.session.audio.input.transcription
+        if transcription is not None and transcription.language:
+            return transcription.language
+        return self.cfg.asr.language
 
     # ------------------------------------------------------------------ turns
     def _new_turn(self, mode: str, committed: bool, utterance: int | None = None) -> Turn:
@@ -310,7 +317,7 @@ class Session:
         item = str(turn.info["user_item_id"])
         try:
             turn.trace.mark("asr_start")
-            language = self.cfg.asr.language
+            language = self._language()
             priority = NORMAL if turn.committed else BACKGROUND
             result = await self.engines.asr.submit(lambda asr: asr.transcribe(audio, language),
                                                    priority=priority, cancel=turn.cancel)

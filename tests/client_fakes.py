@@ -6,7 +6,6 @@ import threading
 import time
 
 import numpy as np
-import pytest
 
 from pipeline.engines import Engines
 from pipeline.hub import Hub
@@ -51,8 +50,8 @@ class FakeLLM:
             yield token
 
 
-@pytest.fixture(scope="module")
-def tts_engines():
+def real_tts_engines() -> list:
+    """The real CPU TTS engines (load once per test module: a module-scoped fixture)."""
     return create_engines(load_config(None, [], environ={}))
 
 

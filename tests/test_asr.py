@@ -51,6 +51,14 @@ def transcriber(cfg):
 
 
 @pytest.mark.slow
+def test_from_config_wires_the_zh_postprocess(cfg, transcriber):
+    from asr.zh import postprocess_transcript
+
+    assert cfg.asr.zh_simplified and transcriber.postprocess is postprocess_transcript
+    assert transcriber.language == cfg.asr.language
+
+
+@pytest.mark.slow
 def test_three_sentences(transcriber, speech):
     pcm = utterance(speech.say(" ".join(SENTENCES)))
     result = transcriber.transcribe(pcm)

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from client_fakes import PTT, FakeASR, FakeLLM, start_hub, tone, tts_engines, ws_url  # noqa: F401 (fixture)
+from client_fakes import PTT, FakeASR, FakeLLM, start_hub, tone, real_tts_engines, ws_url
 from conftest import scaled
 from pipeline.engines import Engines
 from pipeline.hub import Hub
@@ -22,6 +22,11 @@ from voxloop.errors import ConnectionFailed, Overloaded, ProtocolError
 
 pytestmark = pytest.mark.timeout(scaled(120))
 FAST_RETRY = RetryPolicy(attempts=6, initial_delay_s=0.05, max_delay_s=0.5)
+
+
+@pytest.fixture(scope="module")
+def tts_engines():
+    return real_tts_engines()
 
 
 @pytest.mark.parametrize("binary_audio", [False, True])

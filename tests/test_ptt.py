@@ -16,13 +16,18 @@ import pytest
 import soxr
 
 from conftest import scaled
-from client_fakes import PTT, FakeASR, FakeLLM, start_hub, tone, tts_engines, ws_url  # noqa: F401 (fixture)
+from client_fakes import PTT, FakeASR, FakeLLM, start_hub, tone, real_tts_engines, ws_url
 from voxloop.client import RealtimeClient
 from voxloop.errors import VoxloopError
 from voxloop.ptt import read_wav, write_wav
 from voxloop.ptt_live import LiveConversation, Playback, TalkKey, open_sounddevice
 
 pytestmark = pytest.mark.timeout(scaled(180))
+
+
+@pytest.fixture(scope="module")
+def tts_engines():
+    return real_tts_engines()
 
 
 def test_talk_key_hold_release_and_tap_toggle():
@@ -141,7 +146,7 @@ class FakeAudio:
         return self.speaker
 
 
-async def test_live_push_to_talk_with_barge_in(tts_engines):  # noqa: F811 (fixture)
+async def test_live_push_to_talk_with_barge_in(tts_engines):
     asr = FakeASR()
     llm = FakeLLM("The first clause is here. The second clause comes next. The third one ends it.")
     hub = await start_hub(tts_engines, asr=asr, llm=llm)

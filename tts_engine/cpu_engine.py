@@ -58,6 +58,10 @@ class OnnxTtsEngine:
         onnx_path = models.resolve_voice(cfg).path
         voice = Voice.load(onnx_path, models.voice_config_path(cfg, onnx_path))
         tts = cfg.tts
+        if tts.zh_lexicon_path:  # user polyphone entries for Chinese voices
+            from tts_engine.zh import configure
+
+            configure(tts.zh_lexicon_path)
         defaults = SynthesisOptions(
             length_scale=tts.length_scale, noise_scale=tts.noise_scale, noise_w=tts.noise_w, speaker_id=tts.speaker_id
         )

@@ -81,7 +81,7 @@ class PhonemeScheme:
 
 _SCHEMES: dict[str, PhonemeScheme] = {}
 #: phoneme_type (or "phoneme_type:language", which wins) -> module that registers it when imported.
-_PLUGIN_MODULES = {"pinyin": "tts_engine.zh", "espeak:zh": "tts_engine.zh"}
+_PLUGIN_MODULES = {"pinyin": "tts_engine.zh", "espeak:zh": "tts_engine.zh", "espeak:cmn": "tts_engine.zh"}
 
 
 def register_phoneme_type(phoneme_type: str, scheme: PhonemeScheme) -> None:

@@ -216,7 +216,10 @@ class ClauseSegmenter:
         return _has_word(text[:index]) and clause_weight(text[: index + 1].strip()) >= self._min_chars()
 
     def _forced_cut(self, text: str) -> int:
-        """Where to cut ``text`` (longer than ``max_chars``): the last space or Hanzi boundary that fits, else the last character that fits."""
+        """Where to cut ``text`` (longer than ``max_chars``).
+
+        At the last space or Hanzi boundary that fits, else after the last character that fits.
+        """
         weight, last_fit, last_soft = 0, 0, 0
         for i, char in enumerate(text):
             if _is_soft_cut(text, i):

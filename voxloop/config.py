@@ -134,8 +134,10 @@ class TtsConfig:
     onnx_workers: int = 1
     #: Precision on GPU: "fp32", "bf16", "fp16", "int8".
     precision: str = "bf16"
-    #: Decoder chunk, latent frames (one frame = hop samples of audio).
+    #: Decoder chunk, latent frames (one frame = hop samples of audio); on GPU the first chunk of a clause.
     chunk_frames: int = 64
+    #: GPU: largest later chunk, frames (0 = chunk_frames); bigger chunks spend less work on context frames.
+    tail_chunk_frames: int = 0
     #: Largest batch on GPU.
     max_batch: int = 64
     #: Longest utterance on GPU, latent frames (256 samples each at 22050 Hz: 3072 = 35.7 s); longer is cut.

@@ -34,14 +34,15 @@ from voxloop.errors import ConfigError, InvalidInput, ModelError
 MIN_RATE, MAX_RATE = 8_000, 192_000
 
 
-def batch_buckets(max_batch: int, midpoints: bool = True) -> tuple[int, ...]:
-    """Batch sizes up to ``max_batch``: powers of two (and their 1.5x midpoints), plus ``max_batch``."""
+def batch_buckets(max_batch: int, fine: bool = True) -> tuple[int, ...]:
+    """Batch sizes up to ``max_batch``: powers of two, plus ``max_batch``; with ``fine``, also
+    every multiple of 8 up to 64 and of 16 beyond (a batch is padded by at most ~15-25 %)."""
     sizes, p = {max_batch}, 1
     while p <= max_batch:
         sizes.add(p)
-        if midpoints and p >= 2 and p * 3 // 2 <= max_batch:
-            sizes.add(p * 3 // 2)
         p *= 2
+    if fine:
+        sizes.update(b for b in range(8, max_batch + 1, 8) if b <= 64 or b % 16 == 0)
     return tuple(sorted(sizes))
 
 
@@ -83,9 +84,10 @@ class CudaTtsEngine:
             raise ConfigError(f"tts.precision {tts.precision!r} is not supported by the cuda backend (fp32, bf16, fp16)")
         options = RunnerOptions(
             chunk_frames=tts.chunk_frames,
+            tail_chunk_frames=tts.tail_chunk_frames,
             max_frames=tts.max_frames,
             decode_batches=batch_buckets(tts.max_batch),
-            encode_batches=batch_buckets(tts.max_batch, midpoints=False),
+            encode_batches=batch_buckets(tts.max_batch, fine=False),
             precision=tts.precision,
             cuda_graphs=tts.cuda_graphs,
         )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -37,8 +38,12 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 class RunnerOptions:
     """Static shapes of the engine."""
 
-    #: Frames per decoder chunk (one frame = hop samples).
+    #: Frames of a request's first decoder chunk (one frame = hop samples).
     chunk_frames: int = 64
+    #: Largest later chunk (0: same as ``chunk_frames``); later chunks take sizes
+    #: ``chunk_frames * 2**k`` up to this, the last one the smallest that covers the rest.
+    #: Bigger chunks spend less of their work on context frames.
+    tail_chunk_frames: int = 0
     #: Longest utterance, frames; longer ones are cut (logged).
     max_frames: int = 3072
     #: Decoder batch sizes captured; the largest is the number of request slots.
@@ -57,6 +62,22 @@ class RunnerOptions:
     @property
     def max_slots(self) -> int:
         return max(self.decode_batches)
+
+    @property
+    def chunk_sizes(self) -> tuple[int, ...]:
+        """Decoder chunk sizes captured, ascending: ``chunk_frames`` doubled up to ``tail_chunk_frames``."""
+        sizes, size = [], self.chunk_frames
+        while size <= max(self.tail_chunk_frames, self.chunk_frames):
+            sizes.append(size)
+            size *= 2
+        return tuple(sizes)
+
+    def next_chunk(self, done: int, total: int) -> int:
+        """Frames of the next chunk of a request with ``done`` of ``total`` frames decoded."""
+        if done == 0:
+            return self.chunk_frames
+        rest = total - done
+        return next((c for c in self.chunk_sizes if c >= rest), self.chunk_sizes[-1])
 
     def encode_buckets(self) -> list[tuple[int, int]]:
         return [(b, t) for b in self.encode_batches for t in self.phoneme_buckets if b * t <= self.max_encode_tokens]
@@ -123,15 +144,17 @@ class StepRunner:
         self.dtype = DTYPES[options.precision]
         self.model = model.to(self.device).float().eval()
         self.synth_model = self.model if self.dtype == torch.float32 else copy.deepcopy(self.model).to(self.dtype)
-        self.geometry = ChunkGeometry.for_model(self.model, options.chunk_frames)
+        self.geometries = {c: ChunkGeometry.for_model(self.model, c) for c in options.chunk_sizes}
+        self.geometry = self.geometries[options.chunk_frames]
         c, s = self.model.config, options.max_slots + 1
         self.scratch_slot = options.max_slots
         self.latents = torch.zeros(s, options.max_frames, c.inter_channels, device=self.device)
         self.frames = torch.zeros(s, dtype=torch.long, device=self.device)
         self.speakers = torch.zeros(s, dtype=torch.long, device=self.device)
         self._encode_steps: dict[tuple[int, int], _Step] = {}
-        self._decode_steps: dict[int, _Step] = {}
+        self._decode_steps: dict[tuple[int, int], _Step] = {}  # (chunk frames, batch)
         self.capture_s = 0.0
+        self.capture_peak_mb = 0.0
         self._build()
 
     # ---------------------------------------------------------------- building
@@ -156,18 +179,21 @@ class StepRunner:
                 torch.zeros(b, dtype=torch.long, device=dev),
             ]
             self._encode_steps[(b, t)] = _Step(self._encode_fn, inputs)
-        for b in sorted(self.options.decode_batches, reverse=True):
-            inputs = [
-                torch.full((b,), self.scratch_slot, dtype=torch.long, device=dev),
-                torch.zeros(b, dtype=torch.long, device=dev),
-                torch.zeros(b, dtype=torch.long, device=dev),
-            ]
-            self._decode_steps[b] = _Step(self._decode_fn, inputs)
+        for chunk in sorted(self.options.chunk_sizes, reverse=True):
+            for b in sorted(self.options.decode_batches, reverse=True):
+                inputs = [
+                    torch.full((b,), self.scratch_slot, dtype=torch.long, device=dev),
+                    torch.zeros(b, dtype=torch.long, device=dev),
+                    torch.zeros(b, dtype=torch.long, device=dev),
+                ]
+                self._decode_steps[(chunk, b)] = _Step(functools.partial(self._decode_fn, self.geometries[chunk]), inputs)
         if use_graphs:
             with torch.inference_mode():
                 for step in [*self._encode_steps.values(), *self._decode_steps.values()]:
                     step.capture(pool)
             torch.cuda.synchronize(dev)
+            self.capture_peak_mb = torch.cuda.max_memory_reserved(dev) / 2**20
+            torch.cuda.empty_cache()  # drop cuDNN benchmark workspaces; the graphs keep their pool
         self.capture_s = time.perf_counter() - t0
         if use_graphs:
             log.info("captured %d CUDA graphs in %.1f s", len(self._encode_steps) + len(self._decode_steps), self.capture_s)
@@ -185,13 +211,15 @@ class StepRunner:
         self.speakers.index_copy_(0, slots, sids)
         return frames
 
-    def _decode_fn(self, slots: torch.Tensor, starts: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+    def _decode_fn(
+        self, geometry: ChunkGeometry, slots: torch.Tensor, starts: torch.Tensor, active: torch.Tensor
+    ) -> torch.Tensor:
         model = self.synth_model
         frames = self.frames.index_select(0, slots) * active
-        z, mask = gather_windows(self.latents, slots, starts, frames, self.geometry)
+        z, mask = gather_windows(self.latents, slots, starts, frames, geometry)
         g = model.speaker_embedding(self.speakers.index_select(0, slots))
         g = None if g is None else g.to(self.dtype)
-        audio = decode_windows(model, z.to(self.dtype), mask.to(self.dtype), self.geometry, g)
+        audio = decode_windows(model, z.to(self.dtype), mask.to(self.dtype), geometry, g)
         return to_int16(audio)
 
     # ---------------------------------------------------------------- running
@@ -216,8 +244,12 @@ class StepRunner:
             out = self._encode_steps[(b, t)](*(self._host(a) for a in (ids, lengths, scales, slots, sids)))
         return out[:n]
 
-    def decode(self, slots: Sequence[int], starts: Sequence[int]) -> torch.Tensor:
-        """Queue one chunk for each (slot, start frame); int16 [len(slots), chunk_samples] (device)."""
+    def decode(self, slots: Sequence[int], starts: Sequence[int], chunk: int | None = None) -> torch.Tensor:
+        """Queue one ``chunk``-frame chunk (default ``chunk_frames``) for each (slot, start frame).
+
+        Returns int16 [len(slots), chunk * hop] on the device (not synced).
+        """
+        chunk = chunk or self.options.chunk_frames
         n = len(slots)
         b = bucket_for(n, self.options.decode_batches)
         slot_arr = np.full(b, self.scratch_slot, dtype=np.int64)
@@ -225,7 +257,7 @@ class StepRunner:
         active = np.zeros(b, dtype=np.int64)
         slot_arr[:n], start_arr[:n], active[:n] = slots, starts, 1
         with torch.inference_mode():
-            out = self._decode_steps[b](*(self._host(a) for a in (slot_arr, start_arr, active)))
+            out = self._decode_steps[(chunk, b)](*(self._host(a) for a in (slot_arr, start_arr, active)))
         return out[:n]
 
     def _host(self, array: np.ndarray) -> torch.Tensor:

@@ -171,14 +171,31 @@ class BatchScheduler:
     def _step(self) -> None:
         admitted = self._admit()
         frames_dev = self.runner.encode([self._encode_item(r) for r in admitted]) if admitted else None
-        # First chunks first, then the oldest requests.
-        batch = sorted(self._running.values(), key=lambda r: (r.next_frame > 0, r.seq))[: self.max_slots]
-        audio_dev = self.runner.decode([r.slot for r in batch], [r.next_frame for r in batch])
-        results = self.runner.fetch(audio_dev, *([frames_dev] if frames_dev is not None else []))
+        options = self.runner.options
+        groups: dict[int, list[SpeechRequest]] = {}
+        for r in sorted(self._running.values(), key=lambda r: (r.next_frame > 0, r.seq)):
+            size = options.chunk_frames if r.next_frame == 0 else options.next_chunk(r.next_frame, r.frames or 0)
+            groups.setdefault(size, []).append(r)
+        # First chunks first: their group is decoded, fetched and handed out before the rest.
+        first = [size for size, batch in groups.items() if batch[0].next_frame == 0]
+        launched: list[tuple[int, list[SpeechRequest], object]] = []
+        for size in first + sorted(set(groups) - set(first)):
+            batch = groups[size]
+            launched.append((size, batch, self.runner.decode([r.slot for r in batch], [r.next_frame for r in batch], size)))
+            if size in first:
+                self._finish(launched, frames_dev, admitted)
+                launched, frames_dev = [], None
+        if launched:
+            self._finish(launched, frames_dev, admitted)
+
+    def _finish(self, launched: list, frames_dev: object, admitted: list[SpeechRequest]) -> None:
+        """Wait for the launched decodes (and the encoder's frame counts), then hand out the chunks."""
+        results = self.runner.fetch(*[audio for _, _, audio in launched], *([frames_dev] if frames_dev is not None else []))
         if frames_dev is not None:
-            for request, frames in zip(admitted, results[1]):
+            for request, frames in zip(admitted, results[-1]):
                 self._set_frames(request, int(frames))
-        self._deliver(batch, results[0])
+        for (size, batch, _), audio in zip(launched, results):
+            self._deliver(batch, audio, size)
 
     def _admit(self) -> list[SpeechRequest]:
         admitted: list[SpeechRequest] = []
@@ -206,8 +223,7 @@ class BatchScheduler:
             log.warning("utterance of %d frames cut to tts max_frames=%d", frames, cap)
         request.frames = min(frames, cap)
 
-    def _deliver(self, batch: list[SpeechRequest], audio: np.ndarray) -> None:
-        chunk = self.runner.geometry.chunk_frames
+    def _deliver(self, batch: list[SpeechRequest], audio: np.ndarray, chunk: int) -> None:
         hop = self.runner.geometry.hop_length
         for row, request in zip(audio, batch):
             assert request.frames is not None

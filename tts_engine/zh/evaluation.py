@@ -18,6 +18,8 @@ from pathlib import Path
 class Case:
     sentence: str
     expected: tuple[str, ...]
+    #: The section header above it (``# -- name: ...`` -> "name"); "" before any.
+    section: str = ""
 
 
 @dataclass
@@ -49,14 +51,18 @@ class Score:
 
 
 def load_cases(path: str | Path) -> list[Case]:
+    """Cases of a TSV test set; ``# -- name: ...`` lines start a section."""
     cases = []
+    section = ""
     for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if line.startswith("# -- "):
+            section = line[5:].split(":")[0].strip()
         if not line.strip() or line.startswith("#"):
             continue
         sentence, tab, expected = line.partition("\t")
         if not tab or not expected.split():
             raise ValueError(f"{path}:{number}: expected 'sentence<TAB>pinyin'")
-        cases.append(Case(sentence, tuple(expected.split())))
+        cases.append(Case(sentence, tuple(expected.split()), section))
     return cases
 
 

@@ -37,6 +37,10 @@ _NEUTRAL_PARTICLES = {"的": "de5", "吗": "ma5", "呢": "ne5", "吧": "ba5", "�
 _NOT_ERHUA = set("女婴孤幼胎健男宠患少侄孙孩")
 _PUNCTUATION = re.compile(r"[^\w]+|_+")
 
+#: Placeholder syllable of a Hanzi pypinyin has no reading for (dropped from the output).
+_NO_PINYIN = "_"
+_PINYIN = re.compile(r"[a-zü]+[1-5]")
+
 jieba.setLogLevel(logging.WARNING)
 
 
@@ -67,7 +71,7 @@ class ChineseG2p:
         tokenizer.initialize()
         for word in self.lexicon:
             if len(word) > 1 and HANZI.search(word):
-                tokenizer.add_word(word, freq=tokenizer.suggest_freq(word, tune=False) + 1000)
+                tokenizer.add_word(word, freq=tokenizer.suggest_freq(word, tune=False))
         self._segmenter = jieba.posseg.POSTokenizer(tokenizer)
 
     def words(self, text: str) -> list[Word]:
@@ -79,7 +83,7 @@ class ChineseG2p:
         for rule in (_polyphones, _reduplication, _yi_bu):
             rule(chars)
         for word in words:
-            word.syllables = _merge_erhua(word)
+            word.syllables = [s for s in _merge_erhua(word) if s != _NO_PINYIN]
         return words
 
     def pinyin(self, text: str) -> list[str]:
@@ -135,7 +139,10 @@ def _add_pypinyin(word: Word, text: str, alone: bool) -> None:
 
 def pypinyin_syllables(text: str) -> list[str]:
     """pypinyin's reading of ``text`` (its phrase data), one syllable per character."""
-    return lazy_pinyin(text, style=Style.TONE3, neutral_tone_with_five=True, errors=lambda chars: ["_"] * len(chars))
+    syllables = lazy_pinyin(
+        text, style=Style.TONE3, neutral_tone_with_five=True, errors=lambda chars: [_NO_PINYIN] * len(chars)
+    )
+    return [s if _PINYIN.fullmatch(s) else _NO_PINYIN for s in syllables]
 
 
 def citation_tone(char: str) -> int:
@@ -179,14 +186,17 @@ class _CharView:
         return self.items[i][0] if 0 <= i < len(self.items) else None
 
     def syllable(self, i: int) -> str:
+        """The syllable at ``i``; "" outside the sentence or for a character without pinyin."""
         if not 0 <= i < len(self.items):
             return ""
         word, k = self.items[i]
-        return word.syllables[k] if k >= 0 and k < len(word.syllables) else ""
+        syllable = word.syllables[k] if 0 <= k < len(word.syllables) else ""
+        return "" if syllable == _NO_PINYIN else syllable
 
     def set(self, i: int, syllable: str) -> None:
         word, k = self.items[i]
-        word.syllables[k] = syllable
+        if word.syllables[k] != _NO_PINYIN:
+            word.syllables[k] = syllable
 
     def fixed(self, i: int) -> bool:
         """From our lexicon (or not Chinese): no rule changes it."""

@@ -193,16 +193,17 @@ def _number(m: re.Match[str]) -> str:
 
 _RULES: list[tuple[re.Pattern[str], Callable[[re.Match[str]], str]]] = [
     # dates and times before anything splits their digits
-    (re.compile(r"(?<!\d)(?P<y>\d{4})[-/.年](?P<m>\d{1,2})[-/.月](?P<d>\d{1,2})(?P<suffix>[日号])?(?!\d)"), _date),
+    (re.compile(r"(?<!\d)(?P<y>\d{4})[-/.年](?P<m>\d{1,2})[-/.月](?P<d>\d{1,2})(?:(?P<suffix>[日号])|(?!\d))"), _date),
     (re.compile(r"(?<!\d)(?P<y>)(?P<m>\d{1,2})月(?P<d>\d{1,2})?(?P<suffix>[日号])?"), _date),
     (re.compile(r"(?<![\d.])([12]\d{3}|\d{2}(?=年代))年"), _year),
     (re.compile(r"(?<![\d:])([01]?\d|2[0-4]):([0-5]\d)(?::([0-5]\d))?(?![\d:])"), _time),
     # phone numbers and codes: digit by digit
-    (re.compile(r"(?<!\d)(?:\+?86[- ]?)?1[3-9]\d{9}(?!\d)|(?<!\d)0\d{2,3}-\d{7,8}(?!\d)|(?<!\d)400-?\d{3}-?\d{4}(?!\d)"),
-     _phone),
+    (re.compile(r"(?<!\d)(?:\+?86[- ]?)?1[3-9]\d{9}(?!\d)"  # mobile
+                r"|(?<!\d)0\d{2,3}-\d{7,8}(?!\d)"  # landline with area code
+                r"|(?<!\d)400-?\d{3}-?\d{4}(?!\d)"), _phone),  # 400 hotlines
     (re.compile(rf"((?:{'|'.join(_CODE_CUES)})[^\d，。！？；]{{0,4}}?)(\d{{3,}})(?![\d.])"), _coded),
     # signed and scaled quantities
-    (re.compile(rf"(-|负)?(\d+(?:\.\d+)?)\s*(℃|°C|°F)"), _temperature),
+    (re.compile(r"(-|负)?(\d+(?:\.\d+)?)\s*(℃|°C|°F)"), _temperature),
     (re.compile(rf"(-)?({_NUM})\s*([%‰])"), _percent),
     (re.compile(r"(?<![\d/])(\d+)/(\d+)(?![\d/])"), _fraction),
     (re.compile(r"(-)?([¥￥$€£])\s?(\d[\d,]*(?:\.\d+)?)([万亿]?)"), _money_prefix),

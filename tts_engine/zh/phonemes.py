@@ -118,3 +118,22 @@ def compose_espeak_syllable(syllable: str) -> str:
     else:
         initial, final = "", _ESPEAK_FINALS[base]
     return f"{initial}ˈ{final}{ESPEAK_TONES[tone]}"
+
+
+def third_tone_sandhi(words: Sequence[Sequence[str]]) -> list[list[str]]:
+    """Surface tones for a sentence given as syllables per word: a third tone before a third
+    tone becomes second (你好 ni3 hao3 -> ni2 hao3).
+
+    Inside a word every third tone of a run but the last changes (展览馆 zhan2 lan2 guan3);
+    across words only a one-syllable word changes before a third tone (很好 hen2 hao3), since a
+    longer word usually ends a prosodic foot. Neutral tones stop a run.
+    """
+    out = [list(word) for word in words]
+    for word, original in zip(out, words, strict=True):
+        for k in range(len(word) - 1):
+            if original[k].endswith("3") and original[k + 1].endswith("3"):
+                word[k] = word[k][:-1] + "2"
+    for left, right, original in zip(out, out[1:], words[1:], strict=False):
+        if len(left) == 1 and right and left[0].endswith("3") and original[0].endswith("3"):
+            left[0] = left[0][:-1] + "2"
+    return out

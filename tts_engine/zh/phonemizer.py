@@ -62,10 +62,16 @@ def shared_g2p(lexicon_path: str | None = None) -> ChineseG2p:
 class ChinesePhonemizer:
     """Phonemes for espeak-cmn voices (``kind="espeak"``) or pinyin-symbol voices (``kind="pinyin"``)."""
 
-    def __init__(self, kind: str = "espeak", g2p: ChineseG2p | None = None, english_voice: str = "en-us") -> None:
+    def __init__(
+        self, kind: str = "espeak", g2p: ChineseG2p | None = None, *, third_tone_sandhi: bool = False,
+        english_voice: str = "en-us",
+    ) -> None:
+        """``third_tone_sandhi`` writes surface tones (ni2 hao3) into pinyin symbols, for checkpoints
+        trained on them; Piper's pinyin voices (g2pW labels) and espeak's cmn use citation tones."""
         if kind not in ("espeak", "pinyin"):
             raise ValueError(f"kind must be 'espeak' or 'pinyin', got {kind!r}")
         self.kind = kind
+        self.third_tone_sandhi = third_tone_sandhi
         self.g2p = g2p if g2p is not None else shared_g2p(_user_lexicon)
         self._chinese_voice = EspeakPhonemizer("cmn")
         self._english = EspeakPhonemizer(english_voice)
@@ -112,10 +118,12 @@ class ChinesePhonemizer:
         return segments
 
     def _pinyin_symbols(self, words: list[Word]) -> list[str]:
+        chinese = [w.syllables for w in words if w.is_chinese]
+        surface = iter(ph.third_tone_sandhi(chinese) if self.third_tone_sandhi else chinese)
         out: list[str] = []
         for word in words:
             if word.is_chinese:
-                out += ph.pinyin_symbols(word.syllables)
+                out += ph.pinyin_symbols(next(surface))
             else:
                 out += [ch for ch in word.text if ch in ph.PINYIN_PAUSES and ch != " "]
         return out

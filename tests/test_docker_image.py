@@ -1,0 +1,162 @@
+"""The CPU image, built and run for real (``make docker-test``; opt-in: VOXLOOP_DOCKER_TEST=1).
+
+Builds docker/Dockerfile on a Debian base made here (tests/docker_harness.py), runs it
+with host networking, waits for the HEALTHCHECK, speaks (``x.tts.speak``), has one
+spoken push-to-talk turn through the container's WebSocket, then ``docker stop``s it
+with a turn in flight: the turn finishes, the session closes 1001, exit code 0 within
+the grace period. Containers, images and any daemon the test started are removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import socket
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from conftest import scaled
+
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.timeout(1800),  # a cold first run debootstraps and may compile llama-cpp-python
+    pytest.mark.skipif(os.environ.get("VOXLOOP_DOCKER_TEST") != "1",
+                       reason="image test is opt-in: `make docker-test` (VOXLOOP_DOCKER_TEST=1)"),
+]
+
+GRACE_S = 8.0  # server.shutdown_grace_s inside the container
+log = logging.getLogger(__name__)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _words(text: str) -> set[str]:
+    return set(re.sub(r"[^a-z0-9' ]+", " ", text.lower()).split())
+
+
+@pytest.fixture(scope="module")
+def harness():
+    import docker_harness as dh
+
+    h = dh.DockerHarness()
+    try:
+        try:
+            how = h.ensure_daemon()
+            dh.base_rootfs_tarball()
+        except dh.EngineUnavailable as exc:
+            pytest.skip(f"no Docker engine here: {exc}")
+        log.info("docker daemon: %s", how)
+        yield h
+    finally:
+        h.close()
+
+
+@pytest.fixture(scope="module")
+def image(harness):
+    import docker_harness as dh
+
+    tarball = dh.base_rootfs_tarball()
+    wheels = dh.wheelhouse()
+    base = harness.import_base(tarball)
+    ref, build_s = harness.build_image(base, wheels)
+    sizes = {"base_mb": harness.image_size(base) / 1e6, "cpu_image_mb": harness.image_size(ref) / 1e6}
+    print(f"\nimage {ref}: built in {build_s:.0f} s; sizes {json.dumps(sizes)}")
+    return ref
+
+
+@pytest.fixture(scope="module")
+def container(harness, image):
+    port = _free_port()
+    name = harness.run(image, env={"VOXLOOP_SERVER__PORT": str(port),
+                                   "VOXLOOP_SERVER__SHUTDOWN_GRACE_S": str(GRACE_S)})
+    healthy_s = harness.wait_healthy(name, timeout_s=scaled(90))
+    deadline = time.monotonic() + scaled(120)
+    while _get(port, "/ready")[0] != 200:
+        assert time.monotonic() < deadline, f"/ready never 200:\n{harness.logs(name)}"
+        assert harness.state(name)["Running"], harness.logs(name)
+        time.sleep(0.5)
+    print(f"\ncontainer {name}: healthy after {healthy_s:.1f} s, ready on :{port}")
+    return name, port
+
+
+def test_image_metadata(harness, image):
+    cfg = json.loads(harness.docker("image", "inspect", "-f", "{{json .Config}}", image).stdout)
+    assert cfg["User"] == "voxloop"
+    assert cfg["StopSignal"] == "SIGINT"
+    assert "8765/tcp" in cfg["ExposedPorts"]
+    assert "/health" in " ".join(cfg["Healthcheck"]["Test"])
+    out = harness.docker("run", "--rm", "--entrypoint", "sh", image, "-c",
+                         "id -u; ls /models/asr /models/llm /models/tts; "
+                         "test ! -e /usr/bin/gcc && test ! -d /wheelhouse && echo slim").stdout.split()
+    assert out[0] != "0", "runs as root"
+    assert {"model.bin", "SmolLM2-135M-Instruct.Q4_1.gguf", "en_US-joe-medium.onnx"} <= set(out)
+    assert out[-1] == "slim", "build tools or the wheelhouse leaked into the runtime stage"
+
+
+async def test_speak_and_spoken_turn(container, cfg):
+    from piper_speech import PiperSpeech, silence
+    from voxloop.client import RealtimeClient
+
+    name, port = container
+    assert _get(port, "/health") == (200, "ok\n")
+    url = f"ws://127.0.0.1:{port}/v1/realtime"
+    async with RealtimeClient.connect(url, session={"audio": {"input": {"turn_detection": None}}}) as c:
+        tts = await c.speak("Hello from inside the container.", timeout_s=scaled(30))
+        assert tts.status == "completed" and tts.sample_rate == 22050
+        assert len(tts.pcm) / tts.sample_rate > 0.8 and np.abs(tts.pcm).max() > 1000
+
+        question = "What is the capital of France?"
+        speech = np.concatenate([silence(200), PiperSpeech(cfg).say(question), silence(300)])
+        await c.send_audio(speech, sample_rate=16000)
+        await c.commit()
+        reply = await c.collect_response(timeout_s=scaled(60))
+    assert reply.status == "completed", reply
+    assert {"capital", "france"} <= _words(reply.user_transcript or ""), reply.user_transcript
+    assert len(_words(reply.transcript)) >= 2, reply.transcript
+    assert reply.audio_s > 0.5
+    status, metrics = _get(port, "/metrics")
+    assert status == 200 and re.search(r"^voxloop_sessions_active 0\.0$", metrics, re.M), metrics
+
+
+async def test_docker_stop_drains_turn_and_exits_0(harness, container):
+    from voxloop.client import RealtimeClient
+    from voxloop.errors import ConnectionFailed
+
+    name, port = container
+    c = await RealtimeClient.connect(f"ws://127.0.0.1:{port}/v1/realtime")
+    await c.send_text("Tell me a short story about a lighthouse keeper.")
+    await c.wait_for("response.created", timeout_s=scaled(30))
+    t0 = time.monotonic()
+    stop = asyncio.create_task(asyncio.to_thread(
+        harness.docker, "stop", "-t", str(int(GRACE_S + 20)), name, timeout=GRACE_S + 60))
+    reply = await c.collect_response(timeout_s=GRACE_S + 5, metrics_timeout_s=0)
+    with pytest.raises(ConnectionFailed) as closed:
+        await c.wait_for("response.created", timeout_s=GRACE_S + 5)
+    await stop
+    stopped_s = time.monotonic() - t0
+    await c.close()
+    state = harness.state(name)
+    assert reply.status == "completed", "the turn in flight was not allowed to finish"
+    assert closed.value.close_code == 1001, closed.value
+    assert state["Status"] == "exited" and state["ExitCode"] == 0, (state, harness.logs(name))
+    assert stopped_s < GRACE_S + 5, f"stop took {stopped_s:.1f} s (grace {GRACE_S} s)"
+    assert "draining" in harness.logs(name)
