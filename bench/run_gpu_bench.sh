@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU TTS checks + profile + load benchmark on a CUDA host (the lent H200 box: python3 with
 # torch/onnx/onnxruntime, no PyPI). The voice (.onnx + .json) and a soxr wheel travel in
-# .devcarry/ (git-ignored). Stages: tests | profile | load | all (default). Results in $OUT.
+# .devcarry/ (git-ignored). Stages (comma list, run in this order): tests, load, profile,
+# experiments; or all (default). Results in $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_bench}
 STAGES=${1:-all}
@@ -19,12 +20,16 @@ has() { [ "$STAGES" = all ] || [[ ",$STAGES," == *",$1,"* ]]; }
 if has tests; then
   timeout "${TEST_TIMEOUT:-170}" python3 -m pytest -x -q -s -p no:cacheprovider tests/test_gpu_tts.py 2>&1 | tee "$OUT/gpu_tests.log"
 fi
+if has load; then
+  timeout "${LOAD_TIMEOUT:-230}" python3 bench/tts_load.py --voice "$VOXLOOP_TTS__VOICE_PATH" --hardware h200 \
+    --out "$OUT" --steps-report ${LOAD_ARGS:-} 2>&1 | tee "$OUT/load.log"
+fi
 if has profile; then
   timeout "${PROFILE_TIMEOUT:-170}" python3 bench/tts_gpu_profile.py --voice "$VOXLOOP_TTS__VOICE_PATH" --out "$OUT" \
     --wavs "$OUT/gpu_wavs.npz" ${PROFILE_ARGS:-} 2>&1 | tee "$OUT/profile.log"
 fi
-if has load; then
-  timeout "${LOAD_TIMEOUT:-230}" python3 bench/tts_load.py --voice "$VOXLOOP_TTS__VOICE_PATH" --hardware h200 \
-    --out "$OUT" --steps-report ${LOAD_ARGS:-} 2>&1 | tee "$OUT/load.log"
+if has experiments; then
+  timeout "${EXP_TIMEOUT:-150}" python3 bench/tts_gpu_experiments.py --voice "$VOXLOOP_TTS__VOICE_PATH" --out "$OUT" \
+    ${EXP_ARGS:-} 2>&1 | tee "$OUT/experiments.log"
 fi
 ls -la "$OUT"

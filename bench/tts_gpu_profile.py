@@ -88,24 +88,23 @@ def fill_slots(runner: StepRunner, sentences: list[list[int]], noise: bool) -> l
     return frames
 
 
-def profile_runner(model, precision: str, chunk: int, batches: list[int], sentences, reps: int) -> dict:
+def profile_runner(model, precision: str, chunk: int, tail: int, batches: list[int], sentences, reps: int) -> dict:
     t0 = time.perf_counter()
-    opts = RunnerOptions(chunk_frames=chunk, max_frames=1024, decode_batches=tuple(batches), encode_batches=(1, 8, 32),
-                         phoneme_buckets=(256,), precision=precision)  # fmt: skip
+    opts = RunnerOptions(chunk_frames=chunk, tail_chunk_frames=tail, max_frames=1024, decode_batches=tuple(batches),
+                         encode_batches=(1, 8, 32), phoneme_buckets=(256,), precision=precision)  # fmt: skip
     runner = StepRunner(model, opts, "cuda")
-    out = {"precision": precision, "chunk_frames": chunk, "capture_s": round(runner.capture_s, 2),
+    out = {"precision": precision, "chunk_sizes": opts.chunk_sizes, "capture_s": round(runner.capture_s, 2),
            "build_s": round(time.perf_counter() - t0, 2), "memory_mb": round(runner.memory_mb(), 1), "decode": [],
            "encode": []}  # fmt: skip
     fill_slots(runner, sentences, noise=True)
-    geo = runner.geometry
-    for b in batches:
-        step = runner._decode_steps[b]
+    for (size, b), step in sorted(runner._decode_steps.items()):
         step.inputs[0].copy_(torch.arange(b))
-        step.inputs[1].fill_(chunk)  # the second chunk: a full window inside the utterance
+        step.inputs[1].fill_(chunk)  # the second chunk: a window inside the utterance
         step.inputs[2].fill_(1)
         ms = timed(step.graph.replay, reps)
-        audio_s = b * geo.chunk_samples / SR
-        out["decode"].append({"batch": b, "step_ms": round(ms, 3), "audio_s_per_s": round(audio_s / ms * 1000, 1)})
+        audio_s = b * runner.geometries[size].chunk_samples / SR
+        out["decode"].append({"chunk": size, "batch": b, "step_ms": round(ms, 3),
+                              "audio_s_per_s": round(audio_s / ms * 1000, 1)})  # fmt: skip
     for (b, t), step in sorted(runner._encode_steps.items()):
         ids = torch.zeros(b, t, dtype=torch.long)
         lengths = torch.zeros(b, dtype=torch.long)
@@ -123,15 +122,15 @@ def profile_runner(model, precision: str, chunk: int, batches: list[int], senten
 
 
 def split_flow_decoder(runner: StepRunner, batches: list[int], reps: int) -> list[dict]:
-    """Flow alone and decoder alone, each captured as a graph, at a few batch sizes."""
-    geo, model, rows = runner.geometry, runner.synth_model, []
+    """Flow alone and decoder alone, each captured as a graph, at a few batch sizes (largest chunk)."""
+    geo, model, rows = runner.geometries[max(runner.geometries)], runner.synth_model, []
     for b in [x for x in batches if x in (1, 32, 128)] or batches[-1:]:
         slots = torch.arange(b, device="cuda")
-        z, mask = gather_windows(runner.latents, slots, slots * 0 + geo.chunk_frames, runner.frames[:b], geo)
+        z, mask = gather_windows(runner.latents, slots, slots * 0, runner.frames[:b], geo)  # first frames: real data
         z, mask = z.to(runner.dtype), mask.to(runner.dtype)
         fc = geo.flow_context
         zi, mi = z[:, :, fc:-fc].contiguous(), mask[:, :, fc:-fc].contiguous()
-        res = {"batch": b}
+        res = {"batch": b, "chunk": geo.chunk_frames}
         with torch.inference_mode():
             for name, fn in (("flow", lambda: model.flow.reverse(z, mask)), ("decoder", lambda: model.dec(zi, mi)),
                              ("both", lambda: decode_windows(model, z, mask, geo))):  # fmt: skip
@@ -146,15 +145,22 @@ def split_flow_decoder(runner: StepRunner, batches: list[int], reps: int) -> lis
     return rows
 
 
+def decode_one(runner: StepRunner, slot: int, frames: int) -> np.ndarray:
+    """One slot's utterance through the engine's chunk plan (first chunk, then larger ones), int16."""
+    pieces, done = [], 0
+    while done < frames:
+        size = runner.options.next_chunk(done, frames)
+        pieces.append(runner.fetch(runner.decode([slot], [done], size))[0][0])
+        done += size
+    return np.concatenate(pieces)[: frames * runner.geometry.hop_length]
+
+
 def quality(model, runner: StepRunner, sentences, fp32_audio: dict) -> dict:
     """SNR (dB) of the chunked engine path at ``runner``'s precision against fp32 whole utterances."""
     frames = fill_slots(runner, sentences[:8], noise=False)[:8]
     snrs, max_abs = [], []
     for slot, f in enumerate(frames):
-        pieces = []
-        for start in range(0, f, runner.geometry.chunk_frames):
-            pieces.append(runner.fetch(runner.decode([slot], [start]))[0][0])
-        audio = np.concatenate(pieces)[: f * runner.geometry.hop_length] / 32767.0
+        audio = decode_one(runner, slot, f) / 32767.0
         ref = fp32_audio[slot]
         err = audio - ref
         snrs.append(float(10 * np.log10(np.sum(ref**2) / max(np.sum(err**2), 1e-20))))
@@ -167,12 +173,16 @@ def main() -> int:
     p.add_argument("--voice", required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--precisions", default="fp32,bf16,fp16")
-    p.add_argument("--chunks", default="64,128", help="chunk sizes profiled for the first low precision")
+    p.add_argument("--chunk", type=int, default=64, help="first chunk, frames")
+    p.add_argument("--tail", type=int, default=256, help="largest later chunk, frames")
+    p.add_argument("--n-wavs", type=int, default=16)
     p.add_argument("--batches", default="1,8,32,64,128")
     p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--wavs", type=Path, help="save GPU audio of 8 sentences (npz, int16) per precision")
+    p.add_argument("--wavs", type=Path, help="save GPU audio of --n-wavs sentences (npz, int16) per precision")
     args = p.parse_args()
     torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference must be fp32
+    torch.backends.cudnn.allow_tf32 = False
     args.out.mkdir(parents=True, exist_ok=True)
     sentences_meta = json.loads((ROOT / "bench" / "tts_sentences.json").read_text())["sentences"]
     sentences = [s["ids"] for s in sentences_meta]
@@ -183,22 +193,19 @@ def main() -> int:
     with torch.inference_mode():  # fp32 whole-utterance references, noise 0
         fp32_audio = [model.infer(torch.tensor([s], device="cuda"), torch.tensor([len(s)], device="cuda"), 0.0, 1.0, 0.0)[0][0].cpu().numpy()
                       for s in sentences[:8]]  # fmt: skip
-    wavs = {"texts": np.array([s["text"] for s in sentences_meta[:8]])}
-    precisions = args.precisions.split(",")
-    for precision in precisions:
-        chunks = [int(c) for c in args.chunks.split(",")] if precision == precisions[1 % len(precisions)] else [64]
-        for chunk in chunks:
-            run, runner = profile_runner(model, precision, chunk, batches, sentences, args.reps)
-            run["quality_vs_fp32"] = quality(model, runner, sentences, fp32_audio)
-            if args.wavs is not None and chunk == 64:
-                frames = fill_slots(runner, sentences[:8], noise=True)[:8]
-                for slot, f in enumerate(frames):
-                    pieces = [runner.fetch(runner.decode([slot], [s]))[0][0] for s in range(0, f, chunk)]
-                    wavs[f"{precision}_{slot}"] = np.concatenate(pieces)[: f * runner.geometry.hop_length]
-            report["runs"].append(run)
-            print(json.dumps(run), flush=True)
-            del runner
-            torch.cuda.empty_cache()
+    n_wavs = args.n_wavs
+    wavs = {"texts": np.array([s["text"] for s in sentences_meta[:n_wavs]])}
+    for precision in args.precisions.split(","):
+        run, runner = profile_runner(model, precision, args.chunk, args.tail, batches, sentences, args.reps)
+        run["quality_vs_fp32"] = quality(model, runner, sentences, fp32_audio)
+        if args.wavs is not None:
+            frames = fill_slots(runner, sentences[:n_wavs], noise=True)[:n_wavs]
+            for slot, f in enumerate(frames):
+                wavs[f"{precision}_{slot}"] = decode_one(runner, slot, f)
+        report["runs"].append(run)
+        print(json.dumps(run), flush=True)
+        del runner
+        torch.cuda.empty_cache()
     (args.out / "gpu_profile.json").write_text(json.dumps(report, indent=1) + "\n")
     if args.wavs is not None:
         np.savez_compressed(args.wavs, **wavs)

@@ -11,6 +11,14 @@ message, not the whole history. Prompt evaluation is slow on small CPUs (SmolLM2
 It is one cache per model: conversations that take turns on one model evict
 each other.
 
+Threads: llama.cpp's OpenMP workers spin while waiting, so when the cores are
+oversubscribed (TTS and ASR run in the same process; other processes) a token can
+stall for seconds. On a loaded 2-core host SmolLM2 decoded at 2-16 tok/s with 2
+threads (stalls up to 3.4 s) and at 21-28 tok/s with 1 thread (worst gap 0.45 s);
+unloaded, 2 threads give ~90 tok/s and 1 thread ~48. So ``n_threads=0`` takes half
+the cores, leaving the rest to TTS/ASR (``OMP_WAIT_POLICY=PASSIVE`` in the
+environment before llama_cpp loads also tames the stalls).
+
 Cancellation: ``cancel`` is checked between prompt chunks of ``PREFILL_CHUNK``
 tokens and after every generated token; when set, the generator returns (it
 does not raise) and the KV cache keeps what was evaluated for the next prompt.
@@ -59,9 +67,9 @@ class GenerationStats:
 class ChatModel:
     """A GGUF chat model (one conversation at a time: one worker owns it).
 
-    ``n_threads`` 0 uses every available core; ``seed`` None samples differently
-    each call, an int makes replies reproducible; ``max_tokens`` caps a reply;
-    ``system_prompt`` (the usual first message) is only used by ``warmup()``.
+    ``n_threads`` 0 uses half the available cores (see module doc); ``seed`` None
+    samples differently each call, an int makes replies reproducible; ``max_tokens``
+    caps a reply; ``system_prompt`` (the usual first message) is only used by ``warmup()``.
     """
 
     def __init__(
@@ -84,7 +92,7 @@ class ChatModel:
             raise ModelError(
                 "llama-cpp-python is not installed: `pip install llama-cpp-python==0.3.36`"
             ) from exc
-        threads = n_threads if n_threads > 0 else len(os.sched_getaffinity(0))
+        threads = n_threads if n_threads > 0 else max(1, len(os.sched_getaffinity(0)) // 2)
         try:
             self._llm = Llama(
                 str(model_path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,

@@ -36,6 +36,9 @@ class History:
             self._dropped += 1
         return index
 
+    def last_item_id(self) -> str | None:
+        return self._messages[-1].item_id if self._messages else None
+
     def has_item(self, item_id: str) -> bool:
         return any(m.item_id == item_id for m in self._messages)
 
@@ -45,9 +48,8 @@ class History:
         if 0 <= i < len(self._messages) and self._messages[i].item_id == item_id:
             if content:
                 self._messages[i].content = content
-            else:
+            else:  # nothing was heard: the reply leaves history (callers only cut the newest reply)
                 del self._messages[i]
-                self._dropped -= 0  # later indices shift: callers only truncate the newest reply
 
     def messages(self, system: str, pending_user: str | None = None) -> list[dict[str, str]]:
         """Chat messages for the LLM: system prompt, history, and an optional not-yet-committed user turn."""

@@ -17,12 +17,14 @@ queue and is closed with 1008. Speech knows nothing of this module.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import mimetypes
 import signal
 import uuid
 from http import HTTPStatus
 from pathlib import Path
+from urllib.parse import parse_qs
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -120,9 +122,9 @@ class Hub:
 
     # ------------------------------------------------------------------ HTTP
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
-        path, _, _query = request.path.partition("?")
+        path, _, query = request.path.partition("?")
         if path in WS_PATHS:
-            return self._admit(request)
+            return self._admit(request, query)
         if path == "/health":
             return _text(200, "ok")
         if path == "/ready":
@@ -142,11 +144,15 @@ class Hub:
             return False, "full: 0 session slots free"
         return True, f"ready: {free} session slots free"
 
-    def _admit(self, request: Request) -> Response | None:
+    def _admit(self, request: Request, query: str) -> Response | None:
         if request.headers.get("Upgrade", "").lower() != "websocket":
             return _text(426, "this path needs a WebSocket upgrade", {"Upgrade": "websocket"})
         token = self.cfg.server.auth_token
-        if token is not None and request.headers.get("Authorization", "") != f"Bearer {token}":
+        # Browsers cannot set headers on a WebSocket: they may pass ?token= instead.
+        offered = parse_qs(query).get("token", [None])[0]
+        bearer = request.headers.get("Authorization", "")
+        if token is not None and not (hmac.compare_digest(bearer, f"Bearer {token}")
+                                      or (offered is not None and hmac.compare_digest(offered, token))):
             self.metrics.rejected.labels(reason="auth").inc()
             return _text(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
         origin = request.headers.get("Origin")

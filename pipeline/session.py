@@ -31,6 +31,7 @@ from asr.vad import Pause, Resume, SpeechEnd, SpeechStart, VoiceActivityDetector
 from pipeline import events as ev
 from pipeline.engines import Engines
 from pipeline.history import History
+from pipeline.items import ContentPart, ErrorInfo, MessageItem
 from pipeline.respond import ReplyRequest, Responder, assistant_item, response_object
 from pipeline.session_schema import default_session
 from pipeline.trace import Metrics, TraceSink, TurnTrace
@@ -312,9 +313,21 @@ class Session:
     def _spawn(self, turn: Turn, coro: Awaitable[None]) -> None:
         task = asyncio.create_task(coro, name=f"{self.id}-turn{turn.turn_id}")
         turn.tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:  # a bug, not a user error
+            log.error("%s: %s failed", self.id, task.get_name(), exc_info=task.exception())
+
+    def _user_message(self, item_id: str, status: str, transcript: str | None = None) -> MessageItem:
+        return MessageItem(id=item_id, role="user", status=status, object="realtime.item",  # type: ignore[arg-type]
+                           content=(ContentPart(type="input_audio", transcript=transcript),))
 
     async def _voice_turn(self, turn: Turn, audio: np.ndarray) -> None:
         item = str(turn.info["user_item_id"])
+        previous = self.history.last_item_id()
+        self.turns.emit(turn, ev.ConversationItemAdded(item=self._user_message(item, "in_progress"),
+                                                       previous_item_id=previous))
         try:
             turn.trace.mark("asr_start")
             language = self._language()
@@ -326,6 +339,8 @@ class Session:
             turn.info["user_text"] = text
             self.turns.emit(turn, ev.InputAudioTranscriptionCompleted(
                 item_id=item, transcript=text, usage=ev.TranscriptionUsage(seconds=len(audio) / ASR_RATE)))
+            self.turns.emit(turn, ev.ConversationItemDone(item=self._user_message(item, "completed", text),
+                                                          previous_item_id=previous))
             if not text:
                 await turn.released.wait()
                 self._finish(turn, "empty_transcript")
@@ -431,6 +446,9 @@ class Session:
             audio = self._vad.utterance_so_far()
             self._vad.reset()
         else:
+            if self._resampler is not None:  # the resampler holds back its last few ms
+                self._ptt_append(self._resampler.resample_chunk(np.zeros(0, np.int16), last=True))
+                self._resampler = None
             audio = np.concatenate(self._ptt) if self._ptt else np.zeros(0, np.int16)
             self._ptt, self._ptt_samples, self._ptt_overflow = [], 0, False
         if audio is None or len(audio) < ASR_RATE * MIN_COMMIT_MS // 1000:
@@ -459,6 +477,10 @@ class Session:
     def _on_response_create(self, event: ev.ResponseCreate) -> None:
         current = self.turns.current
         if current is not None and current.committed and not current.finished.is_set():
+            if current.trace.mode == "push_to_talk" and "llm_start" not in current.trace.t:
+                # GA clients send response.create after commit; voxloop already answers
+                # the commit, so this request joins that response (documented).
+                return
             raise InvalidInput("a response is already in progress; cancel it first",
                                code=ErrorCode.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE)
         self._interrupt("turn_detected", by_voice=False)  # drops a speculative turn, if any
@@ -510,7 +532,12 @@ class Session:
         turn.played_ms = max(turn.played_ms or 0.0, float(event.audio_end_ms))
 
     def _on_tts_speak(self, event: ev.XTtsSpeak) -> None:
-        self.tts_requests.start(event, self.protocol.session.output_rate)
+        try:
+            self.tts_requests.start(event, self.protocol.session.output_rate)
+        except VoxloopError as exc:  # every request ends with x.tts.done, refused ones too
+            self._error(exc, event.event_id)
+            self._send(ev.XTtsDone(request_id=event.request_id, status="failed",
+                                   error=ErrorInfo(type="server_error", code=exc.code, message=exc.message)))
 
     def _on_tts_cancel(self, event: ev.XTtsCancel) -> None:
         self.tts_requests.cancel(event.request_id)

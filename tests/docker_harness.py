@@ -175,14 +175,18 @@ class DockerHarness:
         self.images.append(ref)
         return ref
 
-    def build_image(self, base: str, wheelhouse: Path, timeout: float = 1500) -> tuple[str, float]:
-        """Build docker/Dockerfile from a throwaway context; returns (ref, seconds)."""
+    def build_image(self, base: str, wheelhouse: Path, offline: bool = True,
+                    timeout: float = 1500) -> tuple[str, float]:
+        """Build docker/Dockerfile from a throwaway context; returns (ref, seconds).
+
+        ``offline``: pip in the build stage uses only ``wheelhouse`` (PIP_OFFLINE=1).
+        """
         ref = f"voxloop-test/cpu:{self.tag}"
         with tempfile.TemporaryDirectory(prefix="voxloop-ctx-", dir="/var/tmp") as ctx:
             make_context(Path(ctx), wheelhouse)
             t0 = time.monotonic()
             self.docker("build", "--network", "host", "--progress", "plain",
-                        "--build-arg", f"BASE_IMAGE={base}", "--build-arg", "PIP_OFFLINE=1",
+                        "--build-arg", f"BASE_IMAGE={base}", "--build-arg", f"PIP_OFFLINE={int(offline)}",
                         "-f", f"{ctx}/docker/Dockerfile", "-t", ref, ctx, timeout=timeout)
             self.images.append(ref)
             return ref, time.monotonic() - t0
@@ -195,8 +199,10 @@ class DockerHarness:
     def run(self, image: str, *args: str, env: dict[str, str] | None = None) -> str:
         name = f"voxloop-test-{self.tag}-{len(self.containers)}"
         flags = [f"--env={k}={v}" for k, v in (env or {}).items()]
+        # Read-only root as in docker/k8s (readOnlyRootFilesystem): only these two are writable.
         self.docker("run", "-d", "--name", name, "--network", "host", "--health-interval", "2s",
-                    "--health-start-period", "60s", *flags, image, *args)
+                    "--health-start-period", "60s", "--read-only", "--tmpfs", "/var/lib/voxloop:mode=1777",
+                    "--tmpfs", "/tmp:mode=1777", *flags, image, *args)
         self.containers.append(name)
         return name
 
@@ -240,8 +246,17 @@ class DockerHarness:
                     self._daemon.wait(timeout=10)
             self._daemon = None
         if self._daemon_dir is not None:
+            _unmount_below(self._daemon_dir)  # dockerd leaves exec-root/netns/default mounted
             subprocess.run(["rm", "-rf", "--one-file-system", str(self._daemon_dir)], check=False)
             self._daemon_dir = None
+
+
+def _unmount_below(path: Path) -> None:
+    """Unmount every mount point under ``path``, deepest first."""
+    prefix = str(path.resolve()) + "/"
+    points = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    for point in sorted((p for p in points if p.startswith(prefix)), key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], check=False, capture_output=True)
 
 
 # ---------------------------------------------------------------------- build inputs

@@ -31,7 +31,7 @@ pytestmark = [
                        reason="image test is opt-in: `make docker-test` (VOXLOOP_DOCKER_TEST=1)"),
 ]
 
-GRACE_S = 8.0  # server.shutdown_grace_s inside the container
+GRACE_S = 15.0  # server.shutdown_grace_s inside the container
 log = logging.getLogger(__name__)
 
 
@@ -121,7 +121,7 @@ async def test_speak_and_spoken_turn(container, cfg):
     url = f"ws://127.0.0.1:{port}/v1/realtime"
     async with RealtimeClient.connect(url, session={"audio": {"input": {"turn_detection": None}}}) as c:
         tts = await c.speak("Hello from inside the container.", timeout_s=scaled(30))
-        assert tts.status == "completed" and tts.sample_rate == 22050
+        assert tts.status == "completed" and tts.sample_rate == c.session.output_rate
         assert len(tts.pcm) / tts.sample_rate > 0.8 and np.abs(tts.pcm).max() > 1000
 
         question = "What is the capital of France?"
@@ -142,13 +142,14 @@ async def test_docker_stop_drains_turn_and_exits_0(harness, container):
     from voxloop.errors import ConnectionFailed
 
     name, port = container
-    c = await RealtimeClient.connect(f"ws://127.0.0.1:{port}/v1/realtime")
+    # A short reply (40 tokens) so the turn fits the grace period on a loaded 2-core machine.
+    c = await RealtimeClient.connect(f"ws://127.0.0.1:{port}/v1/realtime", session={"max_output_tokens": 40})
     await c.send_text("Tell me a short story about a lighthouse keeper.")
     await c.wait_for("response.created", timeout_s=scaled(30))
     t0 = time.monotonic()
     stop = asyncio.create_task(asyncio.to_thread(
         harness.docker, "stop", "-t", str(int(GRACE_S + 20)), name, timeout=GRACE_S + 60))
-    reply = await c.collect_response(timeout_s=GRACE_S + 5, metrics_timeout_s=0)
+    reply = await c.collect_response(timeout_s=GRACE_S + 5, metrics_timeout_s=0, raise_on_error=False)
     with pytest.raises(ConnectionFailed) as closed:
         await c.wait_for("response.created", timeout_s=GRACE_S + 5)
     await stop

@@ -2,7 +2,8 @@
 
 Skipped without CUDA. Tolerances (see bench/results/tts_load-h200-*.md for the numbers):
 fp32 on GPU matches onnxruntime within 1e-3 (same as CPU); the chunked fp32 engine
-matches the whole-utterance GPU run within 1 int16 step. bf16/fp16 run the flow and
+matches the whole-utterance GPU run within 3 int16 steps (1e-4 of full scale: cuDNN picks
+different fp32 algorithms for the chunk windows and the whole utterance; each side rounds). bf16/fp16 run the flow and
 decoder in low precision (encoder in fp32, so durations are identical): their waveform
 stays within ``LOW_PRECISION_MIN_SNR_DB`` of fp32, a level at which faster-whisper
 transcribes the GPU audio as well as the CPU audio (the intelligibility check).
@@ -23,7 +24,7 @@ pytestmark = [
 ]
 
 SENTENCES = Path(__file__).resolve().parent.parent / "bench" / "tts_sentences.json"
-LOW_PRECISION_MIN_SNR_DB = {"bf16": 15.0, "fp16": 25.0}
+LOW_PRECISION_MIN_SNR_DB = {"bf16": 15.0, "fp16": 30.0}
 
 
 def bench_ids(n: int) -> list[list[int]]:
@@ -46,13 +47,14 @@ def model(voice_path):
     return load_vits(voice_path, device="cuda")
 
 
-def engine(voice_path, precision: str, max_batch: int = 8, chunk_frames: int = 64):
+def engine(voice_path, precision: str, max_batch: int = 8, chunk_frames: int = 64, tail_chunk_frames: int = 256):
     from tts_engine.torch_vits.cuda_engine import CudaTtsEngine, batch_buckets
     from tts_engine.torch_vits.runner import RunnerOptions
     from tts_engine.voice import Voice
 
     opts = RunnerOptions(
-        chunk_frames=chunk_frames, max_frames=1024, precision=precision, decode_batches=batch_buckets(max_batch),
+        chunk_frames=chunk_frames, tail_chunk_frames=tail_chunk_frames, max_frames=1024, precision=precision,
+        decode_batches=batch_buckets(max_batch),
         encode_batches=(1, 2, 4, 8), phoneme_buckets=(64, 128, 256),
     )  # fmt: skip
     return CudaTtsEngine(Voice.load(voice_path), opts, device="cuda")
@@ -95,7 +97,7 @@ def test_gpu_engine_chunks_equal_whole_utterance(model, voice_path):
             audio = np.concatenate([c.pcm for c in chunks]).astype(np.int32)
             ref = np.clip(whole(model, ids) * 32767, -32767, 32767).astype(np.int32)
             assert audio.shape == ref.shape and len(chunks) > 1 and chunks[-1].final
-            assert np.abs(audio - ref).max() <= 1
+            assert np.abs(audio - ref).max() <= 3
     finally:
         eng.close()
 
@@ -119,7 +121,7 @@ def test_gpu_low_precision_quality(model, voice_path, precision):
 
 
 def test_gpu_cancel_frees_slot(voice_path):
-    eng = engine(voice_path, "bf16", max_batch=2, chunk_frames=16)
+    eng = engine(voice_path, "fp16", max_batch=2, chunk_frames=16, tail_chunk_frames=16)
     try:
         ids = bench_ids(3)
         a, b = eng.submit(ids[0]), eng.submit(ids[1])

@@ -145,6 +145,11 @@ async def test_bearer_token_and_origin(tts_engines):
         async with websockets.connect(url(hub, "/realtime?model=x"), additional_headers=headers,
                                       origin="http://ok.example") as ws:
             assert (await recv(ws))["type"] == "session.created"
+        async with websockets.connect(url(hub, "/v1/realtime?token=s3cret")) as ws:  # browsers
+            assert (await recv(ws))["type"] == "session.created"
+        with pytest.raises(websockets.InvalidStatus):
+            async with websockets.connect(url(hub, "/v1/realtime?token=wrong")):
+                pass
     finally:
         await hub.stop()
 

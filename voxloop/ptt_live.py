@@ -207,22 +207,25 @@ class LiveConversation:
         speaker = self.audio.OutputStream(samplerate=self.speaker_rate, channels=1, dtype="int16",
                                           device=self.devices[1], blocksize=self.speaker_rate // 50,
                                           callback=on_speaker)
-        tasks = [asyncio.create_task(coro) for coro in (self._send_mic(), self._receive(), self._report())]
-        try:
-            with mic, speaker:
-                async for action in keys:
-                    if action == "quit":
-                        break
-                    await (self.start_talking() if action == "start" else self.stop_talking())
-                    if any(t.done() for t in tasks):
-                        break
-        finally:
-            for t in tasks:
-                t.cancel()
-            results = await asyncio.gather(*tasks, return_exceptions=True)
-        for r in results:  # a dropped connection ends the conversation with its error
-            if isinstance(r, VoxloopError):
-                raise r
+        with mic, speaker:
+            # Any of these ending ends the conversation: quit, the server closing, an error.
+            tasks = [asyncio.create_task(c) for c in (self._keys(keys), self._send_mic(), self._receive(),
+                                                      self._report())]
+            try:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+        for t in done:
+            if not t.cancelled() and t.exception() is not None:
+                raise t.exception()
+
+    async def _keys(self, keys: AsyncIterator[str]) -> None:
+        async for action in keys:
+            if action == "quit":
+                return
+            await (self.start_talking() if action == "start" else self.stop_talking())
 
     # ------------------------------------------------------------------ talking
     def _mic_chunk(self, pcm: np.ndarray) -> None:

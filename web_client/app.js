@@ -260,7 +260,9 @@ window.addEventListener("keydown", (e) => {
   if (!e.repeat) startTalking();
 });
 window.addEventListener("keyup", (e) => {
-  if (e.code === "Space" && counters.mode === "ptt" && !typing(document.activeElement)) stopTalking();
+  if (e.code !== "Space" || counters.mode !== "ptt" || typing(document.activeElement)) return;
+  e.preventDefault(); // a focused button would otherwise be clicked by the space bar
+  stopTalking();
 });
 
 // ------------------------------------------------------------------ settings
