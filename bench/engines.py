@@ -208,6 +208,9 @@ def main() -> int:
     llm = bench_llm(cfg, args.reps)
     print("LLM", llm, flush=True)
     extra = {"vad": vad, "llm": llm, "load_avg_before_after": [load_before, os.getloadavg()],
+             "env": {k: os.environ[k] for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")
+                     if k in os.environ},
+             "config": {"asr.cpu_threads": cfg.asr.cpu_threads, "llm.n_threads": cfg.llm.n_threads},
              "note": "shared 2-core host: other processes ran during the measurement"}
     path = write_json("engines", asr_rows, extra)
     plot(asr_rows, llm, result_path("engines", "png"))

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # GPU TTS checks + profile + load benchmark on a CUDA host (the lent H200 box: python3 with
 # torch/onnx/onnxruntime, no PyPI). The voice (.onnx + .json) and a soxr wheel travel in
-# .devcarry/ (git-ignored). Stages (comma list, run in this order): tests, load, profile,
-# experiments; or all (default). Results in $OUT.
+# .devcarry/ (git-ignored). Stages (comma list, run in this order): tests, load, load2 (a second
+# configuration, e.g. LOAD2_ARGS="--compile"), profile, experiments; or all. Results in $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_bench}
 STAGES=${1:-all}
@@ -23,6 +23,10 @@ fi
 if has load; then
   timeout "${LOAD_TIMEOUT:-230}" python3 bench/tts_load.py --voice "$VOXLOOP_TTS__VOICE_PATH" --hardware h200 \
     --out "$OUT" --steps-report ${LOAD_ARGS:-} 2>&1 | tee "$OUT/load.log"
+fi
+if has load2; then  # a second configuration, rows appended to the same results file
+  timeout "${LOAD2_TIMEOUT:-200}" python3 bench/tts_load.py --voice "$VOXLOOP_TTS__VOICE_PATH" --hardware h200 \
+    --out "$OUT" --steps-report --append ${LOAD2_ARGS:-} 2>&1 | tee "$OUT/load2.log"
 fi
 if has profile; then
   timeout "${PROFILE_TIMEOUT:-170}" python3 bench/tts_gpu_profile.py --voice "$VOXLOOP_TTS__VOICE_PATH" --out "$OUT" \

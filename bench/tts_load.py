@@ -84,21 +84,22 @@ class CudaBackend:
         self.torch = torch
         opts = RunnerOptions(
             chunk_frames=args.chunk_frames, max_frames=args.max_frames, precision=args.precision,
-            tail_chunk_frames=args.tail_chunk_frames, decode_batches=batch_buckets(args.max_batch),
-            encode_batches=batch_buckets(args.max_batch, fine=False),
+            tail_chunk_frames=args.tail_chunk_frames, decode_batches=batch_buckets(args.max_batch, fine=not args.coarse),
+            encode_batches=batch_buckets(args.max_batch, fine=False), compile=args.compile,
         )  # fmt: skip
         t0 = time.perf_counter()
         self.engine = CudaTtsEngine(Voice.load(args.voice), opts, device=args.device, queue_size=4096)
         self.startup_s = time.perf_counter() - t0
         self.sample_rate = self.engine.sample_rate
-        self.name = f"cuda-{args.precision}"
+        self.name = f"cuda-{args.precision}" + ("-compiled" if args.compile else "")
         runner = self.engine.runner
         self.info = {
             "startup_s": round(self.startup_s, 2), "graph_capture_s": round(runner.capture_s, 2),
             "graphs": len(runner._encode_steps) + len(runner._decode_steps),
             "capture_peak_mb": round(runner.capture_peak_mb, 1),
             "memory_after_capture_mb": round(self.torch.cuda.memory_reserved() / 2**20, 1),
-            "chunk_frames": args.chunk_frames, "tail_chunk_frames": args.tail_chunk_frames,
+            "chunk_frames": args.chunk_frames, "tail_chunk_frames": args.tail_chunk_frames, "compile": args.compile,
+            "decode_batches": len(opts.decode_batches),
             "precision": args.precision, "max_batch": args.max_batch,
         }  # fmt: skip
 
@@ -254,8 +255,14 @@ def run(args: argparse.Namespace) -> Path:
         row.setdefault("date", args.date)
     out = Path(args.out) / f"tts_load-{args.hardware}-{args.date}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
+    if args.append and out.exists():
+        rows = json.loads(out.read_text()) + rows
     out.write_text(json.dumps(rows, indent=1) + "\n")
-    (out.with_suffix(".meta.json")).write_text(json.dumps(meta, indent=1) + "\n")
+    meta_path = out.with_suffix(".meta.json")
+    meta["commands"] = [meta.pop("command")]
+    if args.append and meta_path.exists():
+        meta["commands"] = json.loads(meta_path.read_text()).get("commands", []) + meta["commands"]
+    meta_path.write_text(json.dumps(meta, indent=1) + "\n")
     print(f"wrote {out}")
     return out
 
@@ -317,10 +324,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tail-chunk-frames", type=int, default=256)
     p.add_argument("--max-batch", type=int, default=128)
     p.add_argument("--max-frames", type=int, default=3072)
+    p.add_argument("--compile", action="store_true", help="torch.compile the chunk decoder before capture")
+    p.add_argument("--coarse", action="store_true", help="power-of-two decode batch buckets only (faster start-up)")
     p.add_argument("--hardware", default="local")
     p.add_argument("--date", default=dt.date.today().isoformat())
     p.add_argument("--out", default=str(RESULTS))
     p.add_argument("--steps-report", action="store_true")
+    p.add_argument("--append", action="store_true", help="add rows to an existing results file")
     p.add_argument("--plot", type=Path, help="only render PNGs from this results JSON")
     p.add_argument("--make-sentences", action="store_true")
     args = p.parse_args(argv)

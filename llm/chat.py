@@ -7,7 +7,7 @@ Prefix reuse: llama.cpp keeps the KV cache of the last prompt + reply. A new
 prompt that starts with the same tokens (the next turn of the same conversation)
 only evaluates the new suffix, so the first token of turn 2 costs the new user
 message, not the whole history. Prompt evaluation is slow on small CPUs (SmolLM2
-135M: ~230 tok/s on 2 cores, vs ~100-145 tok/s decoding), so this matters a lot.
+135M: ~120 tok/s on one core, ~220 on two), so this matters a lot.
 It is one cache per model: conversations that take turns on one model evict
 each other.
 
@@ -15,9 +15,13 @@ Threads: llama.cpp's OpenMP workers spin while waiting, so when the cores are
 oversubscribed (TTS and ASR run in the same process; other processes) a token can
 stall for seconds. On a loaded 2-core host SmolLM2 decoded at 2-16 tok/s with 2
 threads (stalls up to 3.4 s) and at 21-28 tok/s with 1 thread (worst gap 0.45 s);
-unloaded, 2 threads give ~90 tok/s and 1 thread ~48. So ``n_threads=0`` takes half
-the cores, leaving the rest to TTS/ASR (``OMP_WAIT_POLICY=PASSIVE`` in the
-environment before llama_cpp loads also tames the stalls).
+unloaded, 2 threads give ~90 tok/s and 1 thread ~48. Prompts: 2 threads evaluate
+~1.8x faster than 1 when the host is quiet, but a 599-token prompt took 9-27 s
+instead of 4.8 s when it was loaded. Tail latency matters more than the best case
+here, so ``n_threads=0`` uses half the cores for both, leaving the rest to TTS,
+which runs at the same time. On a dedicated host set ``llm.n_threads`` to the core
+count; ``OMP_WAIT_POLICY=PASSIVE`` in the environment before llama_cpp loads
+also tames the stalls.
 
 Cancellation: ``cancel`` is checked between prompt chunks of ``PREFILL_CHUNK``
 tokens and after every generated token; when set, the generator returns (it
@@ -46,7 +50,9 @@ from voxloop.errors import InvalidInput, ModelError
 
 log = logging.getLogger(__name__)
 
-PREFILL_CHUNK = 32  # prompt tokens evaluated between cancel checks (~0.15 s on 2 cores)
+# Prompt tokens evaluated between cancel checks: ~0.13 s on one core; 32 would be
+# ~6 % faster overall (125 vs 117 tok/s), 8 ~14 % slower.
+PREFILL_CHUNK = 16
 TOP_K, TOP_P, MIN_P = 40, 0.95, 0.05  # llama.cpp's defaults
 ROLES = ("system", "user", "assistant")
 
@@ -67,7 +73,7 @@ class GenerationStats:
 class ChatModel:
     """A GGUF chat model (one conversation at a time: one worker owns it).
 
-    ``n_threads`` 0 uses half the available cores (see module doc); ``seed`` None
+    ``n_threads`` 0 uses half the available cores (module doc); ``seed`` None
     samples differently each call, an int makes replies reproducible; ``max_tokens``
     caps a reply; ``system_prompt`` (the usual first message) is only used by ``warmup()``.
     """

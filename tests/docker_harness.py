@@ -145,6 +145,7 @@ class DockerHarness:
                                     "(apt-get install docker.io)")
         if os.geteuid() != 0:
             raise EngineUnavailable("no docker daemon running and not root: cannot start dockerd")
+        _remove_stale_daemon_dirs()
         d = Path(tempfile.mkdtemp(prefix="voxloop-dockerd-", dir="/var/tmp"))
         self._daemon_dir = d
         sock = d / "docker.sock"
@@ -175,18 +176,20 @@ class DockerHarness:
         self.images.append(ref)
         return ref
 
-    def build_image(self, base: str, wheelhouse: Path, offline: bool = True,
+    def build_image(self, base: str, wheelhouse: Path, offline: bool = True, bake_models: bool = True,
                     timeout: float = 1500) -> tuple[str, float]:
         """Build docker/Dockerfile from a throwaway context; returns (ref, seconds).
 
-        ``offline``: pip in the build stage uses only ``wheelhouse`` (PIP_OFFLINE=1).
+        ``offline``: pip in the build stage uses only ``wheelhouse`` (PIP_OFFLINE=1);
+        ``bake_models``: BAKE_MODELS (False: /models stays empty, to be mounted).
         """
-        ref = f"voxloop-test/cpu:{self.tag}"
+        ref = f"voxloop-test/cpu{'' if bake_models else '-nomodels'}:{self.tag}"
         with tempfile.TemporaryDirectory(prefix="voxloop-ctx-", dir="/var/tmp") as ctx:
             make_context(Path(ctx), wheelhouse)
             t0 = time.monotonic()
             self.docker("build", "--network", "host", "--progress", "plain",
                         "--build-arg", f"BASE_IMAGE={base}", "--build-arg", f"PIP_OFFLINE={int(offline)}",
+                        "--build-arg", f"BAKE_MODELS={int(bake_models)}",
                         "-f", f"{ctx}/docker/Dockerfile", "-t", ref, ctx, timeout=timeout)
             self.images.append(ref)
             return ref, time.monotonic() - t0
@@ -196,13 +199,15 @@ class DockerHarness:
         return int(self.docker("image", "inspect", "-f", "{{.Size}}", ref).stdout.strip())
 
     # ------------------------------------------------------------------ containers
-    def run(self, image: str, *args: str, env: dict[str, str] | None = None) -> str:
+    def run(self, image: str, *args: str, env: dict[str, str] | None = None,
+            mounts: tuple[str, ...] = ()) -> str:
+        """Start a container (detached, host network); ``mounts``: ``-v`` specs."""
         name = f"voxloop-test-{self.tag}-{len(self.containers)}"
-        flags = [f"--env={k}={v}" for k, v in (env or {}).items()]
+        flags = [f"--env={k}={v}" for k, v in (env or {}).items()] + [f"--volume={m}" for m in mounts]
         # Read-only root as in docker/k8s (readOnlyRootFilesystem): only these two are writable.
         self.docker("run", "-d", "--name", name, "--network", "host", "--health-interval", "2s",
-                    "--health-start-period", "60s", "--read-only", "--tmpfs", "/var/lib/voxloop:mode=1777",
-                    "--tmpfs", "/tmp:mode=1777", *flags, image, *args)
+                    "--health-start-period", "60s", "--read-only", "--tmpfs", "/var/lib/voxloop:uid=10001,gid=10001",
+                    "--tmpfs", "/tmp:uid=10001,gid=10001", *flags, image, *args)
         self.containers.append(name)
         return name
 
@@ -249,6 +254,19 @@ class DockerHarness:
             _unmount_below(self._daemon_dir)  # dockerd leaves exec-root/netns/default mounted
             subprocess.run(["rm", "-rf", "--one-file-system", str(self._daemon_dir)], check=False)
             self._daemon_dir = None
+
+
+def _remove_stale_daemon_dirs() -> None:
+    """Data roots of daemons an earlier, killed run started (their pid is gone)."""
+    for d in Path("/var/tmp").glob("voxloop-dockerd-*"):
+        pidfile = d / "dockerd.pid"
+        try:
+            os.kill(int(pidfile.read_text().strip()), 0)
+            continue  # still running: not ours to touch
+        except (OSError, ValueError):
+            pass
+        _unmount_below(d)
+        subprocess.run(["rm", "-rf", "--one-file-system", str(d)], check=False)
 
 
 def _unmount_below(path: Path) -> None:

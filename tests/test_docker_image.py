@@ -14,8 +14,13 @@ import json
 import logging
 import os
 import re
+import shutil
 import socket
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 import urllib.error
 import urllib.request
 
@@ -71,23 +76,27 @@ def harness():
 
 
 @pytest.fixture(scope="module")
-def image(harness):
+def build_inputs(harness):
+    """(base image ref, wheelhouse dir) shared by the builds."""
     import docker_harness as dh
 
-    tarball = dh.base_rootfs_tarball()
-    wheels = dh.wheelhouse()
-    base = harness.import_base(tarball)
+    return harness.import_base(dh.base_rootfs_tarball()), dh.wheelhouse()
+
+
+@pytest.fixture(scope="module")
+def image(harness, build_inputs):
+    base, wheels = build_inputs
     ref, build_s = harness.build_image(base, wheels)
     sizes = {"base_mb": harness.image_size(base) / 1e6, "cpu_image_mb": harness.image_size(ref) / 1e6}
     print(f"\nimage {ref}: built in {build_s:.0f} s; sizes {json.dumps(sizes)}")
     return ref
 
 
-@pytest.fixture(scope="module")
-def container(harness, image):
+def _start_ready(harness, image: str, mounts: tuple[str, ...] = ()) -> tuple[str, int]:
+    """Run ``image`` on a free host port; wait for HEALTHCHECK healthy and /ready 200."""
     port = _free_port()
     name = harness.run(image, env={"VOXLOOP_SERVER__PORT": str(port),
-                                   "VOXLOOP_SERVER__SHUTDOWN_GRACE_S": str(GRACE_S)})
+                                   "VOXLOOP_SERVER__SHUTDOWN_GRACE_S": str(GRACE_S)}, mounts=mounts)
     healthy_s = harness.wait_healthy(name, timeout_s=scaled(90))
     deadline = time.monotonic() + scaled(120)
     while _get(port, "/ready")[0] != 200:
@@ -96,6 +105,11 @@ def container(harness, image):
         time.sleep(0.5)
     print(f"\ncontainer {name}: healthy after {healthy_s:.1f} s, ready on :{port}")
     return name, port
+
+
+@pytest.fixture(scope="module")
+def container(harness, image):
+    return _start_ready(harness, image)
 
 
 def test_image_metadata(harness, image):
@@ -161,3 +175,30 @@ async def test_docker_stop_drains_turn_and_exits_0(harness, container):
     assert state["Status"] == "exited" and state["ExitCode"] == 0, (state, harness.logs(name))
     assert stopped_s < GRACE_S + 5, f"stop took {stopped_s:.1f} s (grace {GRACE_S} s)"
     assert "draining" in harness.logs(name)
+
+
+async def test_models_mounted_instead_of_baked(harness, build_inputs, image):
+    """BAKE_MODELS=0: no models in the image; the same layout mounted read-only at /models."""
+    from voxloop.client import RealtimeClient
+
+    base, wheels = build_inputs
+    ref, _ = harness.build_image(base, wheels, bake_models=False)
+    sizes = harness.image_size(ref), harness.image_size(image)
+    print(f"\nimage {ref}: {sizes[0] / 1e6:.0f} MB (with models {sizes[1] / 1e6:.0f} MB)")
+    assert sizes[1] - sizes[0] > 250e6, sizes
+    listing = harness.docker("run", "--rm", "--entrypoint", "ls", ref, "-A", "/models").stdout
+    assert listing.strip() == "", listing
+    models = Path(tempfile.mkdtemp(prefix="voxloop-models-", dir="/var/tmp"))
+    try:
+        models.chmod(0o755)  # readable by the image's uid 10001
+        root = Path(__file__).resolve().parent.parent
+        subprocess.run([sys.executable, str(root / "docker" / "stage_models.py"), str(models)],
+                       check=True, capture_output=True, timeout=300)
+        name, port = _start_ready(harness, ref, mounts=(f"{models}:/models:ro",))
+        async with RealtimeClient.connect(f"ws://127.0.0.1:{port}/v1/realtime") as c:
+            tts = await c.speak("Models from a volume.", timeout_s=scaled(30))
+        assert tts.status == "completed" and len(tts.pcm) > 0
+        harness.docker("stop", "-t", str(int(GRACE_S + 20)), name, timeout=GRACE_S + 60)
+        assert harness.state(name)["ExitCode"] == 0, harness.logs(name)
+    finally:
+        shutil.rmtree(models, ignore_errors=True)

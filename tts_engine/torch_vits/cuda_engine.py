@@ -90,6 +90,7 @@ class CudaTtsEngine:
             encode_batches=batch_buckets(tts.max_batch, fine=False),
             precision=tts.precision,
             cuda_graphs=tts.cuda_graphs,
+            compile=tts.compile,
         )
         defaults = SynthesisOptions(
             length_scale=tts.length_scale, noise_scale=tts.noise_scale, noise_w=tts.noise_w, speaker_id=tts.speaker_id

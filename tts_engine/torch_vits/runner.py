@@ -58,8 +58,8 @@ class RunnerOptions:
     precision: str = "fp32"
     #: Capture CUDA graphs (CUDA only).
     cuda_graphs: bool = True
-    #: Compile the chunk decoder with ``torch.compile`` before capture (CUDA only; fuses the
-    #: elementwise work between convolutions; adds start-up time).
+    #: Compile the chunk decoder (flow + HiFi-GAN) with ``torch.compile`` before capture (CUDA
+    #: only): fuses the elementwise work between convolutions; adds start-up time.
     compile: bool = False
 
     @property
@@ -174,6 +174,10 @@ class StepRunner:
             torch.backends.cudnn.allow_tf32 = False
         pool = torch.cuda.graph_pool_handle() if use_graphs else None
         t0 = time.perf_counter()
+        compiling = self.options.compile and dev.type == "cuda"
+        # The encoder stays uncompiled: compiling it took ~30 s per shape on the H200 for a
+        # 1.6x faster step (bench/results/tts_load-h200-*.md), too slow a start-up for now.
+        self._encode_impl = self._encode_core
         # Largest first: later captures reuse the pool's blocks.
         for b, t in sorted(self.options.encode_buckets(), key=lambda bt: -bt[0] * bt[1]):
             inputs = [
@@ -185,7 +189,7 @@ class StepRunner:
             ]
             self._encode_steps[(b, t)] = _Step(self._encode_fn, inputs)
         decode_fns = {c: functools.partial(self._decode_fn, g) for c, g in self.geometries.items()}
-        if self.options.compile and dev.type == "cuda":
+        if compiling:
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 16)
             decode_fns = {c: torch.compile(fn) for c, fn in decode_fns.items()}
         for chunk in sorted(self.options.chunk_sizes, reverse=True):
@@ -196,7 +200,7 @@ class StepRunner:
                     torch.zeros(b, dtype=torch.long, device=dev),
                 ]
                 self._decode_steps[(chunk, b)] = _Step(decode_fns[chunk], inputs)
-                if self.options.compile and b > 1:
+                if compiling and b > 1:
                     for tensor in inputs:  # one compiled graph for every batch > 1
                         torch._dynamo.mark_dynamic(tensor, 0)
         if use_graphs:
@@ -210,14 +214,20 @@ class StepRunner:
         if use_graphs:
             log.info("captured %d CUDA graphs in %.1f s", len(self._encode_steps) + len(self._decode_steps), self.capture_s)
 
-    def _encode_fn(
-        self, ids: torch.Tensor, lengths: torch.Tensor, scales: torch.Tensor, slots: torch.Tensor, sids: torch.Tensor
-    ) -> torch.Tensor:
+    def _encode_core(
+        self, ids: torch.Tensor, lengths: torch.Tensor, scales: torch.Tensor, sids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids -> per-frame prior sample [B, C, max_frames] and frames [B] (no side effects: compilable)."""
         model = self.model
         g = model.speaker_embedding(sids)
         x, m_p, logs_p, mask = model.encode(ids, lengths)
         w_ceil, frames = model.durations(x, mask, scales[:, 2], scales[:, 1], g=g)
-        z_p = model.expand_prior(m_p, logs_p, w_ceil, self.options.max_frames, scales[:, 0])
+        return model.expand_prior(m_p, logs_p, w_ceil, self.options.max_frames, scales[:, 0]), frames
+
+    def _encode_fn(
+        self, ids: torch.Tensor, lengths: torch.Tensor, scales: torch.Tensor, slots: torch.Tensor, sids: torch.Tensor
+    ) -> torch.Tensor:
+        z_p, frames = self._encode_impl(ids, lengths, scales, sids)
         self.latents.index_copy_(0, slots, z_p.transpose(1, 2))
         self.frames.index_copy_(0, slots, frames.clamp_max(self.options.max_frames))
         self.speakers.index_copy_(0, slots, sids)
