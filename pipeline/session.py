@@ -426,6 +426,7 @@ class Session:
             self.traces.record(turn.trace, "discarded")
             return turn
         self._last_turn = turn
+        turn.played_ms = turn.heard_ms()  # frozen: the client stops playback on speech_started
         heard = turn.heard_text()
         if heard:
             turn.info["history_index"] = self.history.add("assistant", heard, turn.item_id)
