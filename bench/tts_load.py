@@ -224,18 +224,27 @@ def cpu_name() -> str:
 
 
 def run(args: argparse.Namespace) -> Path:
+    """Every (backend, level) row is written as soon as it is measured (a timeout loses no rows)."""
     sentences = load_sentences()
     levels = [int(n) for n in args.concurrency.split(",")]
-    rows: list[dict] = []
+    out = Path(args.out) / f"tts_load-{args.hardware}-{args.date}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = json.loads(out.read_text()) if args.append and out.exists() else []
+    write_meta(out, args, sentences)
+
+    def record(row: dict) -> None:
+        rows.append({**row, "date": args.date})
+        out.write_text(json.dumps(rows, indent=1) + "\n")
+        print(json.dumps(row), flush=True)
+
     for name in args.backends.split(","):
         if name == "cuda":
             backend = CudaBackend(args)
             print(f"[{backend.name}] {json.dumps(backend.info)}", flush=True)
             for clients in levels:
                 backend.reset_peak()
-                rows.append(summarize(closed_loop(backend, sentences, clients, args.duration, args.warmup),
-                                      backend, clients, args.hardware))  # fmt: skip
-                print(json.dumps(rows[-1]), flush=True)
+                record(summarize(closed_loop(backend, sentences, clients, args.duration, args.warmup),
+                                 backend, clients, args.hardware))  # fmt: skip
             if args.steps_report:
                 sched = backend.engine.scheduler
                 print(f"[{backend.name}] steps {sched.steps}, mean step {1000 * sched.step_s / max(1, sched.steps):.2f} ms")
@@ -243,28 +252,24 @@ def run(args: argparse.Namespace) -> Path:
         elif name == "onnx":
             for clients in levels:
                 backend = OnnxBackend(args, workers=min(clients, os.cpu_count() or 1))
-                rows.append(summarize(closed_loop(backend, sentences, clients, args.cpu_duration, 1.0),
-                                      backend, clients, args.hardware))  # fmt: skip
-                print(json.dumps(rows[-1]), flush=True)
+                record(summarize(closed_loop(backend, sentences, clients, args.cpu_duration, 1.0),
+                                 backend, clients, args.hardware))  # fmt: skip
         else:
             raise SystemExit(f"unknown backend {name!r}")
-    meta = {"date": args.date, "command": " ".join(sys.argv), "gpu": gpu_name(), "cpu": cpu_name(),
-            "mode": args.mode, "sentences": len(sentences),
-            "mean_sentence_audio_s": round(float(np.mean([s["audio_s"] for s in sentences])), 3)}  # fmt: skip
-    for row in rows:
-        row.setdefault("date", args.date)
-    out = Path(args.out) / f"tts_load-{args.hardware}-{args.date}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if args.append and out.exists():
-        rows = json.loads(out.read_text()) + rows
-    out.write_text(json.dumps(rows, indent=1) + "\n")
-    meta_path = out.with_suffix(".meta.json")
-    meta["commands"] = [meta.pop("command")]
-    if args.append and meta_path.exists():
-        meta["commands"] = json.loads(meta_path.read_text()).get("commands", []) + meta["commands"]
-    meta_path.write_text(json.dumps(meta, indent=1) + "\n")
     print(f"wrote {out}")
     return out
+
+
+def write_meta(out: Path, args: argparse.Namespace, sentences: list[dict]) -> None:
+    """``<results>.meta.json``: date, hardware, the exact commands that wrote the rows."""
+    meta_path = out.with_suffix(".meta.json")
+    commands = [" ".join(sys.argv)]
+    if args.append and meta_path.exists():
+        commands = json.loads(meta_path.read_text()).get("commands", []) + commands
+    meta = {"date": args.date, "commands": commands, "gpu": gpu_name(), "cpu": cpu_name(), "mode": args.mode,
+            "sentences": len(sentences),
+            "mean_sentence_audio_s": round(float(np.mean([s["audio_s"] for s in sentences])), 3)}  # fmt: skip
+    meta_path.write_text(json.dumps(meta, indent=1) + "\n")
 
 
 def gpu_name() -> str:

@@ -174,10 +174,9 @@ class StepRunner:
             torch.backends.cudnn.allow_tf32 = False
         pool = torch.cuda.graph_pool_handle() if use_graphs else None
         t0 = time.perf_counter()
+        # Only the chunk decoder is compiled: the encoder took ~30 s per shape to compile on the
+        # H200 for a 1.6x faster step (bench/results/tts_load-h200-*.md), too slow a start-up.
         compiling = self.options.compile and dev.type == "cuda"
-        # The encoder stays uncompiled: compiling it took ~30 s per shape on the H200 for a
-        # 1.6x faster step (bench/results/tts_load-h200-*.md), too slow a start-up for now.
-        self._encode_impl = self._encode_core
         # Largest first: later captures reuse the pool's blocks.
         for b, t in sorted(self.options.encode_buckets(), key=lambda bt: -bt[0] * bt[1]):
             inputs = [
@@ -227,7 +226,7 @@ class StepRunner:
     def _encode_fn(
         self, ids: torch.Tensor, lengths: torch.Tensor, scales: torch.Tensor, slots: torch.Tensor, sids: torch.Tensor
     ) -> torch.Tensor:
-        z_p, frames = self._encode_impl(ids, lengths, scales, sids)
+        z_p, frames = self._encode_core(ids, lengths, scales, sids)
         self.latents.index_copy_(0, slots, z_p.transpose(1, 2))
         self.frames.index_copy_(0, slots, frames.clamp_max(self.options.max_frames))
         self.speakers.index_copy_(0, slots, sids)
