@@ -1,4 +1,4 @@
-"""Shared bits of the benchmarks: hardware description, percentiles, result files."""
+"""Shared bits of the benchmarks: hardware description, percentiles, result files, a server process."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ import os
 import platform
 import re
 import shlex
+import signal
+import socket
+import subprocess
 import sys
+import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -62,3 +68,48 @@ def write_json(name: str, rows: list[dict], extra: dict | None = None) -> Path:
     }
     path.write_text(json.dumps(doc, indent=2) + "\n")
     return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(port: int, extra: list[str], timeout_s: float = 120.0) -> subprocess.Popen:
+    """``python -m voxloop [extra] --set trace.path=none serve --port PORT``, returned once /ready is 200.
+
+    The server's log goes to a temporary file (a pipe nobody reads would fill and stall it);
+    its tail is in the error when the server exits or is not ready within ``timeout_s``.
+    """
+    cmd = [sys.executable, "-m", "voxloop", *extra, "--set", "trace.path=none", "serve", "--port", str(port)]
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {_tail(log)}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=1) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"server not ready within {timeout_s:g} s: {_tail(log)}")
+
+
+def stop_server(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    """SIGINT (the server drains and exits), then kill if it does not exit within ``timeout_s``."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _tail(log, chars: int = 2000) -> str:
+    log.seek(0)
+    return log.read().decode(errors="replace")[-chars:]

@@ -3,14 +3,20 @@
 Each of N clients speaks one sentence of ``bench/tts_sentences.json`` (English, 8-20 words,
 3-5 s with the bundled voice), waits for its last chunk, and repeats, for ``--duration``
 seconds. Reported per (backend, N): QPS, audio seconds per second, first-audio and
-full-sentence latency p50/p99, RTF (p50 of latency / audio length), peak VRAM.
+full-sentence latency p50/p99, RTF (p50 of latency / audio length), peak VRAM (null on CPU).
 
-Modes: ``engine`` calls the engines in-process (``CudaTtsEngine.submit``; the CPU engine's
-``OnnxVits.infer`` + int16, i.e. ``OnnxTtsEngine.synthesize_ids`` at the native rate).
-``ws`` (x.tts.speak over the server's WebSocket) needs ``pipeline/hub.py``'s server: see
-``--mode`` help. Examples::
+Modes: ``engine`` calls the engines in-process: ``cuda`` (``CudaTtsEngine.submit``),
+``onnx`` (the CPU engine's whole-sentence ``OnnxVits.infer`` + int16, i.e.
+``OnnxTtsEngine.synthesize_ids`` at the native rate), ``onnx-stream`` (``synthesize_ids``
+of the streaming CPU engine: chunked encoder + decoder ONNX). ``ws``: each client is one
+``voxloop.client.RealtimeClient`` connection calling ``speak()`` (``x.tts.speak``, text,
+24 kHz) against a ``voxloop serve`` process the bench starts per backend (``onnx``:
+``tts.streaming=false``, ``onnx-stream``: true; ``--server-arg`` adds settings).
+Examples::
 
     python bench/tts_load.py --backends cuda,onnx --concurrency 1,8,50,128 --hardware h200
+    python bench/tts_load.py --backends onnx onnx-stream --concurrency 1 2 4 8 --hardware cpu-2c
+    python bench/tts_load.py --mode ws --backends onnx onnx-stream --concurrency 1 2 4 8 --hardware cpu-2c --append
     python bench/tts_load.py --plot bench/results/tts_load-h200-2026-11-29.json
     python bench/tts_load.py --make-sentences   # rebuild the JSON from tts_sentences.txt
 
@@ -21,6 +27,7 @@ Writes ``bench/results/tts_load-<hardware>-<date>.json`` (a list of rows) and, w
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime as dt
 import json
 import os
@@ -149,11 +156,44 @@ class OnnxBackend:
     def reset_peak(self) -> None:
         pass
 
-    def peak_vram_mb(self) -> float:
-        return 0.0
+    def peak_vram_mb(self) -> None:
+        return None
 
     def close(self) -> None:
         pass
+
+
+class OnnxStreamBackend(OnnxBackend):
+    """The streaming CPU engine: ``OnnxTtsEngine.synthesize_ids`` over the chunked export, chunk by chunk."""
+
+    name = "onnx-stream-cpu"
+
+    def __init__(self, args: argparse.Namespace, workers: int) -> None:
+        from tts_engine.cpu_engine import OnnxTtsEngine
+        from tts_engine.onnx_streaming import ChunkPlan
+        from tts_engine.voice import Voice
+        from voxloop import models
+        from voxloop.config import load_config
+
+        cfg = load_config(overrides=[f"tts.voice_path={args.voice}"])
+        plan = ChunkPlan(args.cpu_chunk_frames or cfg.tts.chunk_frames,
+                         args.cpu_tail_chunk_frames or cfg.tts.tail_chunk_frames or cfg.tts.chunk_frames)  # fmt: skip
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        chunked_dir = models.resolve_chunked_voice(cfg).path  # exports once (needs torch) when missing
+        self.engine = OnnxTtsEngine(Voice.load(args.voice), threads=threads, workers=workers,
+                                    chunked_dir=chunked_dir, chunk_plan=plan)  # fmt: skip
+        self.sample_rate = self.engine.sample_rate
+        self.info = {"workers": workers, "threads_per_worker": threads, "cpu": cpu_name(),
+                     "chunk_frames": plan.first_frames, "tail_chunk_frames": plan.tail_frames}  # fmt: skip
+
+    def speak(self, ids: list[int]) -> tuple[float, int]:
+        t0 = time.perf_counter()
+        first, samples = None, 0
+        for chunk in self.engine.synthesize_ids(ids):
+            if first is None:
+                first = time.perf_counter() - t0
+            samples += chunk.num_samples
+        return first or 0.0, samples
 
 
 # ---------------------------------------------------------------- the load loop
@@ -193,6 +233,68 @@ def closed_loop(backend, sentences: list[dict], clients: int, duration_s: float,
     return records
 
 
+# ---------------------------------------------------------------- ws mode
+
+
+class WsBackend:
+    """A ``voxloop serve`` process for one CPU backend; requests are ``RealtimeClient.speak`` calls."""
+
+    def __init__(self, args: argparse.Namespace, backend: str, max_clients: int) -> None:
+        from bench.common import free_port, start_server
+
+        if backend not in ("onnx", "onnx-stream"):
+            raise SystemExit(f"ws mode: backend {backend!r} is not one of onnx, onnx-stream")
+        workers = args.ws_workers or os.cpu_count() or 1
+        self.server_args = [
+            f"--set=tts.streaming={'true' if backend == 'onnx-stream' else 'false'}",
+            f"--set=tts.onnx_workers={workers}", "--set=tts.onnx_threads=1",
+            f"--set=tts.voice_path={args.voice}", f"--set=limits.max_sessions={max(16, max_clients)}",
+            *args.server_arg,
+        ]  # fmt: skip
+        port = free_port()
+        t0 = time.perf_counter()
+        self.server = start_server(port, self.server_args, timeout_s=300)
+        self.url = f"ws://127.0.0.1:{port}/v1/realtime"
+        self.name = f"ws-{backend}-cpu"
+        self.info = {"workers": workers, "threads_per_worker": 1, "cpu": cpu_name(),
+                     "server_startup_s": round(time.perf_counter() - t0, 1), "server_args": self.server_args}  # fmt: skip
+
+    def peak_vram_mb(self) -> None:
+        return None
+
+    def close(self) -> None:
+        from bench.common import stop_server
+
+        stop_server(self.server)
+
+
+async def ws_closed_loop(url: str, sentences: list[dict], clients: int, duration_s: float, warmup_s: float) -> list[dict]:
+    """``clients`` connections speaking sentence texts back to back; records as ``closed_loop``'s."""
+    from voxloop.client import RealtimeClient
+
+    records: list[dict] = []
+    t_start = time.perf_counter()
+    t_measure, t_end = t_start + warmup_s, t_start + warmup_s + duration_s
+
+    async def client(index: int) -> None:
+        async with RealtimeClient.connect(url, binary_audio=True) as conn:
+            k = 0
+            while time.perf_counter() < t_end:
+                sentence = sentences[(index * 13 + k) % len(sentences)]
+                k += 1
+                t0 = time.perf_counter()
+                result = await conn.speak(sentence["text"], timeout_s=120)
+                t1 = time.perf_counter()
+                if result.status != "completed" or result.first_audio_s is None:
+                    raise RuntimeError(f"x.tts.speak ended {result.status} with {len(result.pcm)} samples")
+                if t0 >= t_measure:
+                    records.append({"start": t0, "end": t1, "first_s": result.first_audio_s,
+                                    "latency_s": result.total_s, "audio_s": len(result.pcm) / result.sample_rate})  # fmt: skip
+
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    return records
+
+
 def summarize(records: list[dict], backend, clients: int, hardware: str) -> dict:
     t0 = min(r["start"] for r in records)
     elapsed = max(r["end"] for r in records) - t0
@@ -200,6 +302,7 @@ def summarize(records: list[dict], backend, clients: int, hardware: str) -> dict
     lat = np.array([r["latency_s"] for r in records]) * 1000
     audio = np.array([r["audio_s"] for r in records])
     rtf = lat / 1000 / audio
+    peak = backend.peak_vram_mb()
     return {
         "backend": backend.name, "hardware": hardware, "concurrency": clients, "requests": len(records),
         "qps": round(len(records) / elapsed, 2), "audio_seconds_per_second": round(audio.sum() / elapsed, 1),
@@ -209,7 +312,7 @@ def summarize(records: list[dict], backend, clients: int, hardware: str) -> dict
         "latency_p50_ms": round(float(np.percentile(lat, 50)), 2),
         "latency_p99_ms": round(float(np.percentile(lat, 99)), 2),
         "rtf": float(f"{np.percentile(rtf, 50):.3g}"), "rtf_aggregate": float(f"{elapsed / audio.sum():.3g}"),
-        "peak_vram_mb": round(backend.peak_vram_mb(), 1), "elapsed_s": round(elapsed, 2), **backend.info,
+        "peak_vram_mb": None if peak is None else round(peak, 1), "elapsed_s": round(elapsed, 2), **backend.info,
     }  # fmt: skip
 
 
@@ -226,19 +329,27 @@ def cpu_name() -> str:
 def run(args: argparse.Namespace) -> Path:
     """Every (backend, level) row is written as soon as it is measured (a timeout loses no rows)."""
     sentences = load_sentences()
-    levels = [int(n) for n in args.concurrency.split(",")]
+    levels = args.concurrency
     out = Path(args.out) / f"tts_load-{args.hardware}-{args.date}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = json.loads(out.read_text()) if args.append and out.exists() else []
     write_meta(out, args, sentences)
 
     def record(row: dict) -> None:
-        rows.append({**row, "date": args.date})
+        rows.append({**row, "mode": args.mode, "date": args.date})
         out.write_text(json.dumps(rows, indent=1) + "\n")
         print(json.dumps(row), flush=True)
 
-    for name in args.backends.split(","):
-        if name == "cuda":
+    for name in args.backends:
+        if args.mode == "ws":
+            backend = WsBackend(args, name, max(levels))
+            try:
+                for clients in levels:
+                    records = asyncio.run(ws_closed_loop(backend.url, sentences, clients, args.cpu_duration, 1.0))
+                    record(summarize(records, backend, clients, args.hardware))
+            finally:
+                backend.close()
+        elif name == "cuda":
             backend = CudaBackend(args)
             print(f"[{backend.name}] {json.dumps(backend.info)}", flush=True)
             for clients in levels:
@@ -249,9 +360,10 @@ def run(args: argparse.Namespace) -> Path:
                 sched = backend.engine.scheduler
                 print(f"[{backend.name}] steps {sched.steps}, mean step {1000 * sched.step_s / max(1, sched.steps):.2f} ms")
             backend.close()
-        elif name == "onnx":
+        elif name in ("onnx", "onnx-stream"):
+            cls = OnnxBackend if name == "onnx" else OnnxStreamBackend
             for clients in levels:
-                backend = OnnxBackend(args, workers=min(clients, os.cpu_count() or 1))
+                backend = cls(args, workers=min(clients, os.cpu_count() or 1))
                 record(summarize(closed_loop(backend, sentences, clients, args.cpu_duration, 1.0),
                                  backend, clients, args.hardware))  # fmt: skip
         else:
@@ -316,15 +428,20 @@ def plot(path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mode", choices=["engine", "ws"], default="engine",
-                   help="engine: in-process; ws: x.tts.speak over the server (not implemented yet)")  # fmt: skip
-    p.add_argument("--backends", default="cuda,onnx", help="comma list of cuda, onnx")
-    p.add_argument("--concurrency", default="1,8,50,128")
+                   help="engine: in-process; ws: RealtimeClient.speak (x.tts.speak) against a server started here")  # fmt: skip
+    p.add_argument("--backends", nargs="+", default=["cuda,onnx"],
+                   help="cuda, onnx, onnx-stream (ws: onnx, onnx-stream); spaces or commas")  # fmt: skip
+    p.add_argument("--concurrency", nargs="+", default=["1,8,50,128"], help="client counts; spaces or commas")
     p.add_argument("--duration", type=float, default=15.0, help="measured seconds per level (GPU)")
     p.add_argument("--cpu-duration", type=float, default=10.0, help="measured seconds per level (CPU)")
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--voice", default=os.environ.get("VOXLOOP_TTS__VOICE_PATH"), help="Piper .onnx (default: bundled)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--precision", default="fp16", choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--cpu-chunk-frames", type=int, help="onnx-stream first chunk, frames (default: tts.chunk_frames)")
+    p.add_argument("--cpu-tail-chunk-frames", type=int, help="onnx-stream later chunks (default: tts.tail_chunk_frames)")
+    p.add_argument("--ws-workers", type=int, help="ws: the server's tts.onnx_workers (default: CPU count)")
+    p.add_argument("--server-arg", action="append", default=[], help="ws: extra server args, e.g. --server-arg=--set=x.y=z")
     p.add_argument("--chunk-frames", type=int, default=64)
     p.add_argument("--tail-chunk-frames", type=int, default=256)
     p.add_argument("--max-batch", type=int, default=128)
@@ -339,14 +456,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", type=Path, help="only render PNGs from this results JSON")
     p.add_argument("--make-sentences", action="store_true")
     args = p.parse_args(argv)
+    args.backends = [b for item in args.backends for b in item.split(",") if b]
+    args.concurrency = [int(n) for item in args.concurrency for n in item.split(",") if n]
     if args.make_sentences:
         make_sentences()
         return 0
     if args.plot:
         plot(args.plot)
         return 0
-    if args.mode == "ws":
-        raise SystemExit("ws mode: the server's x.tts.speak path is not available in this tree yet; use --mode engine")
     if args.voice is None:
         from voxloop import models
         from voxloop.config import load_config

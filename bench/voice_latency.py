@@ -25,9 +25,6 @@ import asyncio
 import os
 import random
 import re
-import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, hardware, pct, write_json  # noqa: E402
+from bench.common import ROOT, free_port, hardware, pct, start_server, stop_server, write_json  # noqa: E402
 
 RATE = 24000
 STAGES = ("asr_start", "asr_final", "llm_first_token", "first_clause", "tts_first_audio", "first_audio_sent")
@@ -70,32 +67,6 @@ def synthesize_questions(questions: list[str]) -> dict[str, np.ndarray]:
 def _trim(pcm: np.ndarray) -> np.ndarray:
     loud = np.flatnonzero(np.abs(pcm) > 300)
     return pcm[loud[0]:loud[-1] + 1] if len(loud) else pcm
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(port: int, extra: list[str]) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "voxloop", *extra, "--set", "trace.path=none", "serve", "--port", str(port)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    import urllib.request
-
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stderr.read().decode()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=1) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("server not ready within 120 s")
 
 
 _DIGITS = "zero one two three four five six seven eight nine ten".split()
@@ -270,8 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             print(summary[-1], flush=True)
     finally:
         if server is not None:
-            server.send_signal(signal.SIGINT)
-            server.wait(30)
+            stop_server(server)
     path = write_json("voice_latency", summary, {"turns": all_rows, "server_args": args.server_arg})
     plot(summary, all_rows, path.with_suffix(".png"))
     print(f"wrote {path} and {path.with_suffix('.png').name}")

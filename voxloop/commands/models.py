@@ -1,4 +1,8 @@
-"""``voxloop models``: print each model's source, path, size, checksum; prepare missing ones."""
+"""``voxloop models``: print each model's source, path, size, checksum; prepare missing ones.
+
+Preparing: whisper base is assembled once; with ``tts.streaming`` (CPU) the voice is
+exported once as chunked ONNX (needs PyTorch, ~10 s).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from voxloop.commands import config_from_args
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("models", help="show and prepare the models (assembles whisper once)")
+    p = sub.add_parser("models", help="show and prepare the models (assembles whisper, exports the streaming voice)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--no-checksum", action="store_true", help="skip sha256 of large files")
     p.set_defaults(run=run)
@@ -18,7 +22,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    rows = [models.describe(i, with_checksum=not args.no_checksum) for i in models.resolve_all(cfg)]
+    infos = models.resolve_all(cfg)
+    if models.needs_chunked_voice(cfg):
+        infos.append(models.resolve_chunked_voice(cfg))
+    rows = [models.describe(i, with_checksum=not args.no_checksum) for i in infos]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
