@@ -110,15 +110,9 @@ class CudaBackend:
             "precision": args.precision, "max_batch": args.max_batch,
         }  # fmt: skip
 
-    def speak(self, ids: list[int]) -> tuple[float, int]:
-        """Blocks until the clause is spoken; returns (first-audio delay s, samples)."""
-        t0 = time.perf_counter()
-        first, samples = None, 0
-        for chunk in self.engine.submit(ids):
-            if first is None:
-                first = time.perf_counter() - t0
-            samples += chunk.num_samples
-        return first or 0.0, samples
+    def speak(self, ids: list[int]) -> tuple[float, int, float]:
+        """Blocks until the clause is spoken; returns (first-audio delay s, samples, stall s)."""
+        return consume(self.engine.submit(ids), self.sample_rate)
 
     def reset_peak(self) -> None:
         if self.torch.cuda.is_available():
@@ -148,10 +142,10 @@ class OnnxBackend:
         self.to_int16 = to_int16
         self.info = {"workers": workers, "threads_per_worker": threads, "cpu": cpu_name()}
 
-    def speak(self, ids: list[int]) -> tuple[float, int]:
+    def speak(self, ids: list[int]) -> tuple[float, int, float]:
         t0 = time.perf_counter()
         pcm = self.to_int16(self.model.infer(ids, self.scales))
-        return time.perf_counter() - t0, len(pcm)
+        return time.perf_counter() - t0, len(pcm), 0.0
 
     def reset_peak(self) -> None:
         pass
@@ -177,7 +171,7 @@ class OnnxStreamBackend(OnnxBackend):
 
         cfg = load_config(overrides=[f"tts.voice_path={args.voice}"])
         plan = ChunkPlan(args.cpu_chunk_frames or cfg.tts.chunk_frames,
-                         args.cpu_tail_chunk_frames or cfg.tts.tail_chunk_frames or cfg.tts.chunk_frames)  # fmt: skip
+                         args.cpu_tail_chunk_frames or cfg.tts.tail_chunk_frames or ChunkPlan.tail_frames)  # fmt: skip
         threads = max(1, (os.cpu_count() or 1) // workers)
         chunked_dir = models.resolve_chunked_voice(cfg).path  # exports once (needs torch) when missing
         self.engine = OnnxTtsEngine(Voice.load(args.voice), threads=threads, workers=workers,
@@ -186,14 +180,26 @@ class OnnxStreamBackend(OnnxBackend):
         self.info = {"workers": workers, "threads_per_worker": threads, "cpu": cpu_name(),
                      "chunk_frames": plan.first_frames, "tail_chunk_frames": plan.tail_frames}  # fmt: skip
 
-    def speak(self, ids: list[int]) -> tuple[float, int]:
-        t0 = time.perf_counter()
-        first, samples = None, 0
-        for chunk in self.engine.synthesize_ids(ids):
-            if first is None:
-                first = time.perf_counter() - t0
-            samples += chunk.num_samples
-        return first or 0.0, samples
+    def speak(self, ids: list[int]) -> tuple[float, int, float]:
+        return consume(self.engine.synthesize_ids(ids), self.sample_rate)
+
+
+def consume(chunks, sample_rate: int) -> tuple[float, int, float]:
+    """Read a clause's chunks: (first-audio delay s, samples, stall s).
+
+    Stall: how long a listener playing from the first chunk's arrival would wait for
+    later chunks (audio gaps), summed over the clause.
+    """
+    t0 = time.perf_counter()
+    first, samples, stall = None, 0, 0.0
+    for chunk in chunks:
+        now = time.perf_counter()
+        if first is None:
+            first = now - t0
+        else:
+            stall += max(0.0, now - (t0 + first + stall + samples / sample_rate))
+        samples += chunk.num_samples
+    return first or 0.0, samples, stall
 
 
 # ---------------------------------------------------------------- the load loop
@@ -214,12 +220,12 @@ def closed_loop(backend, sentences: list[dict], clients: int, duration_s: float,
                 sentence = sentences[(index * 13 + k) % len(sentences)]
                 k += 1
                 t0 = time.perf_counter()
-                first, samples = backend.speak(sentence["ids"])
+                first, samples, stall = backend.speak(sentence["ids"])
                 t1 = time.perf_counter()
                 if t0 >= t_measure:
                     with lock:
                         records.append({"start": t0, "end": t1, "first_s": first, "latency_s": t1 - t0,
-                                        "audio_s": samples / backend.sample_rate})  # fmt: skip
+                                        "audio_s": samples / backend.sample_rate, "stall_s": stall})  # fmt: skip
         except BaseException as exc:  # noqa: BLE001 - reported after the run
             errors.append(exc)
 
@@ -302,6 +308,7 @@ def summarize(records: list[dict], backend, clients: int, hardware: str) -> dict
     lat = np.array([r["latency_s"] for r in records]) * 1000
     audio = np.array([r["audio_s"] for r in records])
     rtf = lat / 1000 / audio
+    stall = np.array([r["stall_s"] for r in records if r.get("stall_s") is not None]) * 1000
     peak = backend.peak_vram_mb()
     return {
         "backend": backend.name, "hardware": hardware, "concurrency": clients, "requests": len(records),
@@ -312,6 +319,9 @@ def summarize(records: list[dict], backend, clients: int, hardware: str) -> dict
         "latency_p50_ms": round(float(np.percentile(lat, 50)), 2),
         "latency_p99_ms": round(float(np.percentile(lat, 99)), 2),
         "rtf": float(f"{np.percentile(rtf, 50):.3g}"), "rtf_aggregate": float(f"{elapsed / audio.sum():.3g}"),
+        # audio gaps a listener would hear between a clause's chunks (engine mode only)
+        "stall_p99_ms": round(float(np.percentile(stall, 99)), 1) if len(stall) else None,
+        "stalled_pct": round(100 * float(np.mean(stall > 0)), 1) if len(stall) else None,
         "peak_vram_mb": None if peak is None else round(peak, 1), "elapsed_s": round(elapsed, 2), **backend.info,
     }  # fmt: skip
 

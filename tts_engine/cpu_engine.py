@@ -99,7 +99,7 @@ class OnnxTtsEngine:
             defaults=defaults,
             max_text_chars=cfg.limits.max_text_chars,
             chunked_dir=chunked_dir,
-            chunk_plan=ChunkPlan(tts.chunk_frames, tts.tail_chunk_frames or tts.chunk_frames),
+            chunk_plan=ChunkPlan(tts.chunk_frames, tts.tail_chunk_frames or ChunkPlan.tail_frames),
         )
 
     @property

@@ -134,12 +134,14 @@ class TtsConfig:
     onnx_workers: int = 1
     #: Precision on GPU: "fp32", "bf16", "fp16", "int8".
     precision: str = "bf16"
-    #: CPU (onnx): stream each sentence in decoder chunks (first audio after the first chunk, not the
-    #: whole sentence); runs the voice exported once as chunked ONNX with PyTorch (``voxloop models``).
-    streaming: bool = True
+    #: CPU (onnx): speak each sentence in decoder chunks, first audio after the first chunk instead of
+    #: the whole sentence, for ~12% more CPU per sentence; runs the voice exported once as chunked
+    #: ONNX, which needs PyTorch (``voxloop models`` exports it). GPU (cuda) always streams.
+    streaming: bool = False
     #: First decoder chunk of a clause, latent frames (one frame = hop samples: 64 = 0.74 s at 22050 Hz).
     chunk_frames: int = 64
-    #: Largest later chunk, frames (0 = chunk_frames); bigger chunks spend less work on context frames.
+    #: Largest later chunk, frames; 0 = the backend's default (GPU: chunk_frames; CPU: 512). Bigger
+    #: chunks spend less work on context frames.
     tail_chunk_frames: int = 0
     #: Largest batch on GPU.
     max_batch: int = 64
