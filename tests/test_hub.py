@@ -381,3 +381,18 @@ async def test_shutdown_drains_turn_then_closes_1001(tts_engines):
                 await recv(ws)
         assert info.value.rcvd.code == 1001
         await stopper
+
+
+async def test_session_time_limit_closes_with_1008(tts_engines):
+    hub = await start_hub(tts_engines, "limits.max_session_minutes=0.01")  # 0.6 s
+    try:
+        async with websockets.connect(url(hub)) as ws:
+            await recv(ws)
+            t0 = time.monotonic()
+            with pytest.raises(websockets.ConnectionClosed) as info:
+                while True:
+                    await recv(ws, 5)
+            assert info.value.rcvd.code == 1008 and "session limit" in info.value.rcvd.reason
+            assert 0.5 < time.monotonic() - t0 < scaled(3)
+    finally:
+        await hub.stop()
