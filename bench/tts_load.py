@@ -443,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="cuda, onnx, onnx-stream (ws: onnx, onnx-stream); spaces or commas")  # fmt: skip
     p.add_argument("--concurrency", nargs="+", default=["1,8,50,128"], help="client counts; spaces or commas")
     p.add_argument("--duration", type=float, default=15.0, help="measured seconds per level (GPU)")
-    p.add_argument("--cpu-duration", type=float, default=10.0, help="measured seconds per level (CPU)")
+    p.add_argument("--cpu-duration", type=float, default=10.0, help="measured seconds per level (CPU engine and ws modes)")
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--voice", default=os.environ.get("VOXLOOP_TTS__VOICE_PATH"), help="Piper .onnx (default: bundled)")
     p.add_argument("--device", default="cuda")

@@ -86,8 +86,14 @@ class _SessionPool:
         with self._cond:
             ticket = (deadline, next(self._arrivals))
             heapq.heappush(self._waiting, ticket)
-            while not (self._free and self._waiting[0] == ticket):
-                self._cond.wait()
+            try:
+                while not (self._free and self._waiting[0] == ticket):
+                    self._cond.wait()
+            except BaseException:  # interrupted while waiting: leave the line, or it blocks everyone
+                self._waiting.remove(ticket)
+                heapq.heapify(self._waiting)
+                self._cond.notify_all()
+                raise
             heapq.heappop(self._waiting)
             pair = self._free.pop()
             if self._free and self._waiting:
