@@ -59,7 +59,9 @@ def synthesize_questions(questions: list[str]) -> dict[str, np.ndarray]:
         for i, piece in enumerate(q.split(" | ")):
             if i:
                 parts.append(pause)
-            parts.append(np.concatenate([c.pcm for c in engine.synthesize(piece, opts)]))
+            # Trimmed per piece: the pause is exactly 300 ms of silence, not 300 ms plus the
+            # voice's own sentence-final silence.
+            parts.append(_trim(np.concatenate([c.pcm for c in engine.synthesize(piece, opts)])))
         out[q] = _trim(np.concatenate(parts))
     return out
 
@@ -139,7 +141,8 @@ async def talker(url: str, speech: dict[str, np.ndarray], turns: int, seed: int,
                     rows.append(row)
                     continue
                 heard = words(reply.user_transcript or "")
-                split = words(q)[-1] not in heard
+                # A split turn answers only the first part: far fewer words than were said.
+                split = len(heard) < 0.6 * len(words(q))
                 row.update(
                     status=reply.status, user_transcript=reply.user_transcript, reply=reply.transcript,
                     audio_s=round(reply.audio_s, 2),

@@ -73,7 +73,7 @@ class VadConfig:
     #: Audio kept before the detected speech start, ms.
     prefix_padding_ms: int = 300
     #: Pause after which ASR starts speculatively (discarded if speech resumes), ms; 0 disables.
-    speculative_pause_ms: int = 200
+    speculative_pause_ms: int = 150
     #: Speech must last this long during assistant playback to count as barge-in, ms (ignores coughs).
     barge_in_min_ms: int = 250
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 
 from voxloop.commands import config_from_args
 
@@ -19,6 +20,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # whisper (CTranslate2) and llama.cpp both use libgomp; spinning idle OpenMP threads
+    # steal the 2nd core from whichever stage runs next (measured: processing p50
+    # 551 -> 473 ms, bench/voice_latency.py). Must be set before those libraries load.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     cfg = config_from_args(args)
     changes = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     if changes:
