@@ -35,7 +35,7 @@ INSTRUCTIONS = "You are a storyteller. Tell long, detailed stories of at least t
 def fake_microphone_wav(cfg, path: Path) -> dict[str, float]:
     """Write the scripted user's audio; returns when each question starts and ends (s)."""
     from piper_speech import RATE, PiperSpeech
-    from voxloop.ptt import write_wav
+    from voxloop.wav import write_wav
 
     speech = PiperSpeech(cfg)
     gap = lambda s: np.zeros(int(RATE * s), np.int16)  # noqa: E731

@@ -19,7 +19,7 @@ from conftest import scaled
 from client_fakes import PTT, FakeASR, FakeLLM, start_hub, tone, real_tts_engines, ws_url
 from voxloop.client import RealtimeClient
 from voxloop.errors import VoxloopError
-from voxloop.ptt import read_wav, write_wav
+from voxloop.wav import read_wav, write_wav
 from voxloop.ptt_live import LiveConversation, Playback, TalkKey, open_sounddevice
 
 pytestmark = pytest.mark.timeout(scaled(180))

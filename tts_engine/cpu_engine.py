@@ -19,24 +19,22 @@ make the level jump between streamed clauses.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from tts_engine.engine import AudioChunk, SynthesisOptions
+from tts_engine.engine import AudioChunk, SynthesisOptions, check_phoneme_ids, resolve_options
 from tts_engine.frontend import TextFrontend
 from tts_engine.onnx_backend import InferenceScales, OnnxVits, StreamResampler, to_int16
 from tts_engine.onnx_streaming import ChunkedOnnxVits, ChunkPlan
 from tts_engine.voice import Voice
 from voxloop.config import Config
-from voxloop.errors import InvalidInput, ModelError
+from voxloop.errors import ModelError
 
 log = logging.getLogger(__name__)
 
 #: Output rates accepted in ``SynthesisOptions.sample_rate``, Hz.
-MIN_RATE, MAX_RATE = 8_000, 192_000
 
 
 class OnnxTtsEngine:
@@ -146,41 +144,9 @@ class OnnxTtsEngine:
 
     def _resolve(self, options: SynthesisOptions | None) -> tuple[InferenceScales, int | None, int]:
         """Request options over engine defaults over the voice's own; validated."""
-        req, dflt, voice = options or SynthesisOptions(), self.defaults, self.voice.config
-
-        def pick(name: str, voice_value: float) -> float:
-            for value in (getattr(req, name), getattr(dflt, name)):
-                if value is not None:
-                    return float(value)
-            return voice_value
-
-        scales = InferenceScales(
-            noise_scale=pick("noise_scale", voice.noise_scale),
-            length_scale=pick("length_scale", voice.length_scale),
-            noise_w=pick("noise_w", voice.noise_w),
-        )
-        if not all(math.isfinite(v) for v in vars(scales).values()):
-            raise InvalidInput(f"synthesis scales must be finite numbers, got {scales}")
-        if not 0.05 <= scales.length_scale <= 20:
-            raise InvalidInput(f"length_scale must be in [0.05, 20], got {scales.length_scale}")
-        if scales.noise_scale < 0 or scales.noise_w < 0:
-            raise InvalidInput(f"noise_scale and noise_w must be >= 0, got {scales}")
-        speaker = req.speaker_id if req.speaker_id is not None else dflt.speaker_id
-        rate = req.sample_rate or dflt.sample_rate or self.sample_rate
-        if not MIN_RATE <= rate <= MAX_RATE:
-            raise InvalidInput(f"sample_rate must be in [{MIN_RATE}, {MAX_RATE}] Hz, got {rate}")
-        return scales, self.voice.speaker_id(speaker), int(rate)
+        r = resolve_options(options, self.defaults, self.voice)
+        scales = InferenceScales(noise_scale=r.noise_scale, length_scale=r.length_scale, noise_w=r.noise_w)
+        return scales, r.speaker_id, r.sample_rate
 
     def _check_ids(self, phoneme_ids: Sequence[int]) -> list[int]:
-        try:
-            ids = [int(i) for i in phoneme_ids]
-        except (TypeError, ValueError):
-            raise InvalidInput("phoneme_ids must be integers") from None
-        if not ids:
-            raise InvalidInput("phoneme_ids is empty")
-        bad = [i for i in ids if not 0 <= i < self.voice.config.num_symbols]
-        if bad:
-            raise InvalidInput(
-                f"phoneme id {bad[0]} out of range: the voice has {self.voice.config.num_symbols} symbols"
-            )
-        return ids
+        return check_phoneme_ids(phoneme_ids, self.voice.config.num_symbols)

@@ -66,3 +66,69 @@ class TtsEngine(Protocol):
     ) -> Iterator[AudioChunk]:
         """Speak an already-phonemized id sequence (one clause)."""
         ...
+
+
+#: Output rates accepted in ``SynthesisOptions.sample_rate``, Hz.
+MIN_RATE, MAX_RATE = 8_000, 192_000
+
+
+@dataclass(frozen=True)
+class ResolvedOptions:
+    """Per-request settings after defaults are applied and values checked (every backend)."""
+
+    noise_scale: float
+    length_scale: float
+    noise_w: float
+    #: Speaker id for the model (None for single-speaker voices).
+    speaker_id: int | None
+    #: Output rate, Hz.
+    sample_rate: int
+
+
+def resolve_options(options: SynthesisOptions | None, defaults: SynthesisOptions, voice) -> ResolvedOptions:
+    """Request options over engine ``defaults`` over the ``voice``'s own (``tts_engine.voice.Voice``).
+
+    Raises ``InvalidInput`` for non-finite or out-of-range values and unknown speakers.
+    """
+    import math
+
+    from voxloop.errors import InvalidInput
+
+    req, cfg = options or SynthesisOptions(), voice.config
+
+    def pick(name: str, voice_value: float) -> float:
+        for value in (getattr(req, name), getattr(defaults, name)):
+            if value is not None:
+                return float(value)
+        return float(voice_value)
+
+    noise_scale = pick("noise_scale", cfg.noise_scale)
+    length_scale = pick("length_scale", cfg.length_scale)
+    noise_w = pick("noise_w", cfg.noise_w)
+    if not all(math.isfinite(v) for v in (noise_scale, length_scale, noise_w)):
+        raise InvalidInput(f"synthesis scales must be finite numbers, got {noise_scale}, {length_scale}, {noise_w}")
+    if not 0.05 <= length_scale <= 20:
+        raise InvalidInput(f"length_scale must be in [0.05, 20], got {length_scale}")
+    if noise_scale < 0 or noise_w < 0:
+        raise InvalidInput(f"noise_scale and noise_w must be >= 0, got {noise_scale}, {noise_w}")
+    speaker = req.speaker_id if req.speaker_id is not None else defaults.speaker_id
+    rate = int(req.sample_rate or defaults.sample_rate or voice.sample_rate)
+    if not MIN_RATE <= rate <= MAX_RATE:
+        raise InvalidInput(f"sample_rate must be in [{MIN_RATE}, {MAX_RATE}] Hz, got {rate}")
+    return ResolvedOptions(noise_scale, length_scale, noise_w, voice.speaker_id(speaker), rate)
+
+
+def check_phoneme_ids(phoneme_ids, num_symbols: int) -> list[int]:
+    """``phoneme_ids`` as a list of ints in ``[0, num_symbols)``; ``InvalidInput`` otherwise."""
+    from voxloop.errors import InvalidInput
+
+    try:
+        ids = [int(i) for i in phoneme_ids]
+    except (TypeError, ValueError):
+        raise InvalidInput("phoneme_ids must be integers") from None
+    if not ids:
+        raise InvalidInput("phoneme_ids is empty")
+    bad = [i for i in ids if not 0 <= i < num_symbols]
+    if bad:
+        raise InvalidInput(f"phoneme id {bad[0]} out of range: the voice has {num_symbols} symbols")
+    return ids

@@ -12,7 +12,6 @@ live microphone/speaker mode is in ``voxloop/ptt_live.py``.
 from __future__ import annotations
 
 import time
-import wave
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,8 @@ import numpy as np
 
 from pipeline import events as ev
 from voxloop.client import RealtimeClient, Reply
-from voxloop.errors import InvalidInput, VoxloopError
+from voxloop.errors import VoxloopError
+from voxloop.wav import read_wav, write_wav
 
 #: The session a push-to-talk client asks for: no server VAD, binary audio frames.
 PTT_SESSION: dict[str, Any] = {"audio": {"input": {"turn_detection": None}}}
@@ -44,31 +44,6 @@ class TurnReport:
             return None
         return 1000 * (self.reply.first_audio_at - self.released_at)
 
-
-def read_wav(path: Path) -> tuple[np.ndarray, int]:
-    """Mono int16 samples and rate (Hz) of a 16-bit PCM WAV; channels are averaged."""
-    try:
-        with wave.open(str(path), "rb") as w:
-            width, channels, rate = w.getsampwidth(), w.getnchannels(), w.getframerate()
-            raw = w.readframes(w.getnframes())
-    except (OSError, wave.Error, EOFError) as exc:
-        raise InvalidInput(f"cannot read {path}: {exc}") from None
-    if width != 2:
-        raise InvalidInput(f"{path}: need 16-bit PCM, got {8 * width}-bit samples")
-    pcm = np.frombuffer(raw, dtype="<i2").astype(np.int16)
-    if channels > 1:
-        pcm = pcm.reshape(-1, channels).mean(axis=1).astype(np.int16)
-    return pcm, rate
-
-
-def write_wav(path: Path, pcm: np.ndarray, sample_rate: int) -> None:
-    """Write mono int16 ``pcm`` at ``sample_rate`` Hz as a 16-bit PCM WAV."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(sample_rate)
-        w.writeframes(np.asarray(pcm, dtype="<i2").tobytes())
 
 
 async def await_reply(client: RealtimeClient, timeout_s: float = 60.0, respond_after_s: float = 1.0) -> Reply:

@@ -14,24 +14,22 @@ whole-utterance audio. Also runs on CPU (eager, no graphs) for tests.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from tts_engine.engine import AudioChunk, SynthesisOptions
+from tts_engine.engine import AudioChunk, SynthesisOptions, check_phoneme_ids, resolve_options
 from tts_engine.onnx_backend import StreamResampler
 from tts_engine.torch_vits.runner import RunnerOptions, StepRunner
 from tts_engine.torch_vits.scheduler import BatchScheduler, Scales, SpeechRequest
 from tts_engine.torch_vits.weights import load_vits
 from tts_engine.voice import Voice
 from voxloop.config import Config
-from voxloop.errors import ConfigError, InvalidInput, ModelError
+from voxloop.errors import ConfigError, ModelError
 
 #: Output rates accepted in ``SynthesisOptions.sample_rate``, Hz (as the CPU engine).
-MIN_RATE, MAX_RATE = 8_000, 192_000
 
 
 def batch_buckets(max_batch: int, fine: bool = True) -> tuple[int, ...]:
@@ -152,38 +150,8 @@ class CudaTtsEngine:
 
     def _resolve(self, options: SynthesisOptions | None) -> tuple[Scales, int]:
         """Request options over engine defaults over the voice's own; validated like the CPU engine."""
-        req, dflt, voice = options or SynthesisOptions(), self.defaults, self.voice.config
-
-        def pick(name: str, voice_value: float) -> float:
-            for value in (getattr(req, name), getattr(dflt, name)):
-                if value is not None:
-                    return float(value)
-            return voice_value
-
-        noise_scale = pick("noise_scale", voice.noise_scale)
-        length_scale = pick("length_scale", voice.length_scale)
-        noise_w = pick("noise_w", voice.noise_w)
-        if not all(math.isfinite(v) for v in (noise_scale, length_scale, noise_w)):
-            raise InvalidInput("synthesis scales must be finite numbers")
-        if not 0.05 <= length_scale <= 20:
-            raise InvalidInput(f"length_scale must be in [0.05, 20], got {length_scale}")
-        if noise_scale < 0 or noise_w < 0:
-            raise InvalidInput("noise_scale and noise_w must be >= 0")
-        speaker = req.speaker_id if req.speaker_id is not None else dflt.speaker_id
-        sid = self.voice.speaker_id(speaker)
-        rate = int(req.sample_rate or dflt.sample_rate or self.sample_rate)
-        if not MIN_RATE <= rate <= MAX_RATE:
-            raise InvalidInput(f"sample_rate must be in [{MIN_RATE}, {MAX_RATE}] Hz, got {rate}")
-        return Scales(noise_scale, length_scale, noise_w, sid or 0), rate
+        r = resolve_options(options, self.defaults, self.voice)
+        return Scales(r.noise_scale, r.length_scale, r.noise_w, r.speaker_id or 0), r.sample_rate
 
     def _check_ids(self, phoneme_ids: Sequence[int]) -> list[int]:
-        try:
-            ids = [int(i) for i in phoneme_ids]
-        except (TypeError, ValueError):
-            raise InvalidInput("phoneme_ids must be integers") from None
-        if not ids:
-            raise InvalidInput("phoneme_ids is empty")
-        n_symbols = self.voice.config.num_symbols
-        if any(not 0 <= i < n_symbols for i in ids):
-            raise InvalidInput(f"phoneme ids must be in [0, {n_symbols})")
-        return ids
+        return check_phoneme_ids(phoneme_ids, self.voice.config.num_symbols)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import logging
 import time
-import wave
 from pathlib import Path
 
 import numpy as np
 
 from voxloop.commands import config_from_args
 from voxloop.errors import InvalidInput, VoxloopError
+from voxloop.wav import write_wav
 
 log = logging.getLogger(__name__)
 
@@ -58,15 +58,6 @@ def run(args: argparse.Namespace) -> int:
         play(player, pcm, rate)
     return 0
 
-
-def write_wav(path: Path, pcm: np.ndarray, sample_rate: int) -> None:
-    """Write mono int16 ``pcm`` at ``sample_rate`` Hz as a 16-bit PCM WAV."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with wave.open(str(path), "wb") as wav:
-        wav.setnchannels(1)
-        wav.setsampwidth(2)
-        wav.setframerate(sample_rate)
-        wav.writeframes(np.asarray(pcm, dtype="<i2").tobytes())
 
 
 def output_device():
