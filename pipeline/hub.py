@@ -160,10 +160,13 @@ class Hub:
         if origin is not None and allowed and origin not in allowed:
             self.metrics.rejected.labels(reason="origin").inc()
             return _text(403, f"origin {origin} is not allowed")
+        retry = {"Retry-After": str(self.cfg.limits.retry_after_s)}
+        if not self.engines.loaded:
+            self.metrics.rejected.labels(reason="loading").inc()
+            return _text(503, "models are still loading, retry later", retry)
         if self.draining or len(self.sessions) >= self.cfg.limits.max_sessions:
             self.metrics.rejected.labels(reason="full").inc()
-            retry = str(self.cfg.limits.retry_after_s)
-            return _text(503, "server full, retry later", {"Retry-After": retry})
+            return _text(503, "server full, retry later", retry)
         return None
 
     def _static(self, path: str) -> Response:

@@ -396,3 +396,21 @@ async def test_session_time_limit_closes_with_1008(tts_engines):
             assert 0.5 < time.monotonic() - t0 < scaled(3)
     finally:
         await hub.stop()
+
+
+async def test_upgrade_refused_while_models_load(tts_engines):
+    from voxloop.config import load_config
+
+    cfg = load_config(None, ["server.port=0", "trace.path=none"], environ={})
+    hub = Hub(cfg, Engines(cfg))  # nothing loaded yet
+    await hub.start()
+    try:
+        assert (await asyncio.to_thread(http_get, hub, "/health"))[0] == 200
+        status, body, _ = await asyncio.to_thread(http_get, hub, "/ready")
+        assert status == 503 and "loading" in body
+        with pytest.raises(websockets.InvalidStatus) as info:
+            async with websockets.connect(url(hub)):
+                pass
+        assert info.value.response.status_code == 503 and "Retry-After" in info.value.response.headers
+    finally:
+        await hub.stop()
