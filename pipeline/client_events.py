@@ -15,7 +15,15 @@ import numpy as np
 
 from pipeline.items import CLIENT_CONTENT_TYPES, MessageItem, ResponseOptions
 from pipeline.session_schema import validate_session_update
-from pipeline.wire import ErrorCode, PcmEquality, ProtocolError, WireObject, check, decode_value, wire_name
+from pipeline.wire import (
+    ErrorCode,
+    PcmEquality,
+    ProtocolError,
+    WireObject,
+    check,
+    decode_value,
+    wire_name,
+)
 from tts_engine.engine import SynthesisOptions
 
 

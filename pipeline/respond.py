@@ -15,7 +15,12 @@ import numpy as np
 
 from pipeline import events as ev
 from pipeline.engines import Engines
-from pipeline.items import ContentPart, MessageItem, ResponseObject, ResponseStatusDetails
+from pipeline.items import (
+    ContentPart,
+    MessageItem,
+    ResponseObject,
+    ResponseStatusDetails,
+)
 from pipeline.turn import SpokenClause, Turn, TurnControl
 from pipeline.workers import NORMAL, URGENT
 from tts_engine.engine import SynthesisOptions

@@ -13,8 +13,17 @@ import numpy as np
 
 from pipeline.items import ContentPart, ErrorInfo, MessageItem, ResponseObject
 from pipeline.session_schema import SessionConfig
-from pipeline.wire import ErrorCode, PcmEquality, ProtocolError, WireObject, new_id, nullable, wire_name
+from pipeline.wire import (
+    ErrorCode,
+    PcmEquality,
+    ProtocolError,
+    WireObject,
+    new_id,
+    nullable,
+    wire_name,
+)
 from voxloop.errors import InvalidInput, Overloaded, VoxloopError
+
 
 @dataclass(frozen=True, kw_only=True)
 class ServerEvent(WireObject):

@@ -18,17 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from dataclasses import dataclass
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import soxr
 
 from asr.vad import Pause, Resume, SpeechEnd, SpeechStart, VoiceActivityDetector
 from pipeline import events as ev
+from pipeline.audio_in import ASR_RATE, InputAudio
 from pipeline.engines import Engines
 from pipeline.history import History
 from pipeline.items import ContentPart, ErrorInfo, MessageItem
@@ -43,7 +43,6 @@ from voxloop.config import Config
 from voxloop.errors import InvalidInput, VoxloopError
 
 log = logging.getLogger(__name__)
-ASR_RATE = 16000
 #: Shortest push-to-talk commit that is transcribed, ms.
 MIN_COMMIT_MS = 100
 
@@ -76,12 +75,8 @@ class Session:
         self.history = History(max_chars=int((cfg.llm.n_ctx - cfg.llm.max_tokens) * 3))
         self.tts_requests = TtsRequests(engines, self._send, metrics)
         self.protocol: Any = None
-        self._resampler: soxr.ResampleStream | None = None
-        self._resampler_rate = 0
+        self.audio_in = InputAudio(cfg.limits.max_utterance_s)
         self._vad: VoiceActivityDetector | None = None
-        self._ptt: list[np.ndarray] = []
-        self._ptt_samples = 0
-        self._ptt_overflow = False
         self._utterance = 0
         self._user_item: str | None = None
         self._speech_start_ms = 0
@@ -171,36 +166,17 @@ class Session:
             self._vad = VoiceActivityDetector(vad_cfg, ASR_RATE, self.cfg.limits.max_utterance_s)
 
     # ------------------------------------------------------------------ audio in
-    def _to_16k(self, pcm: np.ndarray, rate: int) -> np.ndarray:
-        if rate == ASR_RATE:
-            return pcm
-        if self._resampler is None or self._resampler_rate != rate:
-            self._resampler = soxr.ResampleStream(rate, ASR_RATE, 1, dtype="int16", quality="HQ")
-            self._resampler_rate = rate
-        return self._resampler.resample_chunk(pcm)
-
     def _on_append(self, event: ev.InputAudioBufferAppend) -> None:
-        pcm = self._to_16k(event.pcm, event.sample_rate)
+        pcm = self.audio_in.to_asr_rate(event.pcm, event.sample_rate)
         if self._vad is None:
-            self._ptt_append(pcm)
+            error = self.audio_in.buffer(pcm)
+            if error is not None:
+                self._error(error)
             return
         for vad_event in self._vad.feed(pcm):
             self._on_vad(vad_event)
         self._check_barge_in()
         self._maybe_partial()
-
-    def _ptt_append(self, pcm: np.ndarray) -> None:
-        room = int(self.cfg.limits.max_utterance_s * ASR_RATE) - self._ptt_samples
-        if len(pcm) > room:
-            if not self._ptt_overflow:
-                self._ptt_overflow = True
-                self._error(InvalidInput(
-                    f"input audio buffer is full ({self.cfg.limits.max_utterance_s:g} s); "
-                    "later audio is dropped until commit or clear", code="input_audio_buffer_full"))
-            pcm = pcm[:max(room, 0)]
-        if len(pcm):
-            self._ptt.append(pcm)
-            self._ptt_samples += len(pcm)
 
     def _on_vad(self, event: Any) -> None:
         now = time.monotonic()
@@ -447,11 +423,7 @@ class Session:
             audio = self._vad.utterance_so_far()
             self._vad.reset()
         else:
-            if self._resampler is not None:  # the resampler holds back its last few ms
-                self._ptt_append(self._resampler.resample_chunk(np.zeros(0, np.int16), last=True))
-                self._resampler = None
-            audio = np.concatenate(self._ptt) if self._ptt else np.zeros(0, np.int16)
-            self._ptt, self._ptt_samples, self._ptt_overflow = [], 0, False
+            audio = self.audio_in.take()
         if audio is None or len(audio) < ASR_RATE * MIN_COMMIT_MS // 1000:
             raise InvalidInput(f"input audio buffer holds less than {MIN_COMMIT_MS} ms of audio",
                                code=ErrorCode.INPUT_AUDIO_BUFFER_COMMIT_EMPTY)
@@ -461,7 +433,7 @@ class Session:
         self._start_voice_turn(audio, committed=True, speech_end_ms=0, vad_end_at=time.monotonic())
 
     def _on_clear(self, event: ev.InputAudioBufferClear) -> None:
-        self._ptt, self._ptt_samples, self._ptt_overflow = [], 0, False
+        self.audio_in.clear()
         if self._vad is not None:
             self._vad.reset()
         self._send(ev.InputAudioBufferCleared())

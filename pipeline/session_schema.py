@@ -18,7 +18,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pipeline.wire import ErrorCode, ProtocolError, WireObject, check, decode_value, nullable, reparent
+from pipeline.wire import (
+    ErrorCode,
+    ProtocolError,
+    WireObject,
+    check,
+    decode_value,
+    nullable,
+    reparent,
+)
 
 if typing.TYPE_CHECKING:
     from voxloop.config import Config

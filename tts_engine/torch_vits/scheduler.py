@@ -9,6 +9,17 @@ hands each request its chunk. A request is finished after its last chunk.
 ``submit(ids, scales)`` returns a ``SpeechRequest`` at once: iterate it (from any one
 thread) for ``AudioChunk``s; ``cancel()`` (from any thread) ends it at the next step.
 The waiting line is bounded: ``submit`` raises ``Overloaded`` when it is full.
+
+Out of GPU memory (``torch.OutOfMemoryError`` in a launch, or ``inject_oom`` in tests):
+the largest batch (``max_batch``) drops to the largest decode bucket <= half the
+failed launch's padded batch, so repeated failures reach 1 in log2 steps. The step's
+requests keep their state and go on: decodes only read their slot and advance
+``next_frame`` on delivery; requests not yet encoded are re-queued. Only the requests
+of a failed launch of batch 1 (nothing smaller to try) end, with
+``Overloaded(retry_after_ms=oom_retry_after_ms)`` from their iterator. After
+``regrow_steps`` steps without failure the limit doubles (to the next bucket at most
+twice as large), up to ``max_slots``; both changes are logged. With CUDA graphs a
+lower limit just means smaller captured buckets.
 """
 
 from __future__ import annotations
@@ -18,10 +29,11 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from tts_engine.engine import AudioChunk
 from tts_engine.torch_vits.runner import EncodeItem, StepRunner, bucket_for
@@ -85,10 +97,31 @@ class SpeechRequest:
 class BatchScheduler:
     """Owns a ``StepRunner`` and the thread that drives it."""
 
-    def __init__(self, runner: StepRunner, sample_rate: int, queue_size: int = 256) -> None:
+    def __init__(
+        self,
+        runner: StepRunner,
+        sample_rate: int,
+        queue_size: int = 256,
+        *,
+        oom_retry_after_ms: int = 2000,
+        regrow_steps: int = 32,
+    ) -> None:
+        """``oom_retry_after_ms``: hint, ms, in the ``Overloaded`` of requests failed by an OOM;
+        ``regrow_steps``: steps without OOM before the batch limit doubles."""
         self.runner = runner
         self.sample_rate = sample_rate
         self.max_slots = runner.options.max_slots
+        self.oom_retry_after_ms = oom_retry_after_ms
+        self.regrow_steps = regrow_steps
+        #: Test hook, called (on the scheduler thread) with each launch's padded batch before it
+        #: runs; raising ``torch.OutOfMemoryError`` simulates an OOM. See ``inject_oom``.
+        self.fault: Callable[[int], None] | None = None
+        #: OOMs survived.
+        self.ooms = 0
+        self._max_batch = self.max_slots
+        self._ok_steps = 0
+        self._attempt: list[SpeechRequest] = []  # requests of the launch in progress
+        self._attempt_batch = 0  # its padded batch
         self._inbox: queue.Queue[SpeechRequest] = queue.Queue(maxsize=queue_size)
         self._waiting: list[SpeechRequest] = []
         self._running: dict[int, SpeechRequest] = {}  # slot -> request
@@ -125,6 +158,20 @@ class BatchScheduler:
         self._thread.join(timeout_s)
 
     @property
+    def max_batch(self) -> int:
+        """Current largest batch of one launch (``max_slots`` unless lowered by an OOM)."""
+        return self._max_batch
+
+    def inject_oom(self, above: int | None) -> None:
+        """Test hook: every launch whose padded batch exceeds ``above`` raises an OOM; None lifts it."""
+
+        def fault(batch: int) -> None:
+            if batch > above:  # type: ignore[operator]
+                raise torch.OutOfMemoryError(f"injected OOM at batch {batch} (limit {above})")
+
+        self.fault = None if above is None else fault
+
+    @property
     def in_flight(self) -> int:
         return len(self._running) + len(self._waiting) + self._inbox.qsize()
 
@@ -136,9 +183,14 @@ class BatchScheduler:
                 if not self._fill():
                     continue
                 t0 = time.perf_counter()
-                self._step()
+                try:
+                    self._step()
+                except torch.OutOfMemoryError as exc:
+                    self._on_oom(exc)
+                    continue
                 self.steps += 1
                 self.step_s += time.perf_counter() - t0
+                self._maybe_regrow()
         except BaseException as exc:  # the GPU failed: every request must learn it
             log.exception("TTS scheduler failed")
             self._error = exc
@@ -168,9 +220,18 @@ class BatchScheduler:
         self._waiting = [r for r in self._waiting if not r.cancelled]
         return bool(self._running or self._waiting)
 
+    def _launching(self, batch: list[SpeechRequest], buckets: Sequence[int]) -> None:
+        """Note the launch about to run (for ``_on_oom``) and call the fault hook."""
+        self._attempt, self._attempt_batch = batch, bucket_for(len(batch), buckets)
+        if self.fault is not None:
+            self.fault(self._attempt_batch)
+
     def _step(self) -> None:
         admitted = self._admit()
-        frames_dev = self.runner.encode([self._encode_item(r) for r in admitted]) if admitted else None
+        frames_dev = None
+        if admitted:
+            self._launching(admitted, self.runner.options.encode_batches)
+            frames_dev = self.runner.encode([self._encode_item(r) for r in admitted])
         options = self.runner.options
         groups: dict[int, list[SpeechRequest]] = {}
         for r in sorted(self._running.values(), key=lambda r: (r.next_frame > 0, r.seq)):
@@ -179,9 +240,13 @@ class BatchScheduler:
         # First chunks first: their group is decoded, fetched and handed out before the rest.
         first = [size for size, batch in groups.items() if batch[0].next_frame == 0]
         launched: list[tuple[int, list[SpeechRequest], object]] = []
+        limit = self._max_batch
         for size in first + sorted(set(groups) - set(first)):
-            batch = groups[size]
-            launched.append((size, batch, self.runner.decode([r.slot for r in batch], [r.next_frame for r in batch], size)))
+            for i in range(0, len(groups[size]), limit):
+                batch = groups[size][i : i + limit]
+                self._launching(batch, options.decode_batches)
+                audio = self.runner.decode([r.slot for r in batch], [r.next_frame for r in batch], size)
+                launched.append((size, batch, audio))
             if size in first:
                 self._finish(launched, frames_dev, admitted)
                 launched, frames_dev = [], None
@@ -190,6 +255,8 @@ class BatchScheduler:
 
     def _finish(self, launched: list, frames_dev: object, admitted: list[SpeechRequest]) -> None:
         """Wait for the launched decodes (and the encoder's frame counts), then hand out the chunks."""
+        self._attempt = [r for _, batch, _ in launched for r in batch]
+        self._attempt_batch = max(bucket_for(len(b), self.runner.options.decode_batches) for _, b, _ in launched)
         results = self.runner.fetch(*[audio for _, _, audio in launched], *([frames_dev] if frames_dev is not None else []))
         if frames_dev is not None:
             for request, frames in zip(admitted, results[-1]):
@@ -198,12 +265,15 @@ class BatchScheduler:
             self._deliver(batch, audio, size)
 
     def _admit(self) -> list[SpeechRequest]:
+        """Waiting requests for one encoder launch: at most ``max_batch`` running, and an
+        encoder bucket no larger than ``max_batch``."""
         admitted: list[SpeechRequest] = []
         longest = 0
-        while self._waiting and self._free_slots:
+        encode_cap = max(b for b in self.runner.options.encode_batches if b <= self._max_batch or b == 1)
+        while self._waiting and self._free_slots and len(self._running) < self._max_batch:
             request = self._waiting[0]
             longest_if = max(longest, len(request.ids))
-            if len(admitted) + 1 > self.runner.max_encode_batch(longest_if):
+            if len(admitted) + 1 > min(encode_cap, self.runner.max_encode_batch(longest_if)):
                 break
             longest = longest_if
             self._waiting.pop(0)
@@ -239,6 +309,39 @@ class BatchScheduler:
         if request.slot is not None and self._running.get(request.slot) is request:
             del self._running[request.slot]
             self._free_slots.append(request.slot)
+
+    def _on_oom(self, exc: BaseException) -> None:
+        """Lower the batch limit; re-queue requests not yet encoded; fail a batch-1 launch's requests."""
+        self.ooms += 1
+        self._ok_steps = 0
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        failed_batch, old = self._attempt_batch, self._max_batch
+        self._max_batch = self._bucket_at_most(max(1, min(old, failed_batch // 2)))
+        log.warning("TTS GPU out of memory at batch %d (%s): max batch %d -> %d", failed_batch, exc, old, self._max_batch)
+        if failed_batch <= 1:  # nothing smaller to try: these requests end, the caller retries later
+            for request in self._attempt:
+                self._release(request)
+                request._chunks.put(Overloaded("TTS GPU out of memory", retry_after_ms=self.oom_retry_after_ms))
+        requeued = [r for r in self._running.values() if r.frames is None]
+        for request in requeued:  # their encoder output may be lost: encode them again
+            self._release(request)
+            request.slot = None
+        self._waiting = sorted(requeued + self._waiting, key=lambda r: r.seq)
+        self._attempt, self._attempt_batch = [], 0
+
+    def _maybe_regrow(self) -> None:
+        if self._max_batch >= self.max_slots:
+            return
+        self._ok_steps += 1
+        if self._ok_steps >= self.regrow_steps:
+            old, self._ok_steps = self._max_batch, 0
+            self._max_batch = self._bucket_at_most(min(self.max_slots, 2 * old))
+            log.info("TTS GPU max batch %d -> %d after %d steps without OOM", old, self._max_batch, self.regrow_steps)
+
+    def _bucket_at_most(self, size: int) -> int:
+        """Largest decode batch bucket <= ``size`` (1 at least)."""
+        return max([b for b in self.runner.options.decode_batches if b <= size] or [1])
 
     def _fail_all(self, error: BaseException | None) -> None:
         pending = [*self._running.values(), *self._waiting]
