@@ -153,6 +153,9 @@ class TtsConfig:
     compile: bool = False
     #: Pending requests before new ones are refused.
     queue_size: int = 256
+    #: GPU: retry hint, ms, in the ``Overloaded`` error of a request dropped because the GPU ran out of
+    #: memory even at batch 1 (the scheduler halves its batch on an OOM and grows it back later).
+    oom_retry_after_ms: int = 2000
     #: Length scale override (>1 is slower speech); None is the voice's default.
     length_scale: float | None = None
     #: Noise scale override; None is the voice's default.

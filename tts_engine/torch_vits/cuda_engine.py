@@ -57,8 +57,10 @@ class CudaTtsEngine:
         defaults: SynthesisOptions | None = None,
         max_text_chars: int | None = None,
         weights_path: str | Path | None = None,
+        oom_retry_after_ms: int = 2000,
     ) -> None:
-        """``weights_path``: a PyTorch checkpoint to use instead of ``voice.model_path`` (.onnx)."""
+        """``weights_path``: a PyTorch checkpoint to use instead of ``voice.model_path`` (.onnx);
+        ``oom_retry_after_ms``: retry hint, ms, for requests dropped on GPU out-of-memory."""
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise ModelError("tts.backend = 'cuda' but PyTorch sees no CUDA device; set tts.backend = 'onnx'")
         self.voice = voice
@@ -68,7 +70,9 @@ class CudaTtsEngine:
         self._frontend = None
         model = load_vits(weights_path or voice.model_path)
         self.runner = StepRunner(model, options, device)
-        self.scheduler = BatchScheduler(self.runner, self.sample_rate, queue_size)
+        self.scheduler = BatchScheduler(
+            self.runner, self.sample_rate, queue_size, oom_retry_after_ms=oom_retry_after_ms
+        )
 
     @classmethod
     def from_config(cls, cfg: Config) -> CudaTtsEngine:
@@ -94,7 +98,12 @@ class CudaTtsEngine:
             length_scale=tts.length_scale, noise_scale=tts.noise_scale, noise_w=tts.noise_w, speaker_id=tts.speaker_id
         )
         return cls(
-            voice, options, queue_size=tts.queue_size, defaults=defaults, max_text_chars=cfg.limits.max_text_chars
+            voice,
+            options,
+            queue_size=tts.queue_size,
+            defaults=defaults,
+            max_text_chars=cfg.limits.max_text_chars,
+            oom_retry_after_ms=tts.oom_retry_after_ms,
         )
 
     @property
