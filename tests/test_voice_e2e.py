@@ -32,7 +32,12 @@ def engines():
     from pipeline.engines import Engines
     from voxloop.config import load_config
 
-    cfg = load_config(None, ["server.port=0", "trace.path=none"], environ={})
+    # Synthesis noise off: the reply audio is a deterministic function of the reply text,
+    # so the whisper round trip below does not depend on a random prosody draw (a draw where
+    # "France is Paris" is heard as "Francis" made it flaky; test_tts_roundtrip covers the
+    # default noise on 12 sentences).
+    cfg = load_config(None, ["server.port=0", "trace.path=none", "tts.noise_scale=0", "tts.noise_w=0"],
+                      environ={})
     e = Engines(cfg)
     e.load_sync()
     yield e
@@ -91,7 +96,10 @@ def reply_audio(msgs: list[dict], response_id: str) -> np.ndarray:
 
 
 def transcribe_24k(transcriber, pcm: np.ndarray) -> str:
-    return transcriber.transcribe(soxr.resample(pcm, RATE, 16000)).text
+    """What whisper hears in 24 kHz ``pcm``, recorded with 300 ms of room silence around it
+    (without any, whisper base tends to drop the last word of a short clip)."""
+    padded = np.concatenate([silence(300), pcm, silence(300)])
+    return transcriber.transcribe(soxr.resample(padded, RATE, 16000)).text
 
 
 async def test_spoken_question_gets_spoken_answer(engines, hub, transcriber):
