@@ -31,7 +31,6 @@ import asyncio
 import datetime as dt
 import json
 import os
-import platform
 import sys
 import threading
 import time
@@ -327,13 +326,10 @@ def summarize(records: list[dict], backend, clients: int, hardware: str) -> dict
 
 
 def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()} x{os.cpu_count()}"
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    """CPU model and core count, e.g. ``Intel(R) Xeon(R) Processor x2``."""
+    from bench.common import cpu_model
+
+    return f"{cpu_model()} x{os.cpu_count()}"
 
 
 def run(args: argparse.Namespace) -> Path:

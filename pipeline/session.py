@@ -80,6 +80,7 @@ class Session:
         self._utterance = 0
         self._user_item: str | None = None
         self._speech_start_ms = 0
+        self._speech_start_at: float | None = None  # monotonic time of the utterance's speech start
         self._last_turn: Turn | None = None
         self._partial_task: asyncio.Task | None = None
         self._partial_text = ""
@@ -276,7 +277,7 @@ class Session:
         self._interrupt("turn_detected")
         mode = "server_vad" if self._vad is not None else "push_to_talk"
         turn = self._new_turn(mode, committed, self._utterance)
-        if getattr(self, "_speech_start_at", None) is not None and self._vad is not None:
+        if self._speech_start_at is not None and self._vad is not None:
             turn.trace.mark("speech_start", self._speech_start_at)
         if speech_end_at is not None:
             turn.trace.mark("speech_end", speech_end_at)

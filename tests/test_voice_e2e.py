@@ -143,14 +143,19 @@ async def test_short_pause_does_not_split_the_turn(engines, hub):
     assert "hello" in words(heard["transcript"]) and "sky" in words(heard["transcript"])
 
 
+async def ask_for_long_story(ws) -> tuple[dict, list[dict]]:
+    """Open a session with a long reply budget, ask for a story; returns its first audio delta and what came before."""
+    await recv(ws)
+    await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": 400}}))
+    await until(ws, "session.updated")
+    for m in user_text("Tell me a long story about a brave dragon and a little village."):
+        await ws.send(m)
+    return await until(ws, "response.output_audio.delta", timeout=60)
+
+
 async def test_barge_in_cancels_and_keeps_only_heard_text(engines, hub):
     async with websockets.connect(url(hub)) as ws:
-        await recv(ws)
-        await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": 400}}))
-        await until(ws, "session.updated")
-        for m in user_text("Tell me a long story about a brave dragon and a little village."):
-            await ws.send(m)
-        first, _ = await until(ws, "response.output_audio.delta", timeout=60)
+        first, _ = await ask_for_long_story(ws)
         await ws.send(json.dumps({"type": "x.playback", "item_id": first["item_id"], "audio_end_ms": 400}))
         interruption = np.concatenate([say(engines, "Stop, wait a moment please."), silence(1200)])
         t_speech = time.monotonic()
@@ -175,12 +180,7 @@ async def test_barge_in_cancels_and_keeps_only_heard_text(engines, hub):
 
 async def test_barge_in_history_truncation(engines, hub):
     async with websockets.connect(url(hub)) as ws:
-        await recv(ws)
-        await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": 400}}))
-        await until(ws, "session.updated")
-        for m in user_text("Tell me a long story about a brave dragon and a little village."):
-            await ws.send(m)
-        first, before = await until(ws, "response.output_audio.delta", timeout=60)
+        first, before = await ask_for_long_story(ws)
         await asyncio.sleep(1.0)
         await ws.send(json.dumps({"type": "x.playback", "item_id": first["item_id"], "audio_end_ms": 600}))
         await ws.send(json.dumps({"type": "response.cancel"}))
