@@ -113,3 +113,11 @@ def stop_server(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
 def _tail(log, chars: int = 2000) -> str:
     log.seek(0)
     return log.read().decode(errors="replace")[-chars:]
+
+
+def default_voice() -> str:
+    """The bundled Piper voice's path (``voxloop.models``), for scripts run without ``--voice``."""
+    from voxloop import models
+    from voxloop.config import load_config
+
+    return str(models.resolve_voice(load_config()).path)

@@ -10,13 +10,23 @@ Modes: ``engine`` calls the engines in-process: ``cuda`` (``CudaTtsEngine.submit
 ``OnnxTtsEngine.synthesize_ids`` at the native rate), ``onnx-stream`` (``synthesize_ids``
 of the streaming CPU engine: chunked encoder + decoder ONNX). ``ws``: each client is one
 ``voxloop.client.RealtimeClient`` connection calling ``speak()`` (``x.tts.speak``, text,
-24 kHz) against a ``voxloop serve`` process the bench starts per backend (``onnx``:
-``tts.streaming=false``, ``onnx-stream``: true; ``--server-arg`` adds settings).
+24 kHz) against a TTS-only ``python -m voxloop serve`` process (``server.stages=tts``: no
+faster-whisper or llama.cpp needed) the bench starts per backend (``onnx``:
+``tts.streaming=false``, ``onnx-stream``: true; ``cuda``: ``configs/gpu.toml`` with the
+``--precision``/``--chunk-frames``/``--tail-chunk-frames``/``--max-batch``/``--max-frames``/
+``--compile`` values, rows ``ws-cuda-<precision>``; ``--server-arg`` adds settings). Peak
+VRAM in ws mode (``peak_vram_source`` says which): the server's CUDA pool high-water mark
+from ``/metrics`` when it exports ``voxloop_gpu_pool_bytes``; else sampled from
+``nvidia-smi`` once a second: the server process's own memory when nvidia-smi lists its
+pid, else the GPUs' memory in use minus what was in use before the server started (both
+include the CUDA context, unlike engine mode's ``torch.cuda.max_memory_reserved``); null
+without either.
 Examples::
 
     python bench/tts_load.py --backends cuda,onnx --concurrency 1,8,50,128 --hardware h200
     python bench/tts_load.py --backends onnx onnx-stream --concurrency 1 2 4 8 --hardware cpu-2c
     python bench/tts_load.py --mode ws --backends onnx onnx-stream --concurrency 1 2 4 8 --hardware cpu-2c --append
+    python bench/tts_load.py --mode ws --backends cuda --concurrency 1,8,50,128 --hardware h200 --append
     python bench/tts_load.py --plot bench/results/tts_load-h200-2026-11-29.json
     python bench/tts_load.py --make-sentences   # rebuild the JSON from tts_sentences.txt
 
@@ -31,6 +41,8 @@ import asyncio
 import datetime as dt
 import json
 import os
+import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -86,18 +98,21 @@ class CudaBackend:
         from tts_engine.torch_vits.cuda_engine import CudaTtsEngine, batch_buckets
         from tts_engine.torch_vits.runner import RunnerOptions
         from tts_engine.voice import Voice
+        from voxloop.config import GpuConfig
 
         self.torch = torch
         opts = RunnerOptions(
             chunk_frames=args.chunk_frames, max_frames=args.max_frames, precision=args.precision,
             tail_chunk_frames=args.tail_chunk_frames, decode_batches=batch_buckets(args.max_batch, fine=not args.coarse),
             encode_batches=batch_buckets(args.max_batch, fine=False), compile=args.compile,
+            cudnn_benchmark=args.cudnn_benchmark,
         )  # fmt: skip
         t0 = time.perf_counter()
-        self.engine = CudaTtsEngine(Voice.load(args.voice), opts, device=args.device, queue_size=4096)
+        self.engine = CudaTtsEngine(Voice.load(args.voice), opts, device=args.device, queue_size=4096,
+                                    gpu=GpuConfig(allocator=args.allocator))  # fmt: skip
         self.startup_s = time.perf_counter() - t0
         self.sample_rate = self.engine.sample_rate
-        self.name = f"cuda-{args.precision}" + ("-compiled" if args.compile else "")
+        self.name = f"cuda-{args.precision}" + ("-compiled" if args.compile else "") + ("-cudnnbench" if args.cudnn_benchmark else "")
         runner = self.engine.runner
         self.info = {
             "startup_s": round(self.startup_s, 2), "graph_capture_s": round(runner.capture_s, 2),
@@ -105,6 +120,7 @@ class CudaBackend:
             "capture_peak_mb": round(runner.capture_peak_mb, 1),
             "memory_after_capture_mb": round(self.torch.cuda.memory_reserved() / 2**20, 1),
             "chunk_frames": args.chunk_frames, "tail_chunk_frames": args.tail_chunk_frames, "compile": args.compile,
+            "cudnn_benchmark": args.cudnn_benchmark, "allocator": args.allocator,
             "decode_batches": len(opts.decode_batches),
             "precision": args.precision, "max_batch": args.max_batch,
         }  # fmt: skip
@@ -242,35 +258,151 @@ def closed_loop(backend, sentences: list[dict], clients: int, duration_s: float,
 
 
 class WsBackend:
-    """A ``voxloop serve`` process for one CPU backend; requests are ``RealtimeClient.speak`` calls."""
+    """A TTS-only ``voxloop serve`` process for one backend; requests are ``RealtimeClient.speak`` calls."""
 
     def __init__(self, args: argparse.Namespace, backend: str, max_clients: int) -> None:
         from bench.common import free_port, start_server
 
-        if backend not in ("onnx", "onnx-stream"):
-            raise SystemExit(f"ws mode: backend {backend!r} is not one of onnx, onnx-stream")
-        workers = args.ws_workers or os.cpu_count() or 1
-        self.server_args = [
-            f"--set=tts.streaming={'true' if backend == 'onnx-stream' else 'false'}",
-            f"--set=tts.onnx_workers={workers}", "--set=tts.onnx_threads=1",
-            f"--set=tts.voice_path={args.voice}", f"--set=limits.max_sessions={max(16, max_clients)}",
-            *args.server_arg,
-        ]  # fmt: skip
+        common = ["--set=server.stages=tts", "--set=server.host=127.0.0.1", f"--set=tts.voice_path={args.voice}",
+                  f"--set=limits.max_sessions={max(16, max_clients)}"]  # fmt: skip
+        if backend == "cuda":
+            self.server_args = [
+                "--config", str(ROOT / "configs" / "gpu.toml"), *common, f"--set=tts.precision={args.precision}",
+                f"--set=tts.chunk_frames={args.chunk_frames}", f"--set=tts.tail_chunk_frames={args.tail_chunk_frames}",
+                f"--set=tts.max_batch={args.max_batch}", f"--set=tts.max_frames={args.max_frames}",
+                f"--set=tts.compile={'true' if args.compile else 'false'}", f"--set=gpu.allocator={args.allocator}",
+                f"--set=tts.cudnn_benchmark={'true' if args.cudnn_benchmark else 'false'}", *args.server_arg,
+            ]  # fmt: skip
+            self.name = f"ws-cuda-{args.precision}" + ("-compiled" if args.compile else "")
+            self.info: dict = {"precision": args.precision, "max_batch": args.max_batch, "gpu": gpu_name()}
+        elif backend in ("onnx", "onnx-stream"):
+            workers = args.ws_workers or os.cpu_count() or 1
+            self.server_args = [
+                *common, f"--set=tts.streaming={'true' if backend == 'onnx-stream' else 'false'}",
+                f"--set=tts.onnx_workers={workers}", "--set=tts.onnx_threads=1", *args.server_arg,
+            ]  # fmt: skip
+            self.name = f"ws-{backend}-cpu"
+            self.info = {"workers": workers, "threads_per_worker": 1, "cpu": cpu_name()}
+        else:
+            raise SystemExit(f"ws mode: backend {backend!r} is not one of cuda, onnx, onnx-stream")
         port = free_port()
+        vram_before = VramSampler.gpus_used_mb()
         t0 = time.perf_counter()
-        self.server = start_server(port, self.server_args, timeout_s=300)
+        # CUDA start-up captures graphs (and compiles with --compile: minutes).
+        self.server = start_server(port, self.server_args, timeout_s=900 if backend == "cuda" else 300)
         self.url = f"ws://127.0.0.1:{port}/v1/realtime"
-        self.name = f"ws-{backend}-cpu"
-        self.info = {"workers": workers, "threads_per_worker": 1, "cpu": cpu_name(),
-                     "server_startup_s": round(time.perf_counter() - t0, 1), "server_args": self.server_args}  # fmt: skip
+        self.vram = VramSampler(self.server.pid, vram_before) if backend == "cuda" else None
+        self.info.update({"server_startup_s": round(time.perf_counter() - t0, 1), "server_args": self.server_args})
 
-    def peak_vram_mb(self) -> None:
-        return None
+    def reset_peak(self) -> None:
+        if self.vram is not None:
+            self.vram.reset()
+
+    def peak_vram_mb(self) -> float | None:
+        """The server's pool high-water mark from /metrics when it exports one, else nvidia-smi's peak."""
+        if self.vram is None:
+            return None
+        pool = metrics_pool_high_mb(self.url.replace("ws://", "http://").replace("/v1/realtime", "/metrics"))
+        if pool is not None:
+            self.info["peak_vram_source"] = "server /metrics voxloop_gpu_pool_bytes{kind=reserved,stat=high}"
+            return pool
+        peak = self.vram.peak_mb()
+        self.info["peak_vram_source"] = self.vram.source
+        return peak
+
 
     def close(self) -> None:
         from bench.common import stop_server
 
+        if self.vram is not None:
+            self.vram.close()
         stop_server(self.server)
+
+
+def metrics_pool_high_mb(url: str) -> float | None:
+    """``voxloop_gpu_pool_bytes{kind="reserved",stat="high"}`` (CUDA pool high-water since start), MiB, or None."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "voxloop_gpu_pool_bytes" and sample.labels == {"kind": "reserved", "stat": "high"}:
+                return sample.value / 2**20
+    return None
+
+
+class VramSampler:
+    """Peak GPU memory of a server process, MiB, from ``nvidia-smi`` every ``interval_s`` seconds.
+
+    The process's own ``used_memory`` when nvidia-smi lists ``pid`` (it may not inside a
+    container with its own pid namespace); else the memory in use on all GPUs minus
+    ``baseline_mb`` (measured before the server started: right on a GPU nothing else uses).
+    ``peak_mb()`` is None without nvidia-smi. Both include the CUDA context.
+    """
+
+    def __init__(self, pid: int, baseline_mb: float | None, interval_s: float = 1.0) -> None:
+        self.pid, self.baseline_mb, self.interval_s = pid, baseline_mb, interval_s
+        self.source: str | None = None
+        self._peak: float | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="vram-sampler")
+        if shutil.which("nvidia-smi"):
+            self._thread.start()
+
+    @staticmethod
+    def _query(*fields: str) -> list[list[str]]:
+        try:
+            out = subprocess.run(["nvidia-smi", f"--query-{fields[0]}={','.join(fields[1:])}",
+                                  "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+        if out.returncode != 0:
+            return []
+        return [[v.strip() for v in line.split(",")] for line in out.stdout.splitlines() if line.strip()]
+
+    @classmethod
+    def gpus_used_mb(cls) -> float | None:
+        """Memory in use on all GPUs, MiB (None without nvidia-smi)."""
+        rows = cls._query("gpu", "memory.used") if shutil.which("nvidia-smi") else []
+        return sum(float(r[0]) for r in rows) if rows else None
+
+    def sample(self) -> tuple[float, str] | None:
+        """(MiB, source) now, or None when nvidia-smi gives nothing usable."""
+        own = [float(r[1]) for r in self._query("compute-apps", "pid", "used_memory")
+               if len(r) == 2 and r[0] == str(self.pid) and r[1].replace(".", "", 1).isdigit()]  # fmt: skip
+        if own:
+            return sum(own), "nvidia-smi: server process used_memory"
+        used = self.gpus_used_mb()
+        if used is None or self.baseline_mb is None:
+            return None
+        return used - self.baseline_mb, "nvidia-smi: all GPUs memory.used minus before the server started"
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            got = self.sample()
+            if got is not None:
+                with self._lock:
+                    self._peak = got[0] if self._peak is None else max(self._peak, got[0])
+                    self.source = got[1]
+            self._stop.wait(self.interval_s)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._peak = None
+
+    def peak_mb(self) -> float | None:
+        with self._lock:
+            return self._peak
+
+    def close(self) -> None:
+        self._stop.set()
 
 
 async def ws_closed_loop(url: str, sentences: list[dict], clients: int, duration_s: float, warmup_s: float) -> list[dict]:
@@ -349,9 +481,12 @@ def run(args: argparse.Namespace) -> Path:
     for name in args.backends:
         if args.mode == "ws":
             backend = WsBackend(args, name, max(levels))
+            print(f"[{backend.name}] {json.dumps(backend.info)}", flush=True)
+            duration, warmup = (args.duration, args.warmup) if name == "cuda" else (args.cpu_duration, 1.0)
             try:
                 for clients in levels:
-                    records = asyncio.run(ws_closed_loop(backend.url, sentences, clients, args.cpu_duration, 1.0))
+                    backend.reset_peak()
+                    records = asyncio.run(ws_closed_loop(backend.url, sentences, clients, duration, warmup))
                     record(summarize(records, backend, clients, args.hardware))
             finally:
                 backend.close()
@@ -436,10 +571,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", choices=["engine", "ws"], default="engine",
                    help="engine: in-process; ws: RealtimeClient.speak (x.tts.speak) against a server started here")  # fmt: skip
     p.add_argument("--backends", nargs="+", default=["cuda,onnx"],
-                   help="cuda, onnx, onnx-stream (ws: onnx, onnx-stream); spaces or commas")  # fmt: skip
+                   help="cuda, onnx, onnx-stream (also in ws mode); spaces or commas")  # fmt: skip
     p.add_argument("--concurrency", nargs="+", default=["1,8,50,128"], help="client counts; spaces or commas")
-    p.add_argument("--duration", type=float, default=15.0, help="measured seconds per level (GPU)")
-    p.add_argument("--cpu-duration", type=float, default=10.0, help="measured seconds per level (CPU engine and ws modes)")
+    p.add_argument("--duration", type=float, default=15.0, help="measured seconds per level (GPU, both modes)")
+    p.add_argument("--cpu-duration", type=float, default=10.0, help="measured seconds per level (CPU backends, both modes)")
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--voice", default=os.environ.get("VOXLOOP_TTS__VOICE_PATH"), help="Piper .onnx (default: bundled)")
     p.add_argument("--device", default="cuda")
@@ -453,6 +588,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-batch", type=int, default=128)
     p.add_argument("--max-frames", type=int, default=3072)
     p.add_argument("--compile", action="store_true", help="torch.compile the chunk decoder before capture")
+    p.add_argument("--cudnn-benchmark", action="store_true", help="cuDNN algorithm timing at start-up (tts.cudnn_benchmark)")
+    p.add_argument("--allocator", default="async", choices=["async", "native"], help="gpu.allocator")
     p.add_argument("--coarse", action="store_true", help="power-of-two decode batch buckets only (faster start-up)")
     p.add_argument("--hardware", default="local")
     p.add_argument("--date", default=dt.date.today().isoformat())
@@ -471,10 +608,9 @@ def main(argv: list[str] | None = None) -> int:
         plot(args.plot)
         return 0
     if args.voice is None:
-        from voxloop import models
-        from voxloop.config import load_config
+        from bench.common import default_voice
 
-        args.voice = str(models.resolve_voice(load_config()).path)
+        args.voice = default_voice()
     run(args)
     return 0
 

@@ -2,7 +2,9 @@
 
 Models load once per process and are shared by every session; each is owned by a
 ``ModelWorker``. Loading happens off the event loop so ``/health`` answers at once
-and ``/ready`` turns 200 when all three are loaded.
+and ``/ready`` turns 200 when the configured stages (``server.stages``) are loaded.
+A stage that is not configured is never imported: a TTS-only server (``["tts"]``)
+runs without faster-whisper and llama-cpp-python installed.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Engines:
-    """Workers owning the models. ``loaded`` is False until ``load()`` finishes."""
+    """Workers owning the models; a stage not in ``cfg.server.stages`` stays None.
+
+    ``loaded`` is False until ``load()`` finishes.
+    """
 
     cfg: Config
     asr: ModelWorker | None = None
@@ -30,8 +35,13 @@ class Engines:
     load_s: dict[str, float] = field(default_factory=dict)
 
     @property
+    def stages(self) -> tuple[str, ...]:
+        """The configured stages ("asr", "llm", "tts"), ``server.stages``."""
+        return self.cfg.server.stages
+
+    @property
     def loaded(self) -> bool:
-        return None not in (self.asr, self.llm, self.tts)
+        return all(getattr(self, stage) is not None for stage in self.stages)
 
     @property
     def tts_sample_rate(self) -> int:
@@ -39,7 +49,7 @@ class Engines:
         return int(self.tts.engine.sample_rate)
 
     def load_sync(self) -> None:
-        """Load all models (blocking, seconds). Warm each up so the first turn is not slow."""
+        """Load the configured models (blocking, seconds). Warm each up so the first turn is not slow."""
         cfg = self.cfg
         t0 = time.monotonic()
         from tts_engine.factory import create_engines
@@ -49,7 +59,18 @@ class Engines:
             for _ in engine.synthesize("Warm up."):
                 pass
         self.load_s["tts"] = time.monotonic() - t0
+        asr = self._load_asr() if "asr" in self.stages else None
+        llm = self._load_llm() if "llm" in self.stages else None
 
+        self.tts = ModelWorker("tts", tts, queue_size=cfg.tts.queue_size)
+        if asr is not None:
+            self.asr = ModelWorker("asr", [asr], queue_size=64)
+        if llm is not None:
+            self.llm = ModelWorker("llm", [llm], queue_size=64)
+        log.info("models loaded: %s", {k: round(v, 2) for k, v in self.load_s.items()})
+
+    def _load_asr(self) -> Any:
+        cfg = self.cfg
         t0 = time.monotonic()
         from asr.transcriber import Transcriber
         from asr.zh import postprocess_transcript
@@ -60,18 +81,16 @@ class Engines:
         asr = Transcriber.from_config(cfg, postprocess=postprocess)
         asr.warmup()
         self.load_s["asr"] = time.monotonic() - t0
+        return asr
 
+    def _load_llm(self) -> Any:
         t0 = time.monotonic()
         from llm.chat import ChatModel
 
-        llm = ChatModel.from_config(cfg)
+        llm = ChatModel.from_config(self.cfg)
         llm.warmup()
         self.load_s["llm"] = time.monotonic() - t0
-
-        self.tts = ModelWorker("tts", tts, queue_size=cfg.tts.queue_size)
-        self.asr = ModelWorker("asr", [asr], queue_size=64)
-        self.llm = ModelWorker("llm", [llm], queue_size=64)
-        log.info("models loaded: %s", {k: round(v, 2) for k, v in self.load_s.items()})
+        return llm
 
     async def load(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.load_sync)
@@ -83,9 +102,12 @@ class Engines:
 
     @classmethod
     def from_parts(cls, cfg: Config, asr: Any, llm: Any, tts: list[Any]) -> "Engines":
-        """Engines around ready-made engine objects (tests inject fakes for orchestration)."""
+        """Engines around ready-made engine objects (tests inject fakes for orchestration).
+
+        ``asr``/``llm`` None: that stage is absent (match ``cfg.server.stages``).
+        """
         e = cls(cfg)
-        e.asr = ModelWorker("asr", [asr])
-        e.llm = ModelWorker("llm", [llm])
+        e.asr = None if asr is None else ModelWorker("asr", [asr])
+        e.llm = None if llm is None else ModelWorker("llm", [llm])
         e.tts = ModelWorker("tts", tts, queue_size=cfg.tts.queue_size)
         return e

@@ -3,7 +3,8 @@
 HTTP routes (answered during the opening handshake, no upgrade):
   ``GET /``            the browser client (``web_client/``), other static files below it
   ``GET /health``      liveness: 200 while the process serves
-  ``GET /ready``       readiness: 200 when models are loaded and a session slot is free, else 503
+  ``GET /ready``       readiness: 200 when the models of ``server.stages`` are loaded and a session
+                       slot is free, else 503
   ``GET /metrics``     Prometheus text
 WebSocket: ``/v1/realtime`` (also ``/realtime``, as the openai SDK builds ``{base}/realtime``).
 
@@ -63,11 +64,19 @@ class Hub:
         self.engines = engines
         self.metrics = Metrics()
         self.traces = TraceSink(self.metrics, cfg.trace.path)
+        self.metrics.watch_tts_memory(self.tts_memory_report)
+        self.traces.gpu_report = self.tts_memory_report
         self.sessions: dict[str, Session] = {}
         self.web_root = Path(cfg.server.web_root) if cfg.server.web_root else WEB_ROOT
         self.draining = False
         self._server: Server | None = None
         self._conn_tasks: set[asyncio.Task] = set()
+
+    def tts_memory_report(self) -> dict | None:
+        """The GPU TTS engine's memory figures once loaded; None for engines without (CPU)."""
+        worker = self.engines.tts
+        report = getattr(worker.engine, "memory_report", None) if worker is not None else None
+        return report() if report is not None else None
 
     # ------------------------------------------------------------------ lifecycle
     @property

@@ -34,6 +34,7 @@ from pipeline.history import History
 from pipeline.items import ContentPart, ErrorInfo, MessageItem
 from pipeline.respond import ReplyRequest, Responder, assistant_item, response_object
 from pipeline.session_schema import default_session
+from pipeline.stages import missing_stage_error
 from pipeline.trace import Metrics, TraceSink, TurnTrace
 from pipeline.tts_requests import TtsRequests
 from pipeline.turn import Turn, TurnControl
@@ -141,9 +142,10 @@ class Session:
             self._send(event)
             return
         handler = _HANDLERS.get(type(event))
-        if handler is None:
-            self._error(InvalidInput(f"{event.type} is not supported", code=ErrorCode.UNSUPPORTED_EVENT_TYPE),
-                        event.event_id)
+        refused = missing_stage_error(event, self.engines.stages)  # e.g. audio on a TTS-only server
+        if handler is None or refused is not None:
+            self._error(refused or InvalidInput(f"{event.type} is not supported",
+                                                code=ErrorCode.UNSUPPORTED_EVENT_TYPE), event.event_id)
             return
         try:
             handler(self, event)

@@ -14,7 +14,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from collections.abc import Callable, Iterator
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 #: Stage marks in the order a turn passes them.
 STAGES = (
@@ -32,7 +37,25 @@ STAGES = (
     "done",
 )
 
-_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+_BUCKETS_S = (
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.6,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    10.0,
+)
 
 
 class Metrics:
@@ -61,6 +84,83 @@ class Metrics:
         )
         self.tts_requests = Counter("voxloop_tts_requests", "x.tts.speak requests", registry=r)
         self.audio_sent_s = Counter("voxloop_audio_sent_seconds", "Reply audio sent, seconds", registry=r)
+
+    def watch_tts_memory(self, report: Callable[[], dict[str, Any] | None]) -> None:
+        """Export the GPU TTS engine's memory figures (``CudaTtsEngine.memory_report``), read at each scrape."""
+        self.registry.register(_TtsMemoryCollector(report))
+
+
+class _TtsMemoryCollector(Collector):
+    """Gauges from a memory report: device pool, per-stage memory and budgets, host buffer pools."""
+
+    def __init__(self, report: Callable[[], dict[str, Any] | None]) -> None:
+        self.report = report
+
+    def collect(self) -> Iterator[Metric]:
+        r = self.report()
+        if not r:
+            return
+        mib = 2**20
+        if r.get("pool"):
+            pool = GaugeMetricFamily("voxloop_gpu_pool_bytes", "The process's CUDA memory pool, bytes (stat: current or high-water)",
+                                     labels=["kind", "stat"])  # fmt: skip
+            p = r["pool"]
+            for kind in ("reserved", "used", "graph_reserved"):
+                pool.add_metric([kind, "current"], p[kind] * mib)
+                pool.add_metric([kind, "high"], p[f"{kind}_high"] * mib)
+            yield pool
+            yield GaugeMetricFamily(
+                "voxloop_gpu_device_used_bytes",
+                "Device memory in use by all processes, bytes",
+                value=p["device_used"] * mib,
+            )
+        stage = GaugeMetricFamily(
+            "voxloop_gpu_stage_bytes",
+            "Device memory each TTS stage took at start-up, bytes",
+            labels=["stage"],
+        )
+        for name, mb in r.get("stages_mb", {}).items():
+            stage.add_metric([name], mb * mib)
+        yield stage
+        budget = GaugeMetricFamily(
+            "voxloop_gpu_stage_budget_bytes",
+            "Configured budget per TTS stage, bytes (0: none)",
+            labels=["stage"],
+        )
+        for name, mb in r.get("budgets_mb", {}).items():
+            budget.add_metric([name], mb * mib)
+        yield budget
+        host = GaugeMetricFamily(
+            "voxloop_tts_host_pool_bytes",
+            "TTS request buffer pools, bytes",
+            labels=["pool", "kind"],
+        )
+        allocs = CounterMetricFamily(
+            "voxloop_tts_host_pool_allocations",
+            "Buffers allocated by the pools (misses)",
+            labels=["pool"],
+        )
+        reuses = CounterMetricFamily(
+            "voxloop_tts_host_pool_reuses",
+            "Buffers reused from the pools (hits)",
+            labels=["pool"],
+        )
+        for name, c in r.get("host_pools", {}).items():
+            for kind in ("outstanding", "cached", "high_water"):
+                host.add_metric([name, kind], c[f"{kind}_bytes"])
+            allocs.add_metric([name], c["allocations"])
+            reuses.add_metric([name], c["reuses"])
+        yield from (host, allocs, reuses)
+        yield GaugeMetricFamily(
+            "voxloop_tts_max_batch",
+            "Current GPU batch limit (lowered after out-of-memory)",
+            value=r["max_batch"],
+        )
+        yield CounterMetricFamily(
+            "voxloop_tts_gpu_ooms",
+            "GPU out-of-memory errors survived by the TTS scheduler",
+            value=r["ooms"],
+        )
 
 
 @dataclass
@@ -116,6 +216,8 @@ class TraceSink:
     def __init__(self, metrics: Metrics, path: str | None) -> None:
         self.metrics = metrics
         self.path = Path(path) if path else None
+        #: Called at each turn's end for GPU memory figures to add to its summary (``gpu``), or None.
+        self.gpu_report: Callable[[], dict[str, Any] | None] | None = None
         self._lock = threading.Lock()
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -123,6 +225,11 @@ class TraceSink:
     def record(self, trace: TurnTrace, status: str) -> dict[str, object]:
         summary = trace.summary()
         summary["status"] = status
+        report = self.gpu_report() if self.gpu_report else None
+        if report and report.get("pool"):
+            pool = report["pool"]
+            summary["gpu"] = {"pool_used_mb": pool["used"], "pool_used_high_mb": pool["used_high"],
+                              "graph_reserved_mb": pool["graph_reserved"], "max_batch": report["max_batch"]}  # fmt: skip
         self.metrics.turns.labels(status=status).inc()
         for stage, ms in trace.relative_ms().items():
             if ms >= 0:

@@ -132,3 +132,34 @@ def test_gpu_cancel_frees_slot(voice_path):
         assert list(b)[-1].final and list(c)[-1].final
     finally:
         eng.close()
+
+
+def test_gpu_one_async_pool_is_observed(voice_path):
+    """The engine's memory goes through the stream-ordered pool and cuda-python reads its counters
+    (verified on the H200: used 1180 MiB, graph pool 1632 MiB at max_batch 8 after earlier engines)."""
+    e = engine(voice_path, "fp16", max_batch=8)
+    try:
+        report = e.memory_report()
+        pool = report["pool"]
+        print("memory report", json.dumps(report))
+        assert pool["allocator"] == "cudaMallocAsync"
+        assert pool["used"] > report["stages_mb"]["state"] * 0.9 > 0  # weights + slot buffers live in the pool
+        assert pool["reserved_high"] >= pool["reserved"] >= pool["used"] > 0
+        assert pool["graph_reserved"] > 0  # the captured graphs' memory
+        for _ in e.synthesize_ids(bench_ids(1)[0]):
+            pass
+        assert e.memory_report()["pool"]["used_high"] >= pool["used"]
+    finally:
+        e.close()
+
+
+def test_gpu_graph_budgets_need_the_native_allocator(voice_path):
+    from tts_engine.torch_vits.cuda_engine import CudaTtsEngine
+    from tts_engine.torch_vits.runner import RunnerOptions
+    from tts_engine.voice import Voice
+    from voxloop.errors import ConfigError
+
+    opts = RunnerOptions(chunk_frames=64, max_frames=512, decode_batches=(1, 2), encode_batches=(1,),
+                         phoneme_buckets=(64, 128, 256), decode_budget_mb=100)  # fmt: skip
+    with pytest.raises(ConfigError, match="allocator = 'native'"):
+        CudaTtsEngine(Voice.load(voice_path), opts, device="cuda")

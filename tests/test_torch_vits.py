@@ -226,6 +226,9 @@ class _BlockingRunner:
     def fetch(self, *arrays):
         return list(arrays)
 
+    def release_staged(self) -> None:
+        pass
+
 
 def test_scheduler_cancel_frees_slot_and_queue_is_bounded():
     runner = _BlockingRunner(slots=2)

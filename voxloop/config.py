@@ -24,6 +24,8 @@ from voxloop.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 ENV_PREFIX = "VOXLOOP_"
+#: The model stages a server can run (``server.stages``).
+STAGES = ("asr", "llm", "tts")
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,21 @@ class ServerConfig:
     allowed_origins: tuple[str, ...] = ()
     #: Directory served at ``/``; None means the bundled ``web_client/``.
     web_root: str | None = None
+    #: Model stages this server loads and runs, any of "asr", "llm", "tts". "tts" is required;
+    #: "asr" needs "llm" (a voice turn is answered by the LLM). ``["tts"]`` is a TTS-only server:
+    #: ``x.tts.speak`` works, faster-whisper and llama.cpp are never imported, and events that need a
+    #: missing stage (audio input needs asr + llm, ``response.create`` needs llm) get an
+    #: ``unsupported_event_type`` error. ``["llm", "tts"]`` is a text chat server (no ASR).
+    stages: tuple[str, ...] = ("asr", "llm", "tts")
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.stages) - set(STAGES))
+        if unknown:
+            raise ConfigError(f"server.stages: unknown stage(s) {unknown}; known: {', '.join(STAGES)}")
+        if "tts" not in self.stages:
+            raise ConfigError(f"server.stages must include 'tts', got {list(self.stages)}")
+        if "asr" in self.stages and "llm" not in self.stages:
+            raise ConfigError("server.stages: 'asr' needs 'llm' (a voice turn is answered by the LLM)")
 
 
 @dataclass(frozen=True)
@@ -149,6 +166,9 @@ class TtsConfig:
     max_frames: int = 3072
     #: Capture the GPU steps as CUDA graphs at start-up (False: eager, for debugging).
     cuda_graphs: bool = True
+    #: GPU: let cuDNN time its convolution algorithms for every captured shape at start-up (faster
+    #: steps, much slower start-up; very slow with ``gpu.allocator = "async"``).
+    cudnn_benchmark: bool = False
     #: GPU: torch.compile the chunk decoder before capture (fuses elementwise work; ~1 min more start-up).
     compile: bool = False
     #: Pending requests before new ones are refused.
@@ -175,6 +195,37 @@ class TtsConfig:
 
 
 @dataclass(frozen=True)
+class GpuConfig:
+    """The process's CUDA memory (used where a stage runs on the GPU: the cuda TTS backend).
+
+    ASR (CTranslate2) and the LLM (llama.cpp) run on the CPU in this build, so only the TTS
+    stages have GPU budgets here.
+    """
+
+    #: PyTorch allocator backend: "async" (one stream-ordered CUDA pool, ``cudaMallocAsync``,
+    #: observed with cuda-python) or "native" (PyTorch's caching allocator). Chosen before CUDA
+    #: initializes; changing it later in the same process is a ConfigError.
+    allocator: str = "async"
+    #: Bytes the async pool keeps reserved at synchronization points before returning memory to
+    #: the driver, MiB; None keeps everything (PyTorch's own setting).
+    release_threshold_mb: int | None = None
+    #: Most device memory this process may allocate through PyTorch, MiB; 0 is the whole device.
+    #: Over it, an allocation fails with out-of-memory and the TTS scheduler degrades its batch.
+    memory_limit_mb: int = 0
+    #: TTS weights and per-request slot buffers, MiB; 0 is no budget. Over it start-up fails.
+    tts_state_budget_mb: int = 0
+    #: TTS encoder step (its CUDA graphs and their memory), MiB; 0 is no budget. Graph buckets are
+    #: captured smallest first; the first that brings the stage over budget is dropped with all
+    #: larger ones (the batch limit shrinks, logged); none fitting is a start-up error.
+    tts_encode_budget_mb: int = 0
+    #: TTS flow + decoder step, MiB; 0 is no budget (same rule as ``tts_encode_budget_mb``).
+    tts_decode_budget_mb: int = 0
+    #: Host memory each TTS request buffer pool (pinned step staging; request audio) keeps for
+    #: reuse, MiB; 0 disables the pools (every request allocates: for comparison only).
+    host_pool_mb: int = 256
+
+
+@dataclass(frozen=True)
 class ModelsConfig:
     #: Cache directory for assembled models; None is ``$XDG_CACHE_HOME/voxloop`` (``~/.cache/voxloop``).
     cache_dir: str | None = None
@@ -198,6 +249,7 @@ class Config:
     asr: AsrConfig = field(default_factory=AsrConfig)
     llm: LlmConfig = field(default_factory=LlmConfig)
     tts: TtsConfig = field(default_factory=TtsConfig)
+    gpu: GpuConfig = field(default_factory=GpuConfig)
     models: ModelsConfig = field(default_factory=ModelsConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
 

@@ -20,13 +20,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tts_engine.engine import AudioChunk, SynthesisOptions, check_phoneme_ids, resolve_options
+from tts_engine.engine import (
+    AudioChunk,
+    SynthesisOptions,
+    check_phoneme_ids,
+    resolve_options,
+)
 from tts_engine.onnx_backend import StreamResampler
+from tts_engine.torch_vits.buffers import HostBufferPool
+from tts_engine.torch_vits.gpu_memory import GpuMemory, configure_allocator
 from tts_engine.torch_vits.runner import RunnerOptions, StepRunner
 from tts_engine.torch_vits.scheduler import BatchScheduler, Scales, SpeechRequest
 from tts_engine.torch_vits.weights import load_vits
 from tts_engine.voice import Voice
-from voxloop.config import Config
+from voxloop.config import Config, GpuConfig
 from voxloop.errors import ConfigError, ModelError
 
 #: Output rates accepted in ``SynthesisOptions.sample_rate``, Hz (as the CPU engine).
@@ -58,21 +65,32 @@ class CudaTtsEngine:
         max_text_chars: int | None = None,
         weights_path: str | Path | None = None,
         oom_retry_after_ms: int = 2000,
+        gpu: GpuConfig | None = None,
     ) -> None:
         """``weights_path``: a PyTorch checkpoint to use instead of ``voice.model_path`` (.onnx);
-        ``oom_retry_after_ms``: retry hint, ms, for requests dropped on GPU out-of-memory."""
-        if device.startswith("cuda") and not torch.cuda.is_available():
+        ``oom_retry_after_ms``: retry hint, ms, for requests dropped on GPU out-of-memory;
+        ``gpu``: allocator, memory limit and host buffer pools (default ``GpuConfig()``)."""
+        on_cuda = device.startswith("cuda")
+        if on_cuda and not torch.cuda.is_available():
             raise ModelError("tts.backend = 'cuda' but PyTorch sees no CUDA device; set tts.backend = 'onnx'")
+        gpu = gpu or GpuConfig()
+        if on_cuda:
+            configure_allocator(gpu.allocator)
+        #: The process's device memory pool (None on CPU).
+        self.memory = GpuMemory(gpu, device) if on_cuda else None
         self.voice = voice
         self.sample_rate = voice.sample_rate
         self.defaults = defaults or SynthesisOptions()
         self._max_text_chars = max_text_chars
         self._frontend = None
         model = load_vits(weights_path or voice.model_path)
-        self.runner = StepRunner(model, options, device)
+        pool_bytes = gpu.host_pool_mb * 2**20
+        host_pool = HostBufferPool(pinned=on_cuda, max_cached_bytes=pool_bytes)
+        self.runner = StepRunner(model, options, device, host_pool=host_pool, memory=self.memory)
         self.scheduler = BatchScheduler(
-            self.runner, self.sample_rate, queue_size, oom_retry_after_ms=oom_retry_after_ms
-        )
+            self.runner, self.sample_rate, queue_size, oom_retry_after_ms=oom_retry_after_ms,
+            audio_pool=HostBufferPool(pinned=False, max_cached_bytes=pool_bytes),
+        )  # fmt: skip
 
     @classmethod
     def from_config(cls, cfg: Config) -> CudaTtsEngine:
@@ -82,8 +100,10 @@ class CudaTtsEngine:
         tts = cfg.tts
         onnx_path = models.resolve_voice(cfg).path
         voice = Voice.load(onnx_path, models.voice_config_path(cfg, onnx_path))
-        if tts.precision not in ("fp32", "bf16", "fp16"):
-            raise ConfigError(f"tts.precision {tts.precision!r} is not supported by the cuda backend (fp32, bf16, fp16)")
+        if tts.precision not in ("fp32", "bf16", "fp16", "int8"):
+            raise ConfigError(
+                f"tts.precision {tts.precision!r} is not supported by the cuda backend (fp32, bf16, fp16, int8)"
+            )
         options = RunnerOptions(
             chunk_frames=tts.chunk_frames,
             tail_chunk_frames=tts.tail_chunk_frames,
@@ -93,9 +113,16 @@ class CudaTtsEngine:
             precision=tts.precision,
             cuda_graphs=tts.cuda_graphs,
             compile=tts.compile,
+            cudnn_benchmark=tts.cudnn_benchmark,
+            state_budget_mb=cfg.gpu.tts_state_budget_mb,
+            encode_budget_mb=cfg.gpu.tts_encode_budget_mb,
+            decode_budget_mb=cfg.gpu.tts_decode_budget_mb,
         )
         defaults = SynthesisOptions(
-            length_scale=tts.length_scale, noise_scale=tts.noise_scale, noise_w=tts.noise_w, speaker_id=tts.speaker_id
+            length_scale=tts.length_scale,
+            noise_scale=tts.noise_scale,
+            noise_w=tts.noise_w,
+            speaker_id=tts.speaker_id,
         )
         return cls(
             voice,
@@ -104,6 +131,7 @@ class CudaTtsEngine:
             defaults=defaults,
             max_text_chars=cfg.limits.max_text_chars,
             oom_retry_after_ms=tts.oom_retry_after_ms,
+            gpu=cfg.gpu,
         )
 
     @property
@@ -119,7 +147,9 @@ class CudaTtsEngine:
         scales, _ = self._resolve(options)
         return self.scheduler.submit(self._check_ids(phoneme_ids), scales)
 
-    def synthesize_ids(self, phoneme_ids: Sequence[int], options: SynthesisOptions | None = None) -> Iterator[AudioChunk]:
+    def synthesize_ids(
+        self, phoneme_ids: Sequence[int], options: SynthesisOptions | None = None
+    ) -> Iterator[AudioChunk]:
         """Speak one clause (Piper layout: BOS ... EOS); chunks as they are decoded."""
         scales, rate = self._resolve(options)
         request = self.scheduler.submit(self._check_ids(phoneme_ids), scales)
@@ -142,6 +172,27 @@ class CudaTtsEngine:
     def close(self) -> None:
         self.scheduler.close()
 
+    def memory_report(self) -> dict[str, object]:
+        """Device pool counters (MiB; None on CPU), each stage's start-up memory and budget (MiB),
+        the host buffer pools' counters, the current batch limit and OOMs survived."""
+        opts = self.runner.options
+        budgets = {
+            "state": opts.state_budget_mb,
+            "encode": opts.encode_budget_mb,
+            "decode": opts.decode_budget_mb,
+        }
+        return {
+            "pool": self.memory.stats().as_mb() if self.memory else None,
+            "stages_mb": {k: round(v / 2**20, 1) for k, v in self.runner.stage_bytes.items()},
+            "budgets_mb": budgets,
+            "host_pools": {
+                "staging": vars(self.runner.host_pool.counters).copy(),
+                "audio": vars(self.scheduler.audio_pool.counters).copy(),
+            },  # fmt: skip
+            "max_batch": self.scheduler.max_batch,
+            "ooms": self.scheduler.ooms,
+        }
+
     def _stream(self, requests: list[SpeechRequest], rate: int) -> Iterator[AudioChunk]:
         resampler = StreamResampler(self.sample_rate, rate)
         try:
@@ -149,7 +200,10 @@ class CudaTtsEngine:
                 last_request = n == len(requests) - 1
                 for chunk in request:
                     if rate != self.sample_rate:
-                        audio = resampler.process(chunk.pcm.astype(np.float32) / 32767.0, last=last_request and chunk.final)
+                        audio = resampler.process(
+                            chunk.pcm.astype(np.float32) / 32767.0,
+                            last=last_request and chunk.final,
+                        )
                         pcm = np.clip(audio * 32767.0, -32767, 32767).astype(np.int16)
                         chunk = AudioChunk(pcm, rate, chunk.clause_index, chunk.final)
                     yield chunk

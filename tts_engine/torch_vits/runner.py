@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import bisect
 import copy
+import dataclasses
 import functools
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,12 +28,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from tts_engine.torch_vits.buffers import HostBufferPool
 from tts_engine.torch_vits.chunked import ChunkGeometry, decode_windows, gather_windows, to_int16
+from tts_engine.torch_vits.gpu_memory import GpuMemory
 from tts_engine.torch_vits.model import Vits
+from voxloop.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: Float dtype of flow + decoder per precision; "int8": int8 decoder convolutions (``int8.py``), the rest fp16
+#: (float32 on CPU).
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -54,13 +61,22 @@ class RunnerOptions:
     phoneme_buckets: tuple[int, ...] = (32, 64, 128, 256, 512, 1024)
     #: Largest batch x phonemes of one encoder launch (bounds the buckets captured).
     max_encode_tokens: int = 16384
-    #: "fp32", "bf16" or "fp16" for flow + decoder.
+    #: "fp32", "bf16", "fp16" or "int8" (decoder convolutions int8, calibrated at build; rest fp16) for flow + decoder.
     precision: str = "fp32"
     #: Capture CUDA graphs (CUDA only).
     cuda_graphs: bool = True
     #: Compile the chunk decoder (flow + HiFi-GAN) with ``torch.compile`` before capture (CUDA
     #: only): fuses the elementwise work between convolutions; adds start-up time.
     compile: bool = False
+    #: Let cuDNN time its algorithms for every captured shape at start-up: on the H200 ~20 % faster
+    #: decode steps at batch 8 (4.4 vs 5.4 ms, 256-frame chunks), but start-up 21 s instead of 3 s for
+    #: 24 graphs with the native allocator, and minutes with the async one (each trial maps workspace).
+    cudnn_benchmark: bool = False
+    #: Device memory budgets of the stages, MiB (0: none; see ``voxloop.config.GpuConfig``):
+    #: weights + slot buffers, encoder graphs, decoder graphs. Enforced at start-up on CUDA.
+    state_budget_mb: int = 0
+    encode_budget_mb: int = 0
+    decode_budget_mb: int = 0
 
     @property
     def max_slots(self) -> int:
@@ -84,6 +100,11 @@ class RunnerOptions:
 
     def encode_buckets(self) -> list[tuple[int, int]]:
         return [(b, t) for b in self.encode_batches for t in self.phoneme_buckets if b * t <= self.max_encode_tokens]
+
+
+def _check_budget(stage: str, used: int, budget_mb: int, key: str) -> None:
+    if budget_mb and used > budget_mb * 2**20:
+        raise ConfigError(f"tts {stage} stage needs {used / 2**20:.0f} MiB of GPU memory; gpu.{key} = {budget_mb}")
 
 
 def bucket_for(size: int, buckets: Sequence[int]) -> int:
@@ -113,6 +134,9 @@ class _Step:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
             self.output = self.fn(*self.inputs)
+        # One launch: with the async allocator a graph's memory is mapped at its first launch, so
+        # the stage's memory is measured (and a budget enforced) at start-up, not under load.
+        self.graph.replay()
 
     def __call__(self, *values: torch.Tensor) -> torch.Tensor:
         for dst, src in zip(self.inputs, values):
@@ -141,14 +165,35 @@ class EncodeItem:
 class StepRunner:
     """Owns the model copies, the slot buffers and one ``_Step`` per bucket."""
 
-    def __init__(self, model: Vits, options: RunnerOptions, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self,
+        model: Vits,
+        options: RunnerOptions,
+        device: str | torch.device = "cpu",
+        host_pool: HostBufferPool | None = None,
+        memory: GpuMemory | None = None,
+    ) -> None:
+        """``host_pool``: where step inputs and device->host outputs are staged (pinned on CUDA);
+        None makes a pool of 256 MiB. ``memory``: the process's pool monitor, which measures each
+        stage's device memory (``stage_bytes``) and enforces the budgets (CUDA only)."""
         self.options = options
         self.device = torch.device(device)
+        self.memory = memory if self.device.type == "cuda" else None
+        #: Device memory each stage added at start-up, bytes ("state", "encode", "decode").
+        self.stage_bytes: dict[str, int] = {}
+        base = self.memory.footprint() if self.memory else 0
+        self.host_pool = host_pool or HostBufferPool(pinned=self.device.type == "cuda")
+        self._staged: list[torch.Tensor] = []  # pool blocks in use by queued steps
         if options.precision not in DTYPES:
             raise ValueError(f"precision must be one of {sorted(DTYPES)}, got {options.precision!r}")
         self.dtype = DTYPES[options.precision]
         self.model = model.to(self.device).float().eval()
-        self.synth_model = self.model if self.dtype == torch.float32 else copy.deepcopy(self.model).to(self.dtype)
+        if options.precision == "int8":
+            from tts_engine.torch_vits.int8 import int8_synth_model
+
+            self.synth_model, self.dtype = int8_synth_model(self.model)
+        else:
+            self.synth_model = self.model if self.dtype == torch.float32 else copy.deepcopy(self.model).to(self.dtype)
         self.geometries = {c: ChunkGeometry.for_model(self.model, c) for c in options.chunk_sizes}
         self.geometry = self.geometries[options.chunk_frames]
         c, s = self.model.config, options.max_slots + 1
@@ -156,6 +201,9 @@ class StepRunner:
         self.latents = torch.zeros(s, options.max_frames, c.inter_channels, device=self.device)
         self.frames = torch.zeros(s, dtype=torch.long, device=self.device)
         self.speakers = torch.zeros(s, dtype=torch.long, device=self.device)
+        if self.memory:
+            self.stage_bytes["state"] = self.memory.footprint() - base
+            _check_budget("state", self.stage_bytes["state"], options.state_budget_mb, "tts_state_budget_mb")
         self._encode_steps: dict[tuple[int, int], _Step] = {}
         self._decode_steps: dict[tuple[int, int], _Step] = {}  # (chunk frames, batch)
         self.capture_s = 0.0
@@ -168,7 +216,7 @@ class StepRunner:
         use_graphs = self.options.cuda_graphs and self.device.type == "cuda"
         dev = self.device
         if dev.type == "cuda":
-            torch.backends.cudnn.benchmark = True
+            torch.backends.cudnn.benchmark = self.options.cudnn_benchmark
             # Durations are ceil'd: TF32 in the encoder could change an utterance's length.
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
@@ -204,14 +252,54 @@ class StepRunner:
                         torch._dynamo.mark_dynamic(tensor, 0)
         if use_graphs:
             with torch.inference_mode():
-                for step in [*self._encode_steps.values(), *self._decode_steps.values()]:
-                    step.capture(pool)
+                encode_kept = self._capture_stage("encode", self._encode_steps, pool, self.options.encode_budget_mb)
+                decode_kept = self._capture_stage("decode", self._decode_steps, pool, self.options.decode_budget_mb)
             torch.cuda.synchronize(dev)
             self.capture_peak_mb = torch.cuda.max_memory_reserved(dev) / 2**20
             torch.cuda.empty_cache()  # drop cuDNN benchmark workspaces; the graphs keep their pool
+            if encode_kept != self.options.encode_batches or decode_kept != self.options.decode_batches:
+                self.options = dataclasses.replace(self.options, encode_batches=encode_kept, decode_batches=decode_kept)
         self.capture_s = time.perf_counter() - t0
         if use_graphs:
             log.info("captured %d CUDA graphs in %.1f s", len(self._encode_steps) + len(self._decode_steps), self.capture_s)
+
+    def _capture_stage(self, stage: str, steps: dict[tuple[int, int], _Step], pool: object, budget_mb: int) -> tuple[int, ...]:
+        """Capture a stage's graphs; returns the batch sizes kept.
+
+        Without a budget: largest first (later captures reuse the pool's blocks). With one:
+        smallest batch first, measuring after each batch; the batch that goes over the budget is
+        dropped with every larger one (logged); ConfigError if even the smallest does not fit.
+        """
+        batch_of = (lambda k: k[0]) if stage == "encode" else (lambda k: k[1])  # keys: (b, t) / (chunk, b)
+        batches = sorted({batch_of(k) for k in steps})
+        start = self.memory.footprint() if self.memory else 0
+        if budget_mb and self.memory and self.memory.backend == "cudaMallocAsync":
+            # Graph memory then lives in CUDA's graph memory pool, whose counters did not attribute it
+            # per stage on the H200 (the decode stage measured 0 MiB): no budget we could enforce.
+            raise ConfigError(f"gpu.tts_{stage}_budget_mb needs gpu.allocator = 'native' (graph memory is not "
+                              "attributed per stage with the async pool)")  # fmt: skip
+        if not budget_mb or not self.memory:
+            for key in sorted(steps, key=lambda k: -k[0] * k[1]):
+                steps[key].capture(pool)
+            if self.memory:
+                self.stage_bytes[stage] = self.memory.footprint() - start
+            return tuple(batches)
+        kept: list[int] = []
+        for b in batches:
+            for key in [k for k in steps if batch_of(k) == b]:
+                steps[key].capture(pool)
+            used = self.memory.footprint() - start
+            if used > budget_mb * 2**20:
+                if not kept:
+                    _check_budget(stage, used, budget_mb, f"tts_{stage}_budget_mb")
+                for key in [k for k in steps if batch_of(k) >= b]:
+                    del steps[key]
+                log.warning("tts %s stage: batch %d needs %.0f MiB > budget %d MiB; batches above %d dropped",
+                            stage, b, used / 2**20, budget_mb, kept[-1])  # fmt: skip
+                break
+            kept.append(b)
+            self.stage_bytes[stage] = used
+        return tuple(kept)
 
     def _encode_core(
         self, ids: torch.Tensor, lengths: torch.Tensor, scales: torch.Tensor, sids: torch.Tensor
@@ -251,18 +339,21 @@ class StepRunner:
         longest = max(len(it.ids) for it in items)
         t = bucket_for(longest, self.options.phoneme_buckets)
         b = bucket_for(n, [bb for bb, tt in self._encode_steps if tt == t])
-        ids = np.zeros((b, t), dtype=np.int64)
-        lengths = np.ones(b, dtype=np.int64)
-        scales = np.tile(np.array([0.0, 1.0, 0.0], dtype=np.float32), (b, 1))
-        slots = np.full(b, self.scratch_slot, dtype=np.int64)
-        sids = np.zeros(b, dtype=np.int64)
+        staged = [self._stage((b, t), torch.long), self._stage((b,), torch.long), self._stage((b, 3), torch.float32),
+                  self._stage((b,), torch.long), self._stage((b,), torch.long)]  # fmt: skip
+        ids, lengths, scales, slots, sids = (x.numpy() for x in staged)
+        ids[:] = 0
+        lengths[:] = 1
+        scales[:] = (0.0, 1.0, 0.0)
+        slots[:] = self.scratch_slot
+        sids[:] = 0
         for i, it in enumerate(items):
             ids[i, : len(it.ids)] = it.ids
             lengths[i] = len(it.ids)
             scales[i] = (it.noise_scale, it.length_scale, it.noise_w)
             slots[i], sids[i] = it.slot, it.speaker_id
         with torch.inference_mode():
-            out = self._encode_steps[(b, t)](*(self._host(a) for a in (ids, lengths, scales, slots, sids)))
+            out = self._encode_steps[(b, t)](*staged)
         return out[:n]
 
     def decode(self, slots: Sequence[int], starts: Sequence[int], chunk: int | None = None) -> torch.Tensor:
@@ -273,18 +364,27 @@ class StepRunner:
         chunk = chunk or self.options.chunk_frames
         n = len(slots)
         b = bucket_for(n, self.options.decode_batches)
-        slot_arr = np.full(b, self.scratch_slot, dtype=np.int64)
-        start_arr = np.zeros(b, dtype=np.int64)
-        active = np.zeros(b, dtype=np.int64)
+        staged = [self._stage((b,), torch.long) for _ in range(3)]
+        slot_arr, start_arr, active = (x.numpy() for x in staged)
+        slot_arr[:], start_arr[:], active[:] = self.scratch_slot, 0, 0
         slot_arr[:n], start_arr[:n], active[:n] = slots, starts, 1
         with torch.inference_mode():
-            out = self._decode_steps[(chunk, b)](*(self._host(a) for a in (slot_arr, start_arr, active)))
+            out = self._decode_steps[(chunk, b)](*staged)
         return out[:n]
 
-    def _host(self, array: np.ndarray) -> torch.Tensor:
-        """A host tensor to copy into a step's inputs (pinned on CUDA, so the copy is async)."""
-        tensor = torch.from_numpy(array)
-        return tensor.pin_memory() if self.device.type == "cuda" else tensor
+    def _stage(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A host tensor from the pool (pinned on CUDA, so copies are async), held until ``release_staged``."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        block = self.host_pool.take(nbytes)
+        self._staged.append(block)
+        return block[:nbytes].view(dtype).view(shape)
+
+    def release_staged(self) -> None:
+        """Return the staged host buffers to the pool; call once the queued steps are done
+        (after ``fetch``, whose synchronization covers every step queued before it)."""
+        for block in self._staged:
+            self.host_pool.give(block)
+        self._staged.clear()
 
     def max_encode_batch(self, phonemes: int) -> int:
         """Most requests one encoder launch takes when the longest has ``phonemes`` ids."""
@@ -292,10 +392,11 @@ class StepRunner:
         return max(b for b, tt in self._encode_steps if tt == t)
 
     def fetch(self, *tensors: torch.Tensor) -> list[np.ndarray]:
-        """Copy device results to host (waits for the queued steps)."""
+        """Copy device results to host (waits for the queued steps); the arrays live in staged
+        pool buffers: read them before ``release_staged``."""
         if self.device.type != "cuda":
             return [t.numpy() for t in tensors]
-        host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
+        host = [self._stage(tuple(t.shape), t.dtype) for t in tensors]  # valid until release_staged
         for h, t in zip(host, tensors):
             h.copy_(t, non_blocking=True)
         torch.cuda.current_stream(self.device).synchronize()

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from tts_engine.engine import AudioChunk
+from tts_engine.torch_vits.buffers import HostBufferPool
 from tts_engine.torch_vits.runner import EncodeItem, StepRunner, bucket_for
 from voxloop.errors import InvalidInput, ModelError, Overloaded
 
@@ -70,6 +71,8 @@ class SpeechRequest:
     next_frame: int = 0
     slot: int | None = None
     seq: int = 0
+    #: int16 samples of the whole utterance (pooled), filled chunk by chunk; None once finished.
+    audio: np.ndarray | None = field(default=None, repr=False)
     _chunks: queue.SimpleQueue = field(default_factory=queue.SimpleQueue, repr=False)
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
 
@@ -105,10 +108,13 @@ class BatchScheduler:
         *,
         oom_retry_after_ms: int = 2000,
         regrow_steps: int = 32,
+        audio_pool: HostBufferPool | None = None,
     ) -> None:
         """``oom_retry_after_ms``: hint, ms, in the ``Overloaded`` of requests failed by an OOM;
-        ``regrow_steps``: steps without OOM before the batch limit doubles."""
+        ``regrow_steps``: steps without OOM before the batch limit doubles; ``audio_pool``: where
+        each request's audio lives (None: a 256 MiB pool)."""
         self.runner = runner
+        self.audio_pool = audio_pool or HostBufferPool(pinned=False)
         self.sample_rate = sample_rate
         self.max_slots = runner.options.max_slots
         self.oom_retry_after_ms = oom_retry_after_ms
@@ -263,6 +269,7 @@ class BatchScheduler:
                 self._set_frames(request, int(frames))
         for (size, batch, _), audio in zip(launched, results):
             self._deliver(batch, audio, size)
+        self.runner.release_staged()
 
     def _admit(self) -> list[SpeechRequest]:
         """Waiting requests for one encoder launch: at most ``max_batch`` running, and an
@@ -292,20 +299,26 @@ class BatchScheduler:
         if frames > cap:
             log.warning("utterance of %d frames cut to tts max_frames=%d", frames, cap)
         request.frames = min(frames, cap)
+        # The whole utterance's audio, from the pool; chunks are views into it.
+        request.audio = self.audio_pool.lease((request.frames * self.runner.geometry.hop_length,), np.int16)
 
     def _deliver(self, batch: list[SpeechRequest], audio: np.ndarray, chunk: int) -> None:
         hop = self.runner.geometry.hop_length
         for row, request in zip(audio, batch):
             assert request.frames is not None
             n = min(chunk, request.frames - request.next_frame)
+            start, end = request.next_frame * hop, (request.next_frame + n) * hop
             request.next_frame += n
             final = request.next_frame >= request.frames
-            pcm = row[: n * hop].copy()
+            assert request.audio is not None
+            pcm = request.audio[start:end]
+            pcm[:] = row[: n * hop]
             request._chunks.put(AudioChunk(pcm, request.sample_rate, request.clause_index, final))
             if final:
                 self._release(request)
 
     def _release(self, request: SpeechRequest) -> None:
+        request.audio = None  # delivered chunks keep their views; the block returns when they go
         if request.slot is not None and self._running.get(request.slot) is request:
             del self._running[request.slot]
             self._free_slots.append(request.slot)
@@ -314,8 +327,10 @@ class BatchScheduler:
         """Lower the batch limit; re-queue requests not yet encoded; fail a batch-1 launch's requests."""
         self.ooms += 1
         self._ok_steps = 0
-        if torch.cuda.is_available():
+        if self.runner.device.type == "cuda":
+            torch.cuda.synchronize(self.runner.device)  # queued copies from staged buffers are done
             torch.cuda.empty_cache()
+        self.runner.release_staged()
         failed_batch, old = self._attempt_batch, self._max_batch
         self._max_batch = self._bucket_at_most(max(1, min(old, failed_batch // 2)))
         log.warning("TTS GPU out of memory at batch %d (%s): max batch %d -> %d", failed_batch, exc, old, self._max_batch)

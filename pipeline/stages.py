@@ -1,0 +1,39 @@
+"""Which client events need which model stages, for servers that run only some (``server.stages``).
+
+A TTS-only server (``server.stages = ["tts"]``) serves ``x.tts.speak``; an event that needs
+a stage it does not run gets an ``unsupported_event_type`` error naming the config key,
+and has no other effect (the session goes on). Events that need no model
+(``session.update``, ``conversation.item.create``, ``input_audio_buffer.clear``, ...) work
+with any stages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline import events as ev
+from pipeline.wire import ErrorCode
+from voxloop.errors import InvalidInput
+
+#: Client event type -> the stages it needs. Audio input becomes a voice turn (ASR, then the LLM).
+NEEDED_STAGES: dict[type, tuple[str, ...]] = {
+    ev.InputAudioBufferAppend: ("asr", "llm"),
+    ev.InputAudioBufferCommit: ("asr", "llm"),
+    ev.ResponseCreate: ("llm",),
+}
+
+_STAGE_NAMES = {"asr": "speech recognition (asr)", "llm": "the language model (llm)"}
+
+
+def missing_stage_error(event: Any, stages: tuple[str, ...]) -> InvalidInput | None:
+    """The error for ``event`` when it needs a stage not in ``stages``, else None."""
+    missing = [s for s in NEEDED_STAGES.get(type(event), ()) if s not in stages]
+    if not missing:
+        return None
+    needs = " and ".join(_STAGE_NAMES[s] for s in missing)
+    served = "; x.tts.speak works" if stages == ("tts",) else ""
+    return InvalidInput(
+        f"{event.type} needs {needs}, which this server does not run "
+        f"(server.stages = {list(stages)}){served}",
+        code=ErrorCode.UNSUPPORTED_EVENT_TYPE,
+    )
