@@ -1,0 +1,190 @@
+"""WebSocket mode of ``bench/tts_load.py``: a ``voxloop serve`` process (TTS-only, ``server.stages =
+["tts"]``) per backend, ``RealtimeClient.speak`` (``x.tts.speak``) clients over ws://127.0.0.1, and the
+server's peak GPU memory (its ``/metrics`` pool gauge, else ``nvidia-smi``). Run through ``tts_load.py --mode ws``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import subprocess
+import threading
+import time
+
+from bench.tts_load import ROOT, cpu_name, gpu_name
+
+class WsBackend:
+    """A TTS-only ``voxloop serve`` process for one backend; requests are ``RealtimeClient.speak`` calls."""
+
+    def __init__(self, args: argparse.Namespace, backend: str, max_clients: int) -> None:
+        from bench.common import free_port, start_server
+
+        common = ["--set=server.stages=tts", "--set=server.host=127.0.0.1", f"--set=tts.voice_path={args.voice}",
+                  f"--set=limits.max_sessions={max(16, max_clients)}"]  # fmt: skip
+        if backend == "cuda":
+            self.server_args = [
+                "--config", str(ROOT / "configs" / "gpu.toml"), *common, f"--set=tts.precision={args.precision}",
+                f"--set=tts.chunk_frames={args.chunk_frames}", f"--set=tts.tail_chunk_frames={args.tail_chunk_frames}",
+                f"--set=tts.max_batch={args.max_batch}", f"--set=tts.max_frames={args.max_frames}",
+                f"--set=tts.compile={'true' if args.compile else 'false'}", f"--set=gpu.allocator={args.allocator}",
+                f"--set=tts.cudnn_benchmark={'true' if args.cudnn_benchmark else 'false'}", *args.server_arg,
+            ]  # fmt: skip
+            self.name = f"ws-cuda-{args.precision}" + ("-compiled" if args.compile else "")
+            self.info: dict = {"precision": args.precision, "max_batch": args.max_batch, "gpu": gpu_name()}
+        elif backend in ("onnx", "onnx-stream"):
+            workers = args.ws_workers or os.cpu_count() or 1
+            self.server_args = [
+                *common, f"--set=tts.streaming={'true' if backend == 'onnx-stream' else 'false'}",
+                f"--set=tts.onnx_workers={workers}", "--set=tts.onnx_threads=1", *args.server_arg,
+            ]  # fmt: skip
+            self.name = f"ws-{backend}-cpu"
+            self.info = {"workers": workers, "threads_per_worker": 1, "cpu": cpu_name()}
+        else:
+            raise SystemExit(f"ws mode: backend {backend!r} is not one of cuda, onnx, onnx-stream")
+        port = free_port()
+        vram_before = VramSampler.gpus_used_mb()
+        t0 = time.perf_counter()
+        # CUDA start-up captures graphs (and compiles with --compile: minutes).
+        self.server = start_server(port, self.server_args, timeout_s=900 if backend == "cuda" else 300)
+        self.url = f"ws://127.0.0.1:{port}/v1/realtime"
+        self.vram = VramSampler(self.server.pid, vram_before) if backend == "cuda" else None
+        self.info.update({"server_startup_s": round(time.perf_counter() - t0, 1), "server_args": self.server_args})
+
+    def reset_peak(self) -> None:
+        if self.vram is not None:
+            self.vram.reset()
+
+    def peak_vram_mb(self) -> float | None:
+        """The server's pool high-water mark from /metrics when it exports one, else nvidia-smi's peak."""
+        if self.vram is None:
+            return None
+        pool = metrics_pool_high_mb(self.url.replace("ws://", "http://").replace("/v1/realtime", "/metrics"))
+        if pool is not None:
+            self.info["peak_vram_source"] = "server /metrics voxloop_gpu_pool_bytes{kind=reserved,stat=high}"
+            return pool
+        peak = self.vram.peak_mb()
+        self.info["peak_vram_source"] = self.vram.source
+        return peak
+
+
+    def close(self) -> None:
+        from bench.common import stop_server
+
+        if self.vram is not None:
+            self.vram.close()
+        stop_server(self.server)
+
+
+def metrics_pool_high_mb(url: str) -> float | None:
+    """``voxloop_gpu_pool_bytes{kind="reserved",stat="high"}`` (CUDA pool high-water since start), MiB, or None."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "voxloop_gpu_pool_bytes" and sample.labels == {"kind": "reserved", "stat": "high"}:
+                return sample.value / 2**20
+    return None
+
+
+class VramSampler:
+    """Peak GPU memory of a server process, MiB, from ``nvidia-smi`` every ``interval_s`` seconds.
+
+    The process's own ``used_memory`` when nvidia-smi lists ``pid`` (it may not inside a
+    container with its own pid namespace); else the memory in use on all GPUs minus
+    ``baseline_mb`` (measured before the server started: right on a GPU nothing else uses).
+    ``peak_mb()`` is None without nvidia-smi. Both include the CUDA context.
+    """
+
+    def __init__(self, pid: int, baseline_mb: float | None, interval_s: float = 1.0) -> None:
+        self.pid, self.baseline_mb, self.interval_s = pid, baseline_mb, interval_s
+        self.source: str | None = None
+        self._peak: float | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="vram-sampler")
+        if shutil.which("nvidia-smi"):
+            self._thread.start()
+
+    @staticmethod
+    def _query(*fields: str) -> list[list[str]]:
+        try:
+            out = subprocess.run(["nvidia-smi", f"--query-{fields[0]}={','.join(fields[1:])}",
+                                  "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+        if out.returncode != 0:
+            return []
+        return [[v.strip() for v in line.split(",")] for line in out.stdout.splitlines() if line.strip()]
+
+    @classmethod
+    def gpus_used_mb(cls) -> float | None:
+        """Memory in use on all GPUs, MiB (None without nvidia-smi)."""
+        rows = cls._query("gpu", "memory.used") if shutil.which("nvidia-smi") else []
+        return sum(float(r[0]) for r in rows) if rows else None
+
+    def sample(self) -> tuple[float, str] | None:
+        """(MiB, source) now, or None when nvidia-smi gives nothing usable."""
+        own = [float(r[1]) for r in self._query("compute-apps", "pid", "used_memory")
+               if len(r) == 2 and r[0] == str(self.pid) and r[1].replace(".", "", 1).isdigit()]  # fmt: skip
+        if own:
+            return sum(own), "nvidia-smi: server process used_memory"
+        used = self.gpus_used_mb()
+        if used is None or self.baseline_mb is None:
+            return None
+        return used - self.baseline_mb, "nvidia-smi: all GPUs memory.used minus before the server started"
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            got = self.sample()
+            if got is not None:
+                with self._lock:
+                    self._peak = got[0] if self._peak is None else max(self._peak, got[0])
+                    self.source = got[1]
+            self._stop.wait(self.interval_s)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._peak = None
+
+    def peak_mb(self) -> float | None:
+        with self._lock:
+            return self._peak
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+async def ws_closed_loop(url: str, sentences: list[dict], clients: int, duration_s: float, warmup_s: float) -> list[dict]:
+    """``clients`` connections speaking sentence texts back to back; records as ``closed_loop``'s."""
+    from voxloop.client import RealtimeClient
+
+    records: list[dict] = []
+    t_start = time.perf_counter()
+    t_measure, t_end = t_start + warmup_s, t_start + warmup_s + duration_s
+
+    async def client(index: int) -> None:
+        async with RealtimeClient.connect(url, binary_audio=True) as conn:
+            k = 0
+            while time.perf_counter() < t_end:
+                sentence = sentences[(index * 13 + k) % len(sentences)]
+                k += 1
+                t0 = time.perf_counter()
+                result = await conn.speak(sentence["text"], timeout_s=120)
+                t1 = time.perf_counter()
+                if result.status != "completed" or result.first_audio_s is None:
+                    raise RuntimeError(f"x.tts.speak ended {result.status} with {len(result.pcm)} samples")
+                if t0 >= t_measure:
+                    records.append({"start": t0, "end": t1, "first_s": result.first_audio_s,
+                                    "latency_s": result.total_s, "audio_s": len(result.pcm) / result.sample_rate})  # fmt: skip
+
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    return records
