@@ -45,8 +45,12 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from voxloop.config import GpuConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -90,7 +94,8 @@ class CudaBackend:
 
     name = "cuda"
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, gpu: GpuConfig | None = None) -> None:
+        """``gpu``: the engine's ``GpuConfig`` (default: ``args.allocator``, other fields default)."""
         import torch
 
         from tts_engine.torch_vits.cuda_engine import CudaTtsEngine, batch_buckets
@@ -107,7 +112,7 @@ class CudaBackend:
         )  # fmt: skip
         t0 = time.perf_counter()
         self.engine = CudaTtsEngine(Voice.load(args.voice), opts, device=args.device, queue_size=4096,
-                                    gpu=GpuConfig(allocator=args.allocator))  # fmt: skip
+                                    gpu=gpu or GpuConfig(allocator=args.allocator))  # fmt: skip
         self.startup_s = time.perf_counter() - t0
         self.sample_rate = self.engine.sample_rate
         self.name = f"cuda-{args.precision}" + ("-compiled" if args.compile else "") + ("-cudnnbench" if args.cudnn_benchmark else "")

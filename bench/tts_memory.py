@@ -24,7 +24,6 @@ import json
 import resource
 import subprocess
 import sys
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -48,41 +47,23 @@ def child(args: argparse.Namespace) -> dict:
     import numpy as np
     import torch
 
-    from bench.tts_load import closed_loop, consume, load_sentences, summarize
-    from tts_engine.torch_vits.cuda_engine import CudaTtsEngine, batch_buckets
-    from tts_engine.torch_vits.runner import RunnerOptions
-    from tts_engine.voice import Voice
+    from bench.tts_load import CudaBackend, closed_loop, load_sentences, summarize
     from voxloop.config import GpuConfig
 
-    opts = RunnerOptions(chunk_frames=64, tail_chunk_frames=256, max_frames=3072, precision="fp16",
-                         decode_batches=batch_buckets(args.max_batch, fine=False),
-                         encode_batches=batch_buckets(args.max_batch, fine=False),
-                         cudnn_benchmark=cudnn_benchmark)  # fmt: skip
-    t0 = time.perf_counter()
-    engine = CudaTtsEngine(Voice.load(args.voice), opts, queue_size=4096,
-                           gpu=GpuConfig(allocator=allocator, host_pool_mb=pool_mb))  # fmt: skip
-    startup_s = time.perf_counter() - t0
-
-    class Backend:  # the closed_loop/summarize interface of bench/tts_load.py
-        name = f"cuda-fp16 {args.variant}"
-        sample_rate = engine.sample_rate
-        info: dict = {}
-
-        @staticmethod
-        def speak(ids):
-            return consume(engine.submit(ids), engine.sample_rate)
-
-        @staticmethod
-        def peak_vram_mb():
-            return None
+    engine_args = argparse.Namespace(
+        voice=args.voice, device="cuda", precision="fp16", chunk_frames=64, tail_chunk_frames=256, max_frames=3072,
+        max_batch=args.max_batch, coarse=True, compile=False, cudnn_benchmark=cudnn_benchmark, allocator=allocator,
+    )  # fmt: skip
+    backend = CudaBackend(engine_args, gpu=GpuConfig(allocator=allocator, host_pool_mb=pool_mb))
+    engine = backend.engine
 
     sentences = load_sentences()
-    closed_loop(Backend, sentences, args.clients, 2.0, 0.0)  # warm: pools reach their working set
+    closed_loop(backend, sentences, args.clients, 2.0, 0.0)  # warm: pools reach their working set
     host_stats = getattr(torch.cuda, "host_memory_stats", lambda: {})
     before = {"pools": {k: dict(v) for k, v in engine.memory_report()["host_pools"].items()}, "host": host_stats()}
     engine.memory.reset_high_water()
     tracemalloc.start()
-    records = closed_loop(Backend, sentences, args.clients, args.duration, 0.0)
+    records = closed_loop(backend, sentences, args.clients, args.duration, 0.0)
     heap_peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     report = engine.memory_report()
@@ -91,11 +72,10 @@ def child(args: argparse.Namespace) -> dict:
     pools = report["host_pools"]
     allocs = sum(pools[k]["allocations"] - before["pools"][k]["allocations"] for k in pools)
     takes = allocs + sum(pools[k]["reuses"] - before["pools"][k]["reuses"] for k in pools)
-    row = summarize(records, Backend, args.clients, args.hardware)
+    row = summarize(records, backend, args.clients, args.hardware)  # with the engine's start-up info
     pool = report["pool"]
     row.update({
-        "variant": args.variant, "allocator": allocator, "host_pool_mb": pool_mb, "requests": n,
-        "cudnn_benchmark": cudnn_benchmark, "capture_peak_mb": round(engine.runner.capture_peak_mb, 1),
+        "variant": args.variant, "host_pool_mb": pool_mb, "requests": n,
         "buffer_takes_per_request": round(takes / max(1, n), 2),
         "buffer_allocations_per_request": round(allocs / max(1, n), 3),
         "pinned_host_allocs_per_request": (
@@ -107,7 +87,6 @@ def child(args: argparse.Namespace) -> dict:
         "device_pool": pool, "stages_mb": report["stages_mb"],
         "peak_vram_mb": round(max(pool["reserved_high"] + pool["graph_reserved_high"], 0), 1),
         "torch_max_reserved_mb": round(torch.cuda.max_memory_reserved() / 2**20, 1),
-        "startup_s": round(startup_s, 1), "graphs": len(engine.runner._encode_steps) + len(engine.runner._decode_steps),
         "audio_s_mean": round(float(np.mean([r["audio_s"] for r in records])), 2) if records else None,
     })  # fmt: skip
     engine.close()

@@ -20,16 +20,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tts_engine.engine import (
-    AudioChunk,
-    SynthesisOptions,
-    check_phoneme_ids,
-    resolve_options,
-)
+from tts_engine.engine import AudioChunk, SynthesisOptions, check_phoneme_ids, resolve_options
 from tts_engine.onnx_backend import StreamResampler
 from tts_engine.torch_vits.buffers import HostBufferPool
 from tts_engine.torch_vits.gpu_memory import GpuMemory, configure_allocator
-from tts_engine.torch_vits.runner import RunnerOptions, StepRunner
+from tts_engine.torch_vits.runner import DTYPES, RunnerOptions, StepRunner
 from tts_engine.torch_vits.scheduler import BatchScheduler, Scales, SpeechRequest
 from tts_engine.torch_vits.weights import load_vits
 from tts_engine.voice import Voice
@@ -100,9 +95,9 @@ class CudaTtsEngine:
         tts = cfg.tts
         onnx_path = models.resolve_voice(cfg).path
         voice = Voice.load(onnx_path, models.voice_config_path(cfg, onnx_path))
-        if tts.precision not in ("fp32", "bf16", "fp16", "int8"):
+        if tts.precision not in DTYPES:
             raise ConfigError(
-                f"tts.precision {tts.precision!r} is not supported by the cuda backend (fp32, bf16, fp16, int8)"
+                f"tts.precision {tts.precision!r} is not supported by the cuda backend ({', '.join(DTYPES)})"
             )
         options = RunnerOptions(
             chunk_frames=tts.chunk_frames,
@@ -119,10 +114,7 @@ class CudaTtsEngine:
             decode_budget_mb=cfg.gpu.tts_decode_budget_mb,
         )
         defaults = SynthesisOptions(
-            length_scale=tts.length_scale,
-            noise_scale=tts.noise_scale,
-            noise_w=tts.noise_w,
-            speaker_id=tts.speaker_id,
+            length_scale=tts.length_scale, noise_scale=tts.noise_scale, noise_w=tts.noise_w, speaker_id=tts.speaker_id
         )
         return cls(
             voice,
@@ -147,9 +139,7 @@ class CudaTtsEngine:
         scales, _ = self._resolve(options)
         return self.scheduler.submit(self._check_ids(phoneme_ids), scales)
 
-    def synthesize_ids(
-        self, phoneme_ids: Sequence[int], options: SynthesisOptions | None = None
-    ) -> Iterator[AudioChunk]:
+    def synthesize_ids(self, phoneme_ids: Sequence[int], options: SynthesisOptions | None = None) -> Iterator[AudioChunk]:
         """Speak one clause (Piper layout: BOS ... EOS); chunks as they are decoded."""
         scales, rate = self._resolve(options)
         request = self.scheduler.submit(self._check_ids(phoneme_ids), scales)
@@ -176,11 +166,7 @@ class CudaTtsEngine:
         """Device pool counters (MiB; None on CPU), each stage's start-up memory and budget (MiB),
         the host buffer pools' counters, the current batch limit and OOMs survived."""
         opts = self.runner.options
-        budgets = {
-            "state": opts.state_budget_mb,
-            "encode": opts.encode_budget_mb,
-            "decode": opts.decode_budget_mb,
-        }
+        budgets = {"state": opts.state_budget_mb, "encode": opts.encode_budget_mb, "decode": opts.decode_budget_mb}
         return {
             "pool": self.memory.stats().as_mb() if self.memory else None,
             "stages_mb": {k: round(v / 2**20, 1) for k, v in self.runner.stage_bytes.items()},
@@ -200,10 +186,7 @@ class CudaTtsEngine:
                 last_request = n == len(requests) - 1
                 for chunk in request:
                     if rate != self.sample_rate:
-                        audio = resampler.process(
-                            chunk.pcm.astype(np.float32) / 32767.0,
-                            last=last_request and chunk.final,
-                        )
+                        audio = resampler.process(chunk.pcm.astype(np.float32) / 32767.0, last=last_request and chunk.final)
                         pcm = np.clip(audio * 32767.0, -32767, 32767).astype(np.int16)
                         chunk = AudioChunk(pcm, rate, chunk.clause_index, chunk.final)
                     yield chunk

@@ -102,9 +102,10 @@ class RunnerOptions:
         return [(b, t) for b in self.encode_batches for t in self.phoneme_buckets if b * t <= self.max_encode_tokens]
 
 
-def _check_budget(stage: str, used: int, budget_mb: int, key: str) -> None:
+def _check_budget(stage: str, used: int, budget_mb: int) -> None:
+    """ConfigError when a stage's ``used`` bytes exceed its budget (``gpu.tts_<stage>_budget_mb``; 0: none)."""
     if budget_mb and used > budget_mb * 2**20:
-        raise ConfigError(f"tts {stage} stage needs {used / 2**20:.0f} MiB of GPU memory; gpu.{key} = {budget_mb}")
+        raise ConfigError(f"tts {stage} stage needs {used / 2**20:.0f} MiB of GPU memory; gpu.tts_{stage}_budget_mb = {budget_mb}")
 
 
 def bucket_for(size: int, buckets: Sequence[int]) -> int:
@@ -203,7 +204,7 @@ class StepRunner:
         self.speakers = torch.zeros(s, dtype=torch.long, device=self.device)
         if self.memory:
             self.stage_bytes["state"] = self.memory.footprint() - base
-            _check_budget("state", self.stage_bytes["state"], options.state_budget_mb, "tts_state_budget_mb")
+            _check_budget("state", self.stage_bytes["state"], options.state_budget_mb)
         self._encode_steps: dict[tuple[int, int], _Step] = {}
         self._decode_steps: dict[tuple[int, int], _Step] = {}  # (chunk frames, batch)
         self.capture_s = 0.0
@@ -272,12 +273,12 @@ class StepRunner:
         """
         batch_of = (lambda k: k[0]) if stage == "encode" else (lambda k: k[1])  # keys: (b, t) / (chunk, b)
         batches = sorted({batch_of(k) for k in steps})
-        start = self.memory.footprint() if self.memory else 0
         if budget_mb and self.memory and self.memory.backend == "cudaMallocAsync":
             # Graph memory then lives in CUDA's graph memory pool, whose counters did not attribute it
             # per stage on the H200 (the decode stage measured 0 MiB): no budget we could enforce.
             raise ConfigError(f"gpu.tts_{stage}_budget_mb needs gpu.allocator = 'native' (graph memory is not "
                               "attributed per stage with the async pool)")  # fmt: skip
+        start = self.memory.footprint() if self.memory else 0
         if not budget_mb or not self.memory:
             for key in sorted(steps, key=lambda k: -k[0] * k[1]):
                 steps[key].capture(pool)
@@ -290,8 +291,8 @@ class StepRunner:
                 steps[key].capture(pool)
             used = self.memory.footprint() - start
             if used > budget_mb * 2**20:
-                if not kept:
-                    _check_budget(stage, used, budget_mb, f"tts_{stage}_budget_mb")
+                if not kept:  # not even the smallest batch fits
+                    _check_budget(stage, used, budget_mb)
                 for key in [k for k in steps if batch_of(k) >= b]:
                     del steps[key]
                 log.warning("tts %s stage: batch %d needs %.0f MiB > budget %d MiB; batches above %d dropped",
