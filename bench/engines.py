@@ -107,19 +107,18 @@ def bench_asr(cfg, say, reps: int) -> list[dict]:
 
 
 def bench_llm(cfg, reps: int) -> dict:
-    from llm.chat import ChatModel
+    from llm.batched import BatchedChat, ReplyOptions
 
-    model = ChatModel.from_config(cfg)
-    model.warmup()
+    model = BatchedChat.from_config(cfg)
     system = {"role": "system", "content": cfg.llm.system_prompt}
     ttft, rates, gaps = [], [], []
     for i in range(reps):
         q = {"role": "user", "content": f"What is the capital of France? ({i})"}
-        for _ in model.stream([system, q], max_tokens=8):
+        for _ in model.stream(f"q{i}", [system, q], ReplyOptions(max_tokens=8)):
             pass
         ttft.append(model.last_stats.first_token_s)
         last = None
-        for _ in model.stream([system, {"role": "user", "content": STORY}], max_tokens=120):
+        for _ in model.stream(f"s{i}", [system, {"role": "user", "content": STORY}], ReplyOptions(max_tokens=120)):
             now = time.perf_counter()
             if last is not None:
                 gaps.append(now - last)
@@ -134,16 +133,17 @@ def bench_llm(cfg, reps: int) -> dict:
                      f"planet and is home to whales, dolphins and sharks; fact {i} is that "
                      "plankton makes much of the oxygen we breathe."}]
     history.append({"role": "user", "content": "What is the largest animal in the ocean?"})
-    reply = "".join(model.stream(history, max_tokens=40))
+    reply = "".join(model.stream("h", history, ReplyOptions(max_tokens=40)))
     cold = model.last_stats
     history += [{"role": "assistant", "content": reply}, {"role": "user", "content": "And the fastest?"}]
-    for _ in model.stream(history, max_tokens=40):
+    for _ in model.stream("h", history, ReplyOptions(max_tokens=40)):
         pass
     warm = model.last_stats
     cancels = []
     for i in range(reps * 2):
         cancel, set_at = threading.Event(), []
-        it = model.stream([system, {"role": "user", "content": STORY}], cancel, max_tokens=400)
+        it = model.stream(f"c{i}", [system, {"role": "user", "content": STORY}],
+                          ReplyOptions(max_tokens=400, cancel=cancel))
         next(it)
         threading.Timer(0.05 + 0.02 * i, lambda: (set_at.append(time.perf_counter()),
                                                   cancel.set())).start()

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.llm_worker import BatchedLlm, SerialLlm
 from pipeline.workers import ModelWorker
 from voxloop.config import Config
 
@@ -30,7 +31,7 @@ class Engines:
 
     cfg: Config
     asr: ModelWorker | None = None
-    llm: ModelWorker | None = None
+    llm: BatchedLlm | SerialLlm | None = None
     tts: ModelWorker | None = None
     load_s: dict[str, float] = field(default_factory=dict)
 
@@ -66,7 +67,7 @@ class Engines:
         if asr is not None:
             self.asr = ModelWorker("asr", [asr], queue_size=64)
         if llm is not None:
-            self.llm = ModelWorker("llm", [llm], queue_size=64)
+            self.llm = BatchedLlm(llm)
         log.info("models loaded: %s", {k: round(v, 2) for k, v in self.load_s.items()})
 
     def _load_asr(self) -> Any:
@@ -85,10 +86,11 @@ class Engines:
 
     def _load_llm(self) -> Any:
         t0 = time.monotonic()
-        from llm.chat import ChatModel
+        from llm.batched import BatchedChat, ReplyOptions
 
-        llm = ChatModel.from_config(self.cfg)
-        llm.warmup()
+        llm = BatchedChat.from_config(self.cfg)  # evaluates the system prompt's KV once
+        llm.generate("warmup", [{"role": "user", "content": "Hello!"}], ReplyOptions(max_tokens=4))
+        llm.release("warmup")
         self.load_s["llm"] = time.monotonic() - t0
         return llm
 
@@ -104,10 +106,13 @@ class Engines:
     def from_parts(cls, cfg: Config, asr: Any, llm: Any, tts: list[Any]) -> "Engines":
         """Engines around ready-made engine objects (tests inject fakes for orchestration).
 
-        ``asr``/``llm`` None: that stage is absent (match ``cfg.server.stages``).
+        ``asr``/``llm`` None: that stage is absent (match ``cfg.server.stages``). An ``llm`` with
+        ``submit``/``step`` (a ``BatchedChat``) gets its batching thread; one with
+        ``stream(messages, cancel, max_tokens)`` answers one conversation at a time.
         """
         e = cls(cfg)
         e.asr = None if asr is None else ModelWorker("asr", [asr])
-        e.llm = None if llm is None else ModelWorker("llm", [llm])
+        if llm is not None:
+            e.llm = BatchedLlm(llm) if hasattr(llm, "step") else SerialLlm(llm)
         e.tts = ModelWorker("tts", tts, queue_size=cfg.tts.queue_size)
         return e

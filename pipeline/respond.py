@@ -66,10 +66,11 @@ def split_pcm(pcm: np.ndarray, rate: int, max_ms: int = MAX_DELTA_MS) -> list[np
 class Responder:
     """Runs replies for one session (stateless between replies)."""
 
-    def __init__(self, cfg: Config, engines: Engines, turns: TurnControl) -> None:
+    def __init__(self, cfg: Config, engines: Engines, turns: TurnControl, session_id: str = "") -> None:
         self.cfg = cfg
         self.engines = engines
         self.turns = turns
+        self.session_id = session_id  # the session's conversation in the LLM (its KV sequence)
 
     def _emit(self, turn: Turn, event: object) -> None:
         self.turns.emit(turn, event)
@@ -113,10 +114,8 @@ class Responder:
         text: list[str] = []
         turn.trace.mark("llm_start")
         try:
-            stream = self.engines.llm.stream(
-                lambda llm: llm.stream(req.messages, cancel=turn.cancel, max_tokens=req.max_tokens),
-                turn.cancel, priority=req.priority,
-            )
+            stream = self.engines.llm.stream(self.session_id, req.messages, req.max_tokens, turn.cancel,
+                                             priority=req.priority)
             async for token in stream:
                 turn.trace.mark("llm_first_token")
                 text.append(token)

@@ -72,7 +72,7 @@ class Session:
         self._close = close
         self.closed = False
         self.turns = TurnControl(self._send)
-        self.responder = Responder(cfg, engines, self.turns)
+        self.responder = Responder(cfg, engines, self.turns, session_id)
         self.history = History(max_chars=int((cfg.llm.n_ctx - cfg.llm.max_tokens) * 3))
         self.tts_requests = TtsRequests(engines, self._send, metrics)
         self.protocol: Any = None
@@ -135,6 +135,8 @@ class Session:
         self.tts_requests.cancel_all()
         if self._partial_task is not None:
             self._partial_task.cancel()
+        if self.engines.llm is not None:
+            self.engines.llm.release(self.id)  # frees the conversation's KV sequence
 
     # ------------------------------------------------------------------ dispatch
     def handle(self, event: Any) -> None:

@@ -119,8 +119,17 @@ class AsrConfig:
 class LlmConfig:
     #: GGUF file; None resolves the bundled SmolLM2-135M-Instruct.
     model_path: str | None = None
-    #: Context window, tokens.
+    #: Context window of one conversation, tokens (history beyond it is cut, oldest first).
     n_ctx: int = 2048
+    #: Conversations whose KV cache is kept at once (one llama.cpp sequence each, kept across their
+    #: turns; the context holds ``(max_sequences + 1) * n_ctx`` tokens: SmolLM2-135M needs 23 KB of
+    #: KV per token). More sessions than this share the sequences, least recently used first.
+    max_sequences: int = 8
+    #: Most tokens one ``llama_decode`` step evaluates: one per generating reply, the rest prompt
+    #: chunks of replies still reading their prompt. Must be >= ``max_sequences``. On CPU keep it
+    #: <= 48: llama.cpp's CPU kernels change path for larger batches and the logits then differ
+    #: from one conversation's alone (by ~1), so greedy replies would depend on the batch.
+    batch_tokens: int = 32
     #: CPU threads for llama.cpp; 0 lets it choose.
     n_threads: int = 0
     #: Layers offloaded to GPU (needs a CUDA build of llama-cpp-python); 0 = CPU only.

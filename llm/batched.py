@@ -1,0 +1,546 @@
+"""Chat replies for many conversations at once: continuous batching on one llama.cpp context.
+
+    engine = BatchedChat.from_config(load_config())
+    reply = engine.submit("session-1", messages, ReplyOptions(max_tokens=64))   # any thread
+    engine.cancel(reply)                      # any thread; stops it at the next step
+    events = engine.step()                    # the owning thread: one llama_decode
+    text, stats = engine.generate("s", messages)   # notebook use: submit + step until done
+
+One context, one KV **sequence per conversation** (``session`` key), kept across its
+turns: a new turn evaluates only the tokens after the longest common prefix of the
+sequence's cached tokens and the new prompt (the previous reply is usually cached
+already, so that is about the new user message). The KV cache is unified (one pool
+of cells shared by the sequences), so the **system prompt's KV is computed once** at
+start-up into a reserved sequence and a new conversation starts from a metadata copy
+of it (``llama_memory_seq_cp``: the cells are shared, not copied). Flash attention
+(llama.cpp's "auto") skips cells masked out for a sequence, so attending in the shared
+pool costs about what a private cache would.
+
+Each ``step()`` builds one batch: one token for every reply that is generating, then
+prompt chunks of replies still reading their prompt (priority, then arrival order)
+up to ``batch_tokens``, and runs **one** ``llama_decode``. Every reply samples with its
+own llama.cpp sampler chain (greedy at temperature 0, else top-k 40 / top-p 0.95 /
+min-p 0.05 / temperature / seeded draw: llama.cpp's defaults) in native code. A reply
+submitted between steps joins the next step; a cancelled one leaves the batch at the
+next step and its sequence keeps what was evaluated (the conversation's next turn reuses
+it). ``release(session)`` frees the sequence (a disconnect). With more conversations
+than ``max_sequences``, the least recently used idle sequence is given to the newcomer
+(its conversation re-reads its prompt when it comes back); when every sequence is busy
+generating, a reply waits for one to finish.
+
+History longer than ``n_ctx`` (per conversation) minus ``max_tokens``: ``ChatPrompt.fit``
+drops the oldest messages down to half the budget and the cut is kept per conversation,
+so the cached prefix stays valid over the following turns (llm/prompt.py).
+
+Threads: ``submit``, ``cancel`` and ``release`` may be called from any thread (they
+queue a command); ``step`` and ``generate`` only from the thread that owns the engine.
+llama.cpp's CPU threads: ``n_threads`` 0 uses half the cores (the TTS runs at the same
+time; on a loaded 2-core host one LLM thread had far smaller stalls than two).
+"""
+
+from __future__ import annotations
+
+import codecs
+import collections
+import ctypes
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llm.prompt import ChatPrompt, Cut, check_messages, common_prefix
+from voxloop.config import Config
+from voxloop.errors import InvalidInput, ModelError
+
+log = logging.getLogger(__name__)
+
+TOP_K, TOP_P, MIN_P = 40, 0.95, 0.05  # llama.cpp's defaults
+#: Prompt tokens a reply reads per step at least, even when the batch is full of decodes.
+MIN_PREFILL = 16
+_PREFIX_SEQ = 0  # the reserved sequence holding the system prompt's KV
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """The engine's fixed settings (from ``[llm]``)."""
+
+    n_ctx: int = 2048  # tokens per conversation
+    max_sequences: int = 8
+    batch_tokens: int = 64
+    n_threads: int = 0
+    n_gpu_layers: int = 0
+    seed: int | None = None
+    temperature: float = 0.4
+    max_tokens: int = 160
+    system_prompt: str | None = None
+
+
+@dataclass(frozen=True)
+class ReplyOptions:
+    """Per-reply settings; None takes the engine's."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    seed: int | None = None
+    #: Lower goes first when prompt chunks compete for a step (pipeline.workers priorities).
+    priority: int = 1
+    #: Set from any thread to cancel (checked at every step), like ``cancel(reply)``.
+    cancel: threading.Event | None = None
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    """Figures of one reply (times in seconds from ``submit``)."""
+
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens reused from the conversation's sequence
+    completion_tokens: int
+    dropped_messages: int  # oldest messages left out to fit n_ctx
+    first_token_s: float | None  # None when nothing was generated
+    total_s: float
+    finish_reason: str  # "stop" | "length" | "cancelled" | "error"
+
+
+@dataclass(eq=False)
+class Reply:
+    """Handle of one submitted reply. ``stats`` is set when it is finished."""
+
+    id: int
+    session: Hashable
+    messages: Sequence[dict]
+    options: ReplyOptions
+    #: The caller's own data (e.g. where to deliver events); the engine does not touch it.
+    tag: object = None
+    submitted: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False
+    stats: GenerationStats | None = None
+    error: BaseException | None = None
+    # Engine-thread state.
+    _slot: "_Slot | None" = None
+    _pending: list[int] = field(default_factory=list)  # prompt tokens not evaluated yet
+    _next: int | None = None  # sampled token to feed at the next step
+    _sampler: object = None
+    _utf8: object = None
+    _prompt_tokens: int = 0
+    _cached: int = 0
+    _dropped: int = 0
+    _completion: int = 0
+    _first_token_s: float | None = None
+    _limit: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.stats is not None
+
+
+@dataclass(frozen=True)
+class ReplyEvent:
+    """Output of a step for one reply: a text delta (maybe empty) and, at the end, its stats."""
+
+    reply: Reply
+    text: str
+    stats: GenerationStats | None = None
+
+
+@dataclass(eq=False)
+class _Slot:
+    seq: int
+    session: Hashable | None = None
+    tokens: list[int] = field(default_factory=list)  # what the sequence's KV holds, by position
+    reply: Reply | None = None
+    cut: Cut | None = None
+    used: float = 0.0
+
+
+class BatchedChat:
+    """A GGUF chat model answering many conversations with one llama.cpp context (module doc)."""
+
+    def __init__(self, model_path: str | Path, options: ChatOptions = ChatOptions()) -> None:
+        model_path = Path(model_path)
+        if not model_path.is_file():
+            raise ModelError(f"LLM model file {model_path} does not exist")
+        if options.max_sequences < 1 or options.batch_tokens < options.max_sequences:
+            raise InvalidInput("llm.batch_tokens must be >= llm.max_sequences >= 1 (one token per "
+                               f"generating sequence), got {options.batch_tokens} and {options.max_sequences}")
+        try:
+            import llama_cpp  # before numpy where it matters (shared/gpu-recipes)
+            from llama_cpp import Llama
+        except ImportError as exc:
+            raise ModelError("llama-cpp-python is not installed: `pip install llama-cpp-python==0.3.36`") from exc
+        self._ll = llama_cpp
+        self.options = options
+        self.model_path = model_path
+        threads = options.n_threads if options.n_threads > 0 else max(1, len(os.sched_getaffinity(0)) // 2)
+        try:
+            # Llama loads the weights (the plain low-level loader crashed on some hosts) and gives
+            # the tokenizer and template; its own small context is not used for generation.
+            self._llm = Llama(str(model_path), n_ctx=256, n_batch=32, n_threads=1,
+                              n_gpu_layers=options.n_gpu_layers, verbose=False)
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise ModelError(f"cannot load {model_path}: {exc}") from exc
+        params = llama_cpp.llama_context_default_params()
+        n_seq = options.max_sequences + 1  # + the system prompt's sequence
+        params.n_ctx = options.n_ctx * n_seq
+        params.n_batch = params.n_ubatch = options.batch_tokens
+        params.n_seq_max = n_seq
+        params.kv_unified = True
+        params.n_threads = params.n_threads_batch = threads
+        params.no_perf = True
+        self._ctx = llama_cpp.llama_init_from_model(self._llm.model, params)
+        if not self._ctx:
+            raise ModelError(f"llama.cpp could not create a context for {n_seq} sequences x {options.n_ctx} "
+                             "tokens (out of memory? llama.cpp allows at most 256 sequences)")
+        self._mem = llama_cpp.llama_get_memory(self._ctx)
+        self._vocab = llama_cpp.llama_model_get_vocab(self._llm.model)
+        self._batch = llama_cpp.llama_batch_init(options.batch_tokens, 0, 1)
+        self.prompt = ChatPrompt(self._llm)
+        self._slots = [_Slot(seq) for seq in range(1, n_seq)]
+        self._prefix: list[int] = []
+        self._ids = itertools.count(1)
+        self._inbox: collections.deque = collections.deque()
+        self._wake = threading.Condition()
+        self._waiting: list[Reply] = []  # submitted, no sequence yet
+        self._active: list[Reply] = []  # holding a sequence: reading the prompt or generating
+        #: Tokens evaluated so far: prompt tokens (``prompt_evaluated``) and all (``evaluated``).
+        self.prompt_evaluated = 0
+        self.evaluated = 0
+        self.steps = 0
+        #: Tokens in the last step's batch, and how many replies it advanced.
+        self.last_batch = (0, 0)
+        self.last_stats: GenerationStats | None = None  # of the last ``stream``/``generate``
+        if options.system_prompt:
+            self._cache_prefix(options.system_prompt)
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> "BatchedChat":
+        from voxloop.models import resolve_llm
+
+        c = cfg.llm
+        return cls(resolve_llm(cfg).path, ChatOptions(
+            n_ctx=c.n_ctx, max_sequences=c.max_sequences, batch_tokens=c.batch_tokens,
+            n_threads=c.n_threads, n_gpu_layers=c.n_gpu_layers, seed=c.seed,
+            temperature=c.temperature, max_tokens=c.max_tokens, system_prompt=c.system_prompt))
+
+    def close(self) -> None:
+        if self._ctx:
+            self._ll.llama_batch_free(self._batch)
+            self._ll.llama_free(self._ctx)
+            self._ctx = None
+            self._llm.close()
+
+    # --- any thread --------------------------------------------------------------
+
+    def submit(self, session: Hashable, messages: Sequence[dict], options: ReplyOptions = ReplyOptions(),
+               tag: object = None) -> Reply:
+        """Queue a reply to ``messages`` in conversation ``session``; it joins the next step.
+
+        A reply still running in the same conversation is cancelled (a new turn supersedes it).
+        ``tag`` is kept on the returned ``Reply`` for the caller.
+        """
+        check_messages(messages)
+        limit = self.options.max_tokens if options.max_tokens is None else options.max_tokens
+        if limit < 1:
+            raise InvalidInput(f"max_tokens must be >= 1, got {limit}")
+        reply = Reply(next(self._ids), session, list(messages), options, tag=tag, _limit=limit)
+        self._command(("submit", reply))
+        return reply
+
+    def cancel(self, reply: Reply) -> None:
+        """Stop ``reply`` at the next step (it ends with finish reason "cancelled")."""
+        reply.cancelled = True
+        self._command(("wake", None))
+
+    def release(self, session: Hashable) -> None:
+        """Forget conversation ``session``: cancel its reply and free its sequence."""
+        self._command(("release", session))
+
+    def _command(self, cmd: tuple) -> None:
+        with self._wake:
+            self._inbox.append(cmd)
+            self._wake.notify()
+
+    # --- the owning thread ---------------------------------------------------------
+
+    def busy(self) -> bool:
+        """True while replies are running or waiting (engine thread)."""
+        return bool(self._active or self._waiting or self._inbox)
+
+    def step(self, wait_s: float = 0.0) -> list[ReplyEvent]:
+        """Take queued commands, then run one batch (one ``llama_decode``) if there is work.
+
+        With nothing to do, waits up to ``wait_s`` for a command and returns [].
+        """
+        events: list[ReplyEvent] = []
+        if not self.busy() and wait_s > 0:
+            with self._wake:
+                self._wake.wait_for(lambda: bool(self._inbox), timeout=wait_s)
+        self._take_commands(events)
+        self._drop_cancelled(events)
+        self._admit(events)
+        if self._active:
+            self._run_batch(events)
+        return events
+
+    def generate(self, session: Hashable, messages: Sequence[dict],
+                 options: ReplyOptions = ReplyOptions()) -> tuple[str, GenerationStats]:
+        """Reply to ``messages`` (blocking; runs steps on this thread). Returns (text, stats)."""
+        text = "".join(self.stream(session, messages, options))
+        return text, self.last_stats
+
+    def stream(self, session: Hashable, messages: Sequence[dict],
+               options: ReplyOptions = ReplyOptions()) -> Iterator[str]:
+        """Yield the reply's text deltas, running steps on this thread (notebooks, benches).
+
+        Set ``options.cancel`` to stop it; its stats land in ``last_stats``.
+        """
+        reply = self.submit(session, messages, options)
+        self.last_stats = None
+        try:
+            while not reply.done:
+                for e in self.step():
+                    if e.reply is reply and e.text:
+                        yield e.text
+        finally:
+            if not reply.done:  # the caller stopped early
+                self.cancel(reply)
+                while not reply.done:
+                    self.step()
+        self.last_stats = reply.stats
+        if reply.error is not None:
+            raise reply.error
+
+    def collect(self, replies: Sequence[Reply]) -> list[tuple[str, GenerationStats]]:
+        """Run steps until every one of ``replies`` is finished; their texts and stats, in order."""
+        texts = {r.id: [] for r in replies}
+        while not all(r.done for r in replies):
+            for e in self.step():
+                if e.reply.id in texts:
+                    texts[e.reply.id].append(e.text)
+        for r in replies:
+            if r.error is not None:
+                raise r.error
+        return [("".join(texts[r.id]), r.stats) for r in replies]
+
+    def abort(self, exc: BaseException) -> list[ReplyEvent]:
+        """End every reply with ``exc`` (after an unexpected failure of ``step``)."""
+        events: list[ReplyEvent] = []
+        for r in self._active + self._waiting:
+            r.error = exc
+            if r._slot is not None:
+                self._clear(r._slot)
+            self._finish(r, "error", events)
+        return events
+
+    def cached_tokens(self, session: Hashable) -> int:
+        """Tokens held in ``session``'s sequence (0 when it has none)."""
+        slot = self._slot_of(session)
+        return len(slot.tokens) if slot else 0
+
+    # --- commands and admission ------------------------------------------------------
+
+    def _take_commands(self, events: list[ReplyEvent]) -> None:
+        with self._wake:
+            cmds = list(self._inbox)
+            self._inbox.clear()
+        for kind, arg in cmds:
+            if kind == "submit":
+                for other in self._active + self._waiting:
+                    if other.session == arg.session:
+                        other.cancelled = True
+                self._waiting.append(arg)
+            elif kind == "release":
+                for r in self._active + self._waiting:
+                    if r.session == arg:
+                        r.cancelled = True
+                self._drop_cancelled(events)
+                slot = self._slot_of(arg)
+                if slot is not None:
+                    self._clear(slot)
+                    slot.session = None
+
+    def _drop_cancelled(self, events: list[ReplyEvent]) -> None:
+        for r in list(self._waiting) + list(self._active):
+            if r.cancelled or (r.options.cancel is not None and r.options.cancel.is_set()):
+                self._finish(r, "cancelled", events)
+
+    def _slot_of(self, session: Hashable) -> _Slot | None:
+        return next((s for s in self._slots if s.session == session), None)
+
+    def _admit(self, events: list[ReplyEvent]) -> None:
+        for reply in list(self._waiting):
+            slot = self._slot_of(reply.session) or self._free_slot()
+            if slot is None:
+                return  # every sequence is generating: wait for one to finish
+            self._waiting.remove(reply)
+            try:
+                self._start(reply, slot)
+            except InvalidInput as exc:
+                reply.error = exc
+                self._finish(reply, "error", events)
+
+    def _free_slot(self) -> _Slot | None:
+        idle = [s for s in self._slots if s.reply is None]
+        if not idle:
+            return None
+        fresh = [s for s in idle if s.session is None]
+        slot = fresh[0] if fresh else min(idle, key=lambda s: s.used)
+        if slot.session is not None:
+            log.info("LLM: sequence %d goes from conversation %s to a new one", slot.seq, slot.session)
+            self._clear(slot)
+        return slot
+
+    def _clear(self, slot: _Slot) -> None:
+        self._ll.llama_memory_seq_rm(self._mem, slot.seq, -1, -1)
+        slot.tokens, slot.cut = [], None
+
+    def _start(self, reply: Reply, slot: _Slot) -> None:
+        """Give ``reply`` the sequence ``slot``: fit its prompt, keep the reusable prefix."""
+        o = self.options
+        budget = o.n_ctx - reply._limit
+        fitted = self.prompt.fit(reply.messages, budget, slot.cut if slot.session == reply.session else None)
+        tokens = fitted.tokens
+        slot.session, slot.reply, slot.cut, slot.used = reply.session, reply, fitted.cut, time.perf_counter()
+        keep = min(common_prefix(slot.tokens, tokens), len(tokens) - 1)  # >= 1 token: fresh logits
+        prefix = self._prefix
+        if keep < len(prefix) < len(tokens) and tokens[:len(prefix)] == prefix:
+            self._ll.llama_memory_seq_rm(self._mem, slot.seq, -1, -1)
+            self._ll.llama_memory_seq_cp(self._mem, _PREFIX_SEQ, slot.seq, 0, len(prefix))
+            slot.tokens, keep = list(prefix), len(prefix)
+        else:
+            self._ll.llama_memory_seq_rm(self._mem, slot.seq, keep, -1)
+            del slot.tokens[keep:]
+        reply._slot, reply._pending = slot, tokens[keep:]
+        reply._prompt_tokens, reply._cached, reply._dropped = len(tokens), keep, fitted.dropped
+        reply._sampler = self._sampler(reply.options)
+        reply._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._active.append(reply)
+
+    def _sampler(self, options: ReplyOptions):
+        ll = self._ll
+        temp = self.options.temperature if options.temperature is None else options.temperature
+        seed = options.seed if options.seed is not None else self.options.seed
+        if seed is None:
+            seed = int.from_bytes(os.urandom(4), "little")
+        chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+        if temp <= 0:
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_greedy())
+        else:
+            for s in (ll.llama_sampler_init_top_k(TOP_K), ll.llama_sampler_init_top_p(TOP_P, 1),
+                      ll.llama_sampler_init_min_p(MIN_P, 1), ll.llama_sampler_init_temp(temp),
+                      ll.llama_sampler_init_dist(seed)):
+                ll.llama_sampler_chain_add(chain, s)
+        return chain
+
+    def _cache_prefix(self, system_prompt: str) -> None:
+        """Evaluate the system prompt's tokens once into the reserved sequence."""
+        prefix = self.prompt.system_prefix(system_prompt)
+        for i in range(0, len(prefix), self.options.batch_tokens):
+            chunk = prefix[i:i + self.options.batch_tokens]
+            self._fill([(t, i + j, _PREFIX_SEQ, False) for j, t in enumerate(chunk)])
+            self._decode()
+        self._prefix = prefix
+
+    # --- one step ---------------------------------------------------------------------
+
+    def _run_batch(self, events: list[ReplyEvent]) -> None:
+        rows: list[tuple[int, int, int, bool]] = []  # (token, pos, seq, wants logits)
+        sampled: list[tuple[Reply, int]] = []  # (reply, batch index of its logits)
+        decoding = [r for r in self._active if r._next is not None]
+        for r in decoding:
+            slot = r._slot
+            sampled.append((r, len(rows)))
+            rows.append((r._next, len(slot.tokens), slot.seq, True))
+            slot.tokens.append(r._next)
+            r._next = None
+        budget = max(self.options.batch_tokens - len(rows), min(MIN_PREFILL, self.options.batch_tokens))
+        budget = min(budget, self.options.batch_tokens - len(rows))
+        reading = sorted((r for r in self._active if r._pending), key=lambda r: (r.options.priority, r.id))
+        prompt_rows = 0
+        for r in reading:
+            if budget <= 0:
+                break
+            chunk, r._pending = r._pending[:budget], r._pending[budget:]
+            slot = r._slot
+            for j, t in enumerate(chunk):
+                last = j == len(chunk) - 1 and not r._pending
+                if last:
+                    sampled.append((r, len(rows)))
+                rows.append((t, len(slot.tokens), slot.seq, last))
+                slot.tokens.append(t)
+            budget -= len(chunk)
+            prompt_rows += len(chunk)
+        self._fill(rows)
+        rc = self._decode()
+        self.steps += 1
+        self.evaluated += len(rows)
+        self.prompt_evaluated += prompt_rows
+        self.last_batch = (len(rows), len({seq for _, _, seq, _ in rows}))
+        if rc != 0:
+            self._fail_batch(rows, rc, events)
+            return
+        now = time.perf_counter()
+        for r, index in sampled:
+            self._take_token(r, self._ll.llama_sampler_sample(r._sampler, self._ctx, index), now, events)
+
+    def _take_token(self, r: Reply, token: int, now: float, events: list[ReplyEvent]) -> None:
+        if self._ll.llama_vocab_is_eog(self._vocab, token):
+            self._finish(r, "stop", events)
+            return
+        if r._first_token_s is None:
+            r._first_token_s = now - r.submitted
+        r._completion += 1
+        piece = r._utf8.decode(self._llm.detokenize([token]))
+        if r._completion >= r._limit:
+            if piece:
+                events.append(ReplyEvent(r, piece))
+            self._finish(r, "length", events)
+            return
+        r._next = token
+        if piece:
+            events.append(ReplyEvent(r, piece))
+
+    def _fill(self, rows: list[tuple[int, int, int, bool]]) -> None:
+        b = self._batch
+        for i, (token, pos, seq, logits) in enumerate(rows):
+            b.token[i] = token
+            b.pos[i] = pos
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seq
+            b.logits[i] = int(logits)
+        b.n_tokens = len(rows)
+
+    def _decode(self) -> int:
+        return self._ll.llama_decode(self._ctx, self._batch)
+
+    def _fail_batch(self, rows, rc: int, events: list[ReplyEvent]) -> None:
+        """llama_decode failed: end the replies in the batch and drop what their sequences hold."""
+        seqs = {seq for _, _, seq, _ in rows}
+        log.error("llama_decode failed (%d) on a batch of %d tokens in %d sequences", rc, len(rows), len(seqs))
+        for r in [r for r in self._active if r._slot.seq in seqs]:
+            r.error = ModelError(f"llama_decode failed ({rc})")
+            self._clear(r._slot)
+            self._finish(r, "error", events)
+
+    def _finish(self, r: Reply, reason: str, events: list[ReplyEvent]) -> None:
+        tail = ""
+        if r._utf8 is not None and reason in ("stop", "length"):
+            tail = r._utf8.decode(b"", final=True)
+        if r in self._active:
+            self._active.remove(r)
+        if r in self._waiting:
+            self._waiting.remove(r)
+        if r._slot is not None:
+            r._slot.reply, r._slot.used = None, time.perf_counter()
+        if r._sampler is not None:
+            self._ll.llama_sampler_free(r._sampler)
+            r._sampler = None
+        r._next, r._pending = None, []
+        r.stats = GenerationStats(
+            prompt_tokens=r._prompt_tokens, cached_tokens=r._cached, completion_tokens=r._completion,
+            dropped_messages=r._dropped, first_token_s=r._first_token_s,
+            total_s=time.perf_counter() - r.submitted, finish_reason=reason)
+        events.append(ReplyEvent(r, tail, r.stats))

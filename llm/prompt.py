@@ -1,0 +1,125 @@
+"""Chat prompts for a GGUF model: the model's chat template, tokens, and fitting a context.
+
+``ChatPrompt(llm).fit(messages, budget, cut)`` renders ``messages`` with the chat
+template stored in the GGUF and tokenizes them. When they do not fit ``budget``
+tokens, the oldest non-system messages are dropped (system messages and the last
+message are kept; the kept part starts with a user message), down to half the
+budget, and the cut is returned: passed back on the next turn it is reused while it
+still fits, so the prompt's prefix (and the KV cache holding it) stays the same over
+the following turns instead of changing at every turn.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from voxloop.errors import InvalidInput, ModelError
+
+log = logging.getLogger(__name__)
+
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Where a long history was cut: the first message kept after the system messages."""
+
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class FittedPrompt:
+    tokens: list[int]
+    dropped: int  # oldest non-system messages left out
+    cut: Cut | None
+
+
+class ChatPrompt:
+    """Renders and tokenizes chat messages for one model (``llama_cpp.Llama``)."""
+
+    def __init__(self, llm) -> None:
+        self._llm = llm
+        self._template = _template(llm)
+
+    def tokens(self, messages: Sequence[dict]) -> list[int]:
+        """Prompt tokens of ``messages``, ending with the assistant's generation prompt."""
+        prompt = self._template(messages=[dict(role=m["role"], content=m["content"])
+                                          for m in messages]).prompt
+        # The template writes the special tokens itself (added_special), so no BOS here.
+        return self._llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
+
+    def system_prefix(self, system_prompt: str) -> list[int]:
+        """Tokens every conversation starting with ``system_prompt`` begins with."""
+        a = self.tokens([{"role": "system", "content": system_prompt}, {"role": "user", "content": "A"}])
+        b = self.tokens([{"role": "system", "content": system_prompt}, {"role": "user", "content": "B"}])
+        return a[:common_prefix(a, b)]
+
+    def fit(self, messages: Sequence[dict], budget: int, cut: Cut | None = None) -> FittedPrompt:
+        """Tokens of ``messages`` within ``budget`` tokens (module doc); raises InvalidInput if impossible."""
+        check_messages(messages)
+        system = [m for m in messages if m["role"] == "system"]
+        rest = [m for m in messages if m["role"] != "system"]
+        if cut is not None:  # reuse the last cut while it applies and fits
+            n = _find(rest, cut)
+            if n is not None and n < len(rest):
+                tokens = self.tokens(system + rest[n:])
+                if len(tokens) <= budget:
+                    return FittedPrompt(tokens, n, cut)
+        tokens = self.tokens(messages)
+        if len(tokens) <= budget:
+            return FittedPrompt(tokens, 0, None)
+        # Cut down to half the budget so the next turns fit under the same cut; the kept
+        # part starts with a user message (templates expect user/assistant alternation).
+        for n in range(1, len(rest)):
+            if rest[n]["role"] != "user" and n < len(rest) - 1:
+                continue
+            tokens = self.tokens(system + rest[n:])
+            if len(tokens) <= budget // 2 or (n == len(rest) - 1 and len(tokens) <= budget):
+                log.info("LLM prompt over the context: dropped the %d oldest messages", n)
+                return FittedPrompt(tokens, n, Cut(rest[n]["role"], rest[n]["content"]))
+        raise InvalidInput(f"prompt needs {len(tokens)} tokens; the context leaves {budget}")
+
+
+def _find(rest: Sequence[dict], cut: Cut) -> int | None:
+    for i, m in enumerate(rest):
+        if m["role"] == cut.role and m["content"] == cut.content:
+            return i
+    return None
+
+
+def _template(llm):
+    """The GGUF's chat template as a llama-cpp-python formatter."""
+    from llama_cpp import llama_chat_format
+
+    source = llm.metadata.get("tokenizer.chat_template")
+    if not source:
+        raise ModelError("the GGUF has no tokenizer.chat_template; use a chat (instruct) model")
+    eos_id, bos_id = llm.token_eos(), llm.token_bos()
+
+    def text(token: int) -> str:
+        return llm.detokenize([token], special=True).decode("utf-8") if token != -1 else ""
+
+    eos, bos = text(eos_id), text(bos_id)
+    return llama_chat_format.Jinja2ChatFormatter(template=source, eos_token=eos, bos_token=bos)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common prefix of two token lists."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def check_messages(messages: Sequence[dict]) -> None:
+    if not messages:
+        raise InvalidInput("no messages")
+    for m in messages:
+        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(
+                m.get("content"), str):
+            raise InvalidInput(f"bad chat message {m!r}: need role in {ROLES} and str content")

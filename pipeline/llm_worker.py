@@ -1,0 +1,117 @@
+"""The LLM stage as the event loop sees it: ``await``-able reply streams for many sessions.
+
+``BatchedLlm`` owns a ``BatchedChat`` (llm/batched.py) on one thread that runs its
+steps; sessions call ``stream(session_id, messages, max_tokens, cancel)`` from the
+event loop and iterate text deltas. One step's output for all sessions goes back to
+the loop in one hand-off (``call_soon_threadsafe`` per step, not per token), so no
+thread is tied to a session and every session's turn joins the running batch.
+
+``SerialLlm`` gives the same interface over a one-conversation-at-a-time engine with
+``stream(messages, cancel, max_tokens) -> Iterator[str]`` (test fakes) on a ``ModelWorker``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import AsyncIterator, Hashable
+from typing import Any
+
+from pipeline.workers import NORMAL, ModelWorker
+
+log = logging.getLogger(__name__)
+
+#: Longest wait of the engine thread for new work before it checks for shutdown, s.
+IDLE_WAIT_S = 0.2
+
+
+class BatchedLlm:
+    """Runs a ``BatchedChat`` on its own thread; streams replies to asyncio callers."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="llm-0", daemon=True)
+        self._thread.start()
+
+    async def stream(self, session: Hashable, messages: list[dict], max_tokens: int,
+                     cancel: threading.Event, priority: int = NORMAL) -> AsyncIterator[str]:
+        """Text deltas of the reply to ``messages`` in ``session``'s conversation.
+
+        Ends when the reply does, or soon after ``cancel`` is set; closing the iterator
+        (a cancelled task) cancels the reply. Engine errors are raised here.
+        """
+        from llm.batched import ReplyOptions
+
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        options = ReplyOptions(max_tokens=max_tokens, priority=priority, cancel=cancel)
+        reply = self.engine.submit(session, messages, options, tag=(loop, events))
+        try:
+            while True:
+                event = await events.get()
+                if event.text:
+                    yield event.text
+                if event.stats is not None:
+                    if reply.error is not None:
+                        raise reply.error
+                    return
+        finally:
+            if not reply.done:
+                self.engine.cancel(reply)
+
+    def release(self, session: Hashable) -> None:
+        """The session ended: free its KV sequence."""
+        self.engine.release(session)
+
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            try:
+                events = self.engine.step(wait_s=IDLE_WAIT_S)
+            except Exception as exc:  # a bug: end the running replies rather than hang them
+                log.exception("LLM step failed")
+                events = self.engine.abort(exc)
+            by_loop: dict[Any, list] = defaultdict(list)
+            for event in events:
+                loop, _ = event.reply.tag
+                by_loop[loop].append(event)
+            for loop, batch in by_loop.items():
+                try:
+                    loop.call_soon_threadsafe(_deliver, batch)
+                except RuntimeError:  # the loop is closed (shutdown)
+                    pass
+
+    def stop(self) -> None:
+        """Stop the engine thread (waits for the step in progress)."""
+        self._closed.set()
+        self._thread.join()
+
+    def close(self) -> None:
+        self.stop()
+        self.engine.close()
+
+
+def _deliver(events: list) -> None:
+    for event in events:
+        event.reply.tag[1].put_nowait(event)
+
+
+class SerialLlm:
+    """``BatchedLlm``'s interface over an engine answering one conversation at a time."""
+
+    def __init__(self, engine: Any, queue_size: int = 64) -> None:
+        self.worker = ModelWorker("llm", [engine], queue_size=queue_size)
+        self.engine = engine
+
+    def stream(self, session: Hashable, messages: list[dict], max_tokens: int,
+               cancel: threading.Event, priority: int = NORMAL) -> AsyncIterator[str]:
+        return self.worker.stream(lambda llm: llm.stream(messages, cancel=cancel, max_tokens=max_tokens),
+                                  cancel, priority=priority)
+
+    def release(self, session: Hashable) -> None:
+        pass
+
+    def close(self) -> None:
+        self.worker.close()
