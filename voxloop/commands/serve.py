@@ -28,6 +28,11 @@ def run(args: argparse.Namespace) -> int:
     changes = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     if changes:
         cfg = cfg.replace("server", **changes)
+    if "asr" in cfg.server.stages and cfg.asr.device == "cuda":
+        from asr.cublas import arrange_cublas
+        from voxloop.models import cache_dir
+
+        arrange_cublas(cache_dir(cfg))  # may restart this process once with LD_LIBRARY_PATH set
     asyncio.run(_serve(cfg))
     return 0
 
