@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import codecs
 import collections
-import ctypes
 import itertools
 import logging
 import os
@@ -53,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llm.prompt import ChatPrompt, Cut, check_messages, common_prefix
+from llm.replies import ChatOptions, GenerationStats, Reply, ReplyEvent, ReplyOptions
 from voxloop.config import Config
 from voxloop.errors import InvalidInput, ModelError
 
@@ -62,88 +62,6 @@ TOP_K, TOP_P, MIN_P = 40, 0.95, 0.05  # llama.cpp's defaults
 #: Prompt tokens a reply reads per step at least, even when the batch is full of decodes.
 MIN_PREFILL = 16
 _PREFIX_SEQ = 0  # the reserved sequence holding the system prompt's KV
-
-
-@dataclass(frozen=True)
-class ChatOptions:
-    """The engine's fixed settings (from ``[llm]``)."""
-
-    n_ctx: int = 2048  # tokens per conversation
-    max_sequences: int = 8
-    batch_tokens: int = 64
-    n_threads: int = 0
-    n_gpu_layers: int = 0
-    seed: int | None = None
-    temperature: float = 0.4
-    max_tokens: int = 160
-    system_prompt: str | None = None
-
-
-@dataclass(frozen=True)
-class ReplyOptions:
-    """Per-reply settings; None takes the engine's."""
-
-    max_tokens: int | None = None
-    temperature: float | None = None
-    seed: int | None = None
-    #: Lower goes first when prompt chunks compete for a step (pipeline.workers priorities).
-    priority: int = 1
-    #: Set from any thread to cancel (checked at every step), like ``cancel(reply)``.
-    cancel: threading.Event | None = None
-
-
-@dataclass(frozen=True)
-class GenerationStats:
-    """Figures of one reply (times in seconds from ``submit``)."""
-
-    prompt_tokens: int
-    cached_tokens: int  # prompt tokens reused from the conversation's sequence
-    completion_tokens: int
-    dropped_messages: int  # oldest messages left out to fit n_ctx
-    first_token_s: float | None  # None when nothing was generated
-    total_s: float
-    finish_reason: str  # "stop" | "length" | "cancelled" | "error"
-
-
-@dataclass(eq=False)
-class Reply:
-    """Handle of one submitted reply. ``stats`` is set when it is finished."""
-
-    id: int
-    session: Hashable
-    messages: Sequence[dict]
-    options: ReplyOptions
-    #: The caller's own data (e.g. where to deliver events); the engine does not touch it.
-    tag: object = None
-    submitted: float = field(default_factory=time.perf_counter)
-    cancelled: bool = False
-    stats: GenerationStats | None = None
-    error: BaseException | None = None
-    # Engine-thread state.
-    _slot: "_Slot | None" = None
-    _pending: list[int] = field(default_factory=list)  # prompt tokens not evaluated yet
-    _next: int | None = None  # sampled token to feed at the next step
-    _sampler: object = None
-    _utf8: object = None
-    _prompt_tokens: int = 0
-    _cached: int = 0
-    _dropped: int = 0
-    _completion: int = 0
-    _first_token_s: float | None = None
-    _limit: int = 0
-
-    @property
-    def done(self) -> bool:
-        return self.stats is not None
-
-
-@dataclass(frozen=True)
-class ReplyEvent:
-    """Output of a step for one reply: a text delta (maybe empty) and, at the end, its stats."""
-
-    reply: Reply
-    text: str
-    stats: GenerationStats | None = None
 
 
 @dataclass(eq=False)
@@ -334,6 +252,21 @@ class BatchedChat:
                 self._clear(r._slot)
             self._finish(r, "error", events)
         return events
+
+    def report(self) -> dict[str, int]:
+        """Fixed memory (weights; KV cache for every sequence, f16) and counters; any thread."""
+        ll, model = self._ll, self._llm.model
+        head = ll.llama_model_n_embd(model) // ll.llama_model_n_head(model)
+        kv_per_token = 2 * ll.llama_model_n_layer(model) * ll.llama_model_n_head_kv(model) * head * 2
+        kv_tokens = self.options.n_ctx * (self.options.max_sequences + 1)
+        return {
+            "weights_bytes": ll.llama_model_size(model), "kv_bytes": kv_tokens * kv_per_token,
+            "kv_tokens": kv_tokens, "sequences": self.options.max_sequences,
+            "sequences_held": sum(s.session is not None for s in self._slots),
+            "replies_running": len(self._active), "replies_waiting": len(self._waiting),
+            "steps": self.steps, "evaluated_tokens": self.evaluated, "prompt_tokens_evaluated": self.prompt_evaluated,
+            "last_batch_tokens": self.last_batch[0], "last_batch_sequences": self.last_batch[1],
+        }
 
     def cached_tokens(self, session: Hashable) -> int:
         """Tokens held in ``session``'s sequence (0 when it has none)."""

@@ -91,6 +91,9 @@ class Engines:
         llm = BatchedChat.from_config(self.cfg)  # evaluates the system prompt's KV once
         llm.generate("warmup", [{"role": "user", "content": "Hello!"}], ReplyOptions(max_tokens=4))
         llm.release("warmup")
+        r = llm.report()
+        log.info("LLM: %d sequences x %d tokens; weights %.0f MiB, KV cache %.0f MiB", r["sequences"],
+                 self.cfg.llm.n_ctx, r["weights_bytes"] / 2**20, r["kv_bytes"] / 2**20)
         self.load_s["llm"] = time.monotonic() - t0
         return llm
 

@@ -13,10 +13,14 @@ class Message:
 
 
 class History:
-    """Messages in order; the oldest are dropped when the total exceeds ``max_chars``.
+    """Messages in order; when the total exceeds ``max_chars`` the oldest are dropped down to half.
 
     ``max_chars`` approximates the token budget (about 3-4 characters per token for
-    English), leaving room for the reply. Indices returned by ``add`` stay valid as
+    English), leaving room for the reply. Dropping down to half at once, rather than one
+    message per turn, keeps the start of the prompt the same over the following turns, so
+    the LLM's cached KV of the conversation stays valid and a turn evaluates only the new
+    messages (one message dropped per turn would change the prefix at every turn and
+    re-read the whole history each time). Indices returned by ``add`` stay valid as
     long as the message exists (they are positions from the start of the session).
     """
 
@@ -31,10 +35,14 @@ class History:
     def add(self, role: str, content: str, item_id: str) -> int:
         self._messages.append(Message(role, content, item_id))
         index = self._dropped + len(self._messages) - 1
-        while len(self._messages) > 1 and sum(len(m.content) for m in self._messages) > self.max_chars:
-            self._messages.pop(0)
-            self._dropped += 1
+        if self._chars() > self.max_chars:
+            while len(self._messages) > 1 and self._chars() > self.max_chars // 2:
+                self._messages.pop(0)
+                self._dropped += 1
         return index
+
+    def _chars(self) -> int:
+        return sum(len(m.content) for m in self._messages)
 
     def last_item_id(self) -> str | None:
         return self._messages[-1].item_id if self._messages else None

@@ -65,6 +65,7 @@ class Hub:
         self.metrics = Metrics()
         self.traces = TraceSink(self.metrics, cfg.trace.path)
         self.metrics.watch_tts_memory(self.tts_memory_report)
+        self.metrics.watch_llm(self.llm_report)
         self.traces.gpu_report = self.tts_memory_report
         self.sessions: dict[str, Session] = {}
         self.web_root = Path(cfg.server.web_root) if cfg.server.web_root else WEB_ROOT
@@ -76,6 +77,12 @@ class Hub:
         """The GPU TTS engine's memory figures once loaded; None for engines without (CPU)."""
         worker = self.engines.tts
         report = getattr(worker.engine, "memory_report", None) if worker is not None else None
+        return report() if report is not None else None
+
+    def llm_report(self) -> dict | None:
+        """The batched LLM's memory and batch figures once loaded; None otherwise (fakes)."""
+        worker = self.engines.llm
+        report = getattr(getattr(worker, "engine", None), "report", None)
         return report() if report is not None else None
 
     # ------------------------------------------------------------------ lifecycle

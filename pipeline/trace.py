@@ -71,6 +71,46 @@ class Metrics:
         self.registry.register(_TtsMemoryCollector(report))
 
 
+    def watch_llm(self, report: Callable[[], dict[str, int] | None]) -> None:
+        """Export the batched LLM's figures (``BatchedChat.report``), read at each scrape."""
+        self.registry.register(_LlmCollector(report))
+
+
+class _LlmCollector(Collector):
+    """The LLM's fixed memory, sequences, batch of the last step and token counters."""
+
+    def __init__(self, report: Callable[[], dict[str, int] | None]) -> None:
+        self.report = report
+
+    def collect(self) -> Iterator[Metric]:
+        r = self.report()
+        if not r:
+            return
+        memory = GaugeMetricFamily("voxloop_llm_memory_bytes", "LLM memory fixed at start-up, bytes",
+                                   labels=["kind"])
+        memory.add_metric(["weights"], r["weights_bytes"])
+        memory.add_metric(["kv_cache"], r["kv_bytes"])
+        yield memory
+        seqs = GaugeMetricFamily("voxloop_llm_sequences", "KV sequences: configured, held by a session",
+                                 labels=["state"])
+        seqs.add_metric(["configured"], r["sequences"])
+        seqs.add_metric(["held"], r["sequences_held"])
+        yield seqs
+        replies = GaugeMetricFamily("voxloop_llm_replies", "Replies in the engine", labels=["state"])
+        replies.add_metric(["running"], r["replies_running"])
+        replies.add_metric(["waiting"], r["replies_waiting"])
+        yield replies
+        batch = GaugeMetricFamily("voxloop_llm_last_batch", "The last llama_decode step", labels=["unit"])
+        batch.add_metric(["tokens"], r["last_batch_tokens"])
+        batch.add_metric(["sequences"], r["last_batch_sequences"])
+        yield batch
+        yield CounterMetricFamily("voxloop_llm_steps", "llama_decode steps", value=r["steps"])
+        tokens = CounterMetricFamily("voxloop_llm_evaluated_tokens", "Tokens evaluated", labels=["kind"])
+        tokens.add_metric(["prompt"], r["prompt_tokens_evaluated"])
+        tokens.add_metric(["all"], r["evaluated_tokens"])
+        yield tokens
+
+
 class _TtsMemoryCollector(Collector):
     """Gauges from a memory report: device pool, per-stage memory and budgets, host buffer pools."""
 
