@@ -151,6 +151,9 @@ async def talker(url: str, speech: dict[str, np.ndarray], turns: int, seed: int,
                     processing_ms=reply.metrics.get("processing_ms"),
                     stages_ms=reply.metrics.get("stages_ms", {}),
                     speculative=bool(reply.metrics.get("speculative")),
+                    # Prompt tokens the LLM evaluated for this turn (the rest was cached), and
+                    # how many conversations shared the llama_decode step of its first token.
+                    llm_prompt_evaluated=_evaluated(reply.metrics), llm_batch=reply.metrics.get("llm_batch"),
                 )
                 if reply.status != "completed" or split or row["voice_to_voice_ms"] is None:
                     row.update(missed=True, why="split" if split else f"status {reply.status}")
@@ -163,6 +166,12 @@ async def talker(url: str, speech: dict[str, np.ndarray], turns: int, seed: int,
         finally:
             await mic.stop()
     return rows
+
+
+def _evaluated(metrics: dict) -> int | None:
+    if "llm_prompt_tokens" not in metrics:
+        return None
+    return int(metrics["llm_prompt_tokens"]) - int(metrics.get("llm_cached_tokens", 0))
 
 
 def summarize(concurrency: int, rows: list[dict]) -> dict:
@@ -179,6 +188,9 @@ def summarize(concurrency: int, rows: list[dict]) -> dict:
     for stage in STAGES:
         vals = [r["stages_ms"][stage] for r in ok if stage in r["stages_ms"]]
         out[f"{stage}_p50_ms"] = pct(vals, 50)
+    for key in ("llm_prompt_evaluated", "llm_batch"):
+        vals = [r[key] for r in ok if r.get(key) is not None]
+        out[f"{key}_p50"], out[f"{key}_max"] = pct(vals, 50), max(vals, default=None)
     return out
 
 

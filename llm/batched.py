@@ -424,7 +424,7 @@ class BatchedChat:
             self._finish(r, "stop", events)
             return
         if r._first_token_s is None:
-            r._first_token_s = now - r.submitted
+            r._first_token_s, r._first_batch = now - r.submitted, self.last_batch[1]
         r._completion += 1
         piece = r._utf8.decode(self._llm.detokenize([token]))
         if r._completion >= r._limit:
@@ -475,5 +475,5 @@ class BatchedChat:
         r.stats = GenerationStats(
             prompt_tokens=r._prompt_tokens, cached_tokens=r._cached, completion_tokens=r._completion,
             dropped_messages=r._dropped, first_token_s=r._first_token_s,
-            total_s=time.perf_counter() - r.submitted, finish_reason=reason)
+            total_s=time.perf_counter() - r.submitted, finish_reason=reason, first_batch=r._first_batch)
         events.append(ReplyEvent(r, tail, r.stats))

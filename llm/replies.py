@@ -48,6 +48,7 @@ class GenerationStats:
     first_token_s: float | None  # None when nothing was generated
     total_s: float
     finish_reason: str  # "stop" | "length" | "cancelled" | "error"
+    first_batch: int = 0  # conversations in the llama_decode step that gave its first token
 
 
 @dataclass(eq=False)
@@ -75,6 +76,7 @@ class Reply:
     _dropped: int = 0
     _completion: int = 0
     _first_token_s: float | None = None
+    _first_batch: int = 0
     _limit: int = 0
 
     @property

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import AsyncIterator, Hashable
+from collections.abc import AsyncIterator, Callable, Hashable
 from typing import Any
 
 from pipeline.workers import NORMAL, ModelWorker
@@ -37,11 +37,13 @@ class BatchedLlm:
         self._thread.start()
 
     async def stream(self, session: Hashable, messages: list[dict], max_tokens: int,
-                     cancel: threading.Event, priority: int = NORMAL) -> AsyncIterator[str]:
+                     cancel: threading.Event, priority: int = NORMAL,
+                     on_done: Callable[[Any], None] | None = None) -> AsyncIterator[str]:
         """Text deltas of the reply to ``messages`` in ``session``'s conversation.
 
         Ends when the reply does, or soon after ``cancel`` is set; closing the iterator
-        (a cancelled task) cancels the reply. Engine errors are raised here.
+        (a cancelled task) cancels the reply. Engine errors are raised here. ``on_done``
+        gets the reply's ``GenerationStats`` when it ends.
         """
         from llm.batched import ReplyOptions
 
@@ -55,6 +57,8 @@ class BatchedLlm:
                 if event.text:
                     yield event.text
                 if event.stats is not None:
+                    if on_done is not None:
+                        on_done(event.stats)
                     if reply.error is not None:
                         raise reply.error
                     return
@@ -65,6 +69,11 @@ class BatchedLlm:
     def release(self, session: Hashable) -> None:
         """The session ended: free its KV sequence."""
         self.engine.release(session)
+
+    def pending(self) -> int:
+        """Replies generating or waiting for a sequence."""
+        r = self.engine.report()
+        return r["replies_running"] + r["replies_waiting"]
 
     def _run(self) -> None:
         while not self._closed.is_set():
@@ -106,12 +115,16 @@ class SerialLlm:
         self.engine = engine
 
     def stream(self, session: Hashable, messages: list[dict], max_tokens: int,
-               cancel: threading.Event, priority: int = NORMAL) -> AsyncIterator[str]:
+               cancel: threading.Event, priority: int = NORMAL,
+               on_done: Callable[[Any], None] | None = None) -> AsyncIterator[str]:
         return self.worker.stream(lambda llm: llm.stream(messages, cancel=cancel, max_tokens=max_tokens),
                                   cancel, priority=priority)
 
     def release(self, session: Hashable) -> None:
         pass
+
+    def pending(self) -> int:
+        return self.worker.pending()
 
     def close(self) -> None:
         self.worker.close()

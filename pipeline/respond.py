@@ -114,8 +114,12 @@ class Responder:
         text: list[str] = []
         turn.trace.mark("llm_start")
         try:
+            def done(stats) -> None:  # what the LLM read and with how many other conversations
+                turn.trace.info.update(llm_prompt_tokens=stats.prompt_tokens, llm_cached_tokens=stats.cached_tokens,
+                                       llm_batch=stats.first_batch)
+
             stream = self.engines.llm.stream(self.session_id, req.messages, req.max_tokens, turn.cancel,
-                                             priority=req.priority)
+                                             priority=req.priority, on_done=done)
             async for token in stream:
                 turn.trace.mark("llm_first_token")
                 text.append(token)
