@@ -271,15 +271,20 @@ def test_missing_model_file(tmp_path):
 @pytest.mark.slow
 def test_metrics_report_the_fixed_memory_and_batches(engine, cfg):
     from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
 
     from pipeline.trace import Metrics
 
     engine.generate(fresh(), chat(cfg.llm.system_prompt, "Hi!"), ReplyOptions(max_tokens=3))
     metrics = Metrics()
     metrics.watch_llm(engine.report)
-    text = generate_latest(metrics.registry).decode()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())
+               for s in f.samples}
     # SmolLM2-135M: 30 layers x 3 KV heads x 64 dims x (K + V) x 2 bytes per token.
     kv = (cfg.llm.max_sequences + 1) * cfg.llm.n_ctx * 30 * 3 * 64 * 2 * 2
-    assert f'voxloop_llm_memory_bytes{{kind="kv_cache"}} {float(kv)}' in text
-    assert 'voxloop_llm_sequences{state="configured"} 8.0' in text
-    assert "voxloop_llm_steps_total" in text and 'voxloop_llm_last_batch{unit="sequences"} 1.0' in text
+    assert samples[("voxloop_llm_memory_bytes", (("kind", "kv_cache"),))] == kv
+    assert samples[("voxloop_llm_memory_bytes", (("kind", "weights"),))] > 50e6
+    assert samples[("voxloop_llm_sequences", (("state", "configured"),))] == cfg.llm.max_sequences
+    assert samples[("voxloop_llm_last_batch", (("unit", "sequences"),))] == 1
+    assert samples[("voxloop_llm_steps_total", ())] >= 3
