@@ -18,7 +18,7 @@ import pytest
 import websockets
 
 from conftest import scaled
-from rt import append, http_get, recv, until, url, user_text
+from rt import append, http_get, recv, speech_24k, until, url, user_text
 from pipeline.engines import Engines
 from pipeline.hub import Hub
 from tts_engine.factory import create_engines
@@ -81,16 +81,6 @@ async def start_hub(tts_engines, *overrides, asr=None, llm=None):
     hub = Hub(cfg, engines)
     await hub.start()
     return hub
-
-
-def speech_24k(seconds: float, seed: int = 0) -> np.ndarray:
-    """A loud voiced-like signal webrtcvad calls speech: harmonic buzz with a syllable envelope."""
-    t = np.arange(int(24000 * seconds)) / 24000
-    f0 = 140 + 20 * np.sin(2 * np.pi * 3 * t)
-    phase = 2 * np.pi * np.cumsum(f0) / 24000
-    sig = sum(np.sin(k * phase) / k for k in range(1, 12))
-    env = 0.55 + 0.45 * np.sin(2 * np.pi * 4 * t) ** 2
-    return (sig * env * 6000).astype(np.int16)
 
 
 async def test_http_routes(tts_engines):

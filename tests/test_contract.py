@@ -1,0 +1,365 @@
+"""The protocol contract: what docs/protocol.md promises, checked only through the WebSocket.
+
+Each test sends client events and compares the server events with the sequence the
+docs give, including failure paths: ASR, LLM and TTS engines that fail mid-turn
+(fault-injected fakes: this is orchestration), cancel and barge-in with the final item
+states, ``incomplete`` at the token limit, and the session-level error codes. The TTS is
+the real CPU engine; the conversation history is read from what the fake LLM is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import pytest
+import websockets
+
+from client_fakes import FakeASR, FakeLLM, real_tts_engines, start_hub
+from conftest import scaled
+from llm.chat import GenerationStats
+from rt import append, recv, speech_24k, until, url, user_text
+from voxloop.errors import ModelError
+
+pytestmark = pytest.mark.timeout(scaled(120))
+PTT = {"type": "realtime", "audio": {"input": {"turn_detection": None, "format": {"type": "audio/pcm", "rate": 24000}}}}
+#: The events that close an assistant audio item, in the documented order.
+CLOSE_AUDIO = ["response.output_audio.done", "response.output_audio_transcript.done", "response.content_part.done",
+               "response.output_item.done", "conversation.item.done"]
+START = ["response.created", "response.output_item.added", "conversation.item.added", "response.content_part.added"]
+CLAUSES = ["It is sunny today.", "Take a hat with you.", "Drink some water at noon.", "The wind is calm.",
+           "Rain may come tonight.", "Close your windows then.", "Tomorrow will be cooler.", "Have a good day."]
+
+
+class BrokenASR(FakeASR):
+    """Raises ``ModelError`` while ``broken`` is set."""
+
+    broken = True
+
+    def transcribe(self, pcm, language=None):
+        if self.broken:
+            raise ModelError("speech recognition failed")
+        return super().transcribe(pcm, language)
+
+
+class BrokenLLM(FakeLLM):
+    """Streams ``fail_after`` tokens, then raises ``ModelError`` (while ``broken`` is set)."""
+
+    def __init__(self, reply: str, fail_after: int) -> None:
+        super().__init__(reply)
+        self.fail_after = fail_after
+        self.broken = True
+
+    def stream(self, messages, cancel=None, max_tokens=None):
+        for n, token in enumerate(super().stream(messages, cancel, max_tokens)):
+            if self.broken and n == self.fail_after:
+                raise ModelError("the language model failed")
+            yield token
+
+
+class CountingLLM(FakeLLM):
+    """Honours ``max_tokens`` and reports how it ended in ``last_stats``, as ``ChatModel`` does."""
+
+    def stream(self, messages, cancel=None, max_tokens=None):
+        self.last_stats = None
+        limit = len(self.tokens) if max_tokens is None else max_tokens
+        tokens = self.tokens[:limit]
+        yield from tokens
+        reason = "length" if len(tokens) < len(self.tokens) else "stop"
+        self.last_stats = GenerationStats(prompt_tokens=10 * len(messages), cached_tokens=0,
+                                          completion_tokens=len(tokens), dropped_messages=0,
+                                          first_token_s=0.0, total_s=0.0, finish_reason=reason)
+
+
+class BrokenTTS:
+    """The real TTS engine, except that its ``fail_on``-th clause fails after its first chunk."""
+
+    def __init__(self, engine, fail_on: int) -> None:
+        self.engine = engine
+        self.fail_on = fail_on
+        self.calls = 0
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def synthesize(self, text, options=None):
+        self.calls += 1
+        chunks = self.engine.synthesize(text, options)
+        if self.calls != self.fail_on:
+            yield from chunks
+            return
+        yield next(chunks)
+        raise ModelError("speech synthesis failed")
+
+
+@pytest.fixture(scope="module")
+def tts_engines():
+    return real_tts_engines()
+
+
+async def session(hub, update: dict | None = None):
+    ws = await websockets.connect(url(hub))
+    assert (await recv(ws))["type"] == "session.created"
+    if update is not None:
+        await ws.send(json.dumps({"type": "session.update", "session": update}))
+        await until(ws, "session.updated")
+    return ws
+
+
+async def quiet(ws, seconds: float = 0.3) -> list[dict]:
+    """Everything that arrives within ``seconds`` (scaled) of silence."""
+    got = []
+    try:
+        while True:
+            got.append(await recv(ws, seconds))
+    except TimeoutError:
+        return got
+
+
+def types(events: list[dict]) -> list[str]:
+    return [e["type"] for e in events if e["type"] != "response.output_audio.delta"]
+
+
+def transcript(events: list[dict], response_id: str) -> str:
+    return "".join(e["delta"] for e in events
+                   if e["type"] == "response.output_audio_transcript.delta" and e["response_id"] == response_id)
+
+
+def check_closed(events: list[dict], done: dict, status: str, item_status: str) -> dict:
+    """The response's item was closed (documented order, nothing after) and ``done`` names it."""
+    rid = done["response"]["id"]
+    mine = [e for e in events if e.get("response_id") == rid or e.get("response", {}).get("id") == rid
+            or e["type"] == "conversation.item.done"]
+    assert types(mine)[-6:] == CLOSE_AUDIO + ["response.done"], types(mine)
+    assert mine[-1]["type"] == "response.done" and mine[-1] is done
+    said = transcript(events, rid).strip()
+    item = next(e for e in events if e["type"] == "response.output_item.done")["item"]
+    assert item["status"] == item_status and item["content"] == [{"type": "output_audio", "transcript": said}]
+    assert next(e for e in events if e["type"] == "response.output_audio_transcript.done")["transcript"] == said
+    assert done["response"]["status"] == status and done["response"]["output"] == [item]
+    return item
+
+
+# --------------------------------------------------------------------------- models failing mid-turn
+async def test_asr_failure_sends_transcription_failed_and_ends_the_user_item(tts_engines):
+    asr, llm = BrokenASR(), FakeLLM()
+    hub = await start_hub(tts_engines, "asr.partial_interval_ms=0", asr=asr, llm=llm)
+    try:
+        ws = await session(hub, PTT)
+        await ws.send(append(speech_24k(1.0)))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        _, seen = await until(ws, "conversation.item.done")
+        assert types(seen) == ["input_audio_buffer.committed", "conversation.item.added",
+                               "conversation.item.input_audio_transcription.failed", "conversation.item.done"]
+        item = seen[0]["item_id"]
+        failed, done = seen[2], seen[3]
+        assert failed["item_id"] == item and failed["error"]["type"] == "server_error"
+        assert failed["error"]["code"] == "model_error" and failed["error"]["message"] == "speech recognition failed"
+        assert done["item"]["id"] == item and done["item"]["status"] == "completed"
+        assert done["item"]["content"] == [{"type": "input_audio"}]
+        # No response and no error event; only the turn's metrics may follow.
+        assert set(types(await quiet(ws))) <= {"x.turn.metrics"}
+        assert llm.seen == []
+        # The session goes on: the next commit is answered, without the failed item in history.
+        asr.broken = False
+        await ws.send(append(speech_24k(1.0)))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        done, _ = await until(ws, "response.done")
+        assert done["response"]["status"] == "completed"
+        assert [m["role"] for m in llm.seen[-1]] == ["system", "user"]
+        await ws.close()
+    finally:
+        await hub.stop()
+
+
+async def test_llm_failure_closes_the_item_and_fails_the_response(tts_engines):
+    llm = BrokenLLM(" ".join(CLAUSES), fail_after=9)  # two clauses, then the model fails
+    hub = await start_hub(tts_engines, llm=llm)
+    try:
+        ws = await session(hub)
+        for m in user_text("How is the weather?"):
+            await ws.send(m)
+        done, seen = await until(ws, "response.done")
+        item = check_closed(seen, done, "failed", "incomplete")
+        assert item["content"][0]["transcript"] == transcript(seen, done["response"]["id"]).strip()
+        details = done["response"]["status_details"]
+        assert details["type"] == "failed"
+        assert details["error"] == {"type": "server_error", "code": "model_error", "message": "the language model failed"}
+        assert "usage" not in done["response"]  # the model never reported its counts
+        assert "error" not in types(seen) and set(types(await quiet(ws))) <= {"x.turn.metrics"}
+        llm.broken = False
+        for m in user_text("And now?"):
+            await ws.send(m)
+        assert (await until(ws, "response.done"))[0]["response"]["status"] == "completed"
+        await ws.close()
+    finally:
+        await hub.stop()
+
+
+async def test_tts_failure_closes_the_item_and_fails_the_response(tts_engines):
+    broken = [BrokenTTS(e, fail_on=2) for e in tts_engines]
+    hub = await start_hub(broken, llm=FakeLLM(" ".join(CLAUSES[:4])))
+    try:
+        ws = await session(hub)
+        for m in user_text("How is the weather?"):
+            await ws.send(m)
+        done, seen = await until(ws, "response.done")
+        item = check_closed(seen, done, "failed", "incomplete")
+        # The second clause's text went out (its transcript precedes its audio); its audio broke off.
+        assert item["content"][0]["transcript"] == " ".join(CLAUSES[:2])
+        assert done["response"]["status_details"]["error"]["message"] == "speech synthesis failed"
+        assert "error" not in types(seen)
+        await ws.close()
+    finally:
+        await hub.stop()
+
+
+# --------------------------------------------------------------------------- token limit, usage
+async def test_token_limit_gives_incomplete_and_usage(tts_engines):
+    llm = CountingLLM(" ".join(CLAUSES[:2]))  # 9 tokens
+    hub = await start_hub(tts_engines, llm=llm)
+    try:
+        ws = await session(hub, {"type": "realtime", "max_output_tokens": 4})
+        for m in user_text("How is the weather?"):
+            await ws.send(m)
+        done, seen = await until(ws, "response.done")
+        item = check_closed(seen, done, "incomplete", "incomplete")
+        assert item["content"][0]["transcript"] == "It is sunny today."
+        assert done["response"]["status_details"] == {"type": "incomplete", "reason": "max_output_tokens"}
+        assert done["response"]["usage"] == {"total_tokens": 24, "input_tokens": 20, "output_tokens": 4}
+        await ws.send(json.dumps({"type": "session.update", "session": {"max_output_tokens": "inf"}}))
+        for m in user_text("Again?"):
+            await ws.send(m)
+        done, seen = await until(ws, "response.done")
+        check_closed(seen, done, "completed", "completed")
+        assert done["response"]["usage"] == {"total_tokens": 49, "input_tokens": 40, "output_tokens": 9}
+        await ws.close()
+    finally:
+        await hub.stop()
+
+
+async def test_text_reply_at_the_token_limit(tts_engines):
+    hub = await start_hub(tts_engines, llm=CountingLLM(" ".join(CLAUSES[:2])))
+    try:
+        ws = await session(hub, {"type": "realtime", "output_modalities": ["text"], "max_output_tokens": 3})
+        for m in user_text("How is the weather?"):
+            await ws.send(m)
+        done, seen = await until(ws, "response.done")
+        assert types(seen)[-5:] == ["response.output_text.done", "response.content_part.done",
+                                    "response.output_item.done", "conversation.item.done", "response.done"]
+        item = {"id": seen[-2]["item"]["id"], "type": "message", "role": "assistant", "object": "realtime.item",
+                "status": "incomplete", "content": [{"type": "output_text", "text": "It is sunny"}]}
+        assert seen[-3]["item"] == item and done["response"]["output"] == [item]
+        assert done["response"]["status"] == "incomplete"
+        await ws.close()
+    finally:
+        await hub.stop()
+
+
+# --------------------------------------------------------------------------- cancel and barge-in
+async def test_cancel_closes_the_item_before_response_done(tts_engines):
+    llm = FakeLLM(" ".join(CLAUSES * 4), delay_s=0.03)
+    hub = await start_hub(tts_engines, llm=llm)
+    try:
+        ws = await session(hub)
+        for m in user_text("Talk a lot."):
+            await ws.send(m)
+        _, before = await until(ws, "response.output_audio.delta")
+        await ws.send(json.dumps({"type": "response.cancel"}))
+        done, after = await until(ws, "response.done")
+        seen = before + after
+        item = check_closed(seen, done, "cancelled", "incomplete")
+        assert item["content"][0]["transcript"]  # the text that was sent
+        assert done["response"]["status_details"] == {"type": "cancelled", "reason": "client_cancelled"}
+        assert not [e for e in await quiet(ws) if e.get("response_id") == done["response"]["id"]
+                    and e["type"] != "x.turn.metrics"]
+        await ws.close()
+    finally:
+        await hub.stop()
+
+
+def clause_ends_ms(events: list[dict], response_id: str) -> list[float]:
+    """Where each clause's audio ends in the response's audio stream, ms (24 kHz): a clause's
+    transcript delta precedes its audio, so audio between two deltas belongs to the first."""
+    ends, samples = [], 0
+    for e in events:
+        if e.get("response_id") != response_id:
+            continue
+        if e["type"] == "response.output_audio_transcript.delta" and samples:
+            ends.append(1000 * samples / 24000)
+        elif e["type"] == "response.output_audio.delta":
+            samples += len(e["delta"]) * 3 // 4 // 2
+    return ends
+
+
+async def speak_over(ws, seconds: float = 1.0) -> None:
+    """The user talks for ``seconds`` then is silent for 1 s (server VAD ends the turn)."""
+    pcm = speech_24k(seconds)
+    for i in range(0, len(pcm), 480):
+        await ws.send(append(pcm[i:i + 480]))
+        await asyncio.sleep(0.02)
+    silence = bytes(960)
+    for _ in range(50):
+        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": _b64(silence)}))
+        await asyncio.sleep(0.02)
+
+
+def _b64(raw: bytes) -> str:
+    import base64
+
+    return base64.b64encode(raw).decode()
+
+
+async def test_voice_barge_in_keeps_only_the_heard_clauses_in_history(tts_engines):
+    llm = FakeLLM(" ".join(CLAUSES), delay_s=0.02)
+    hub = await start_hub(tts_engines, "vad.barge_in_min_ms=150", "asr.partial_interval_ms=0",
+                          asr=FakeASR("wait a moment"), llm=llm)
+    try:
+        ws = await session(hub)
+        for m in user_text("How is the weather?"):
+            await ws.send(m)
+        seen = []
+        while len([e for e in seen if e["type"] == "response.output_audio_transcript.delta"]) < 3:
+            seen.append(await recv(ws))
+        rid = seen[-1]["response_id"]
+        heard_to = math.ceil(clause_ends_ms(seen, rid)[1]) + 40  # 40 ms into the third clause
+        await ws.send(json.dumps({"type": "x.playback", "item_id": seen[-1]["item_id"], "audio_end_ms": heard_to}))
+        await speak_over(ws)
+        done, after = await until(ws, "response.done")
+        assert done["response"]["status_details"] == {"type": "cancelled", "reason": "turn_detected"}
+        check_closed(seen + after, done, "cancelled", "incomplete")
+        assert "input_audio_buffer.speech_started" in types(after)
+        nxt, _ = await until(ws, "response.done")  # the interruption, answered as its own turn
+        assert nxt["response"]["status"] == "completed"
+        assert llm.seen[-1][1:] == [{"role": "user", "content": "How is the weather?"},
+                                    {"role": "assistant", "content": " ".join(CLAUSES[:2])},
+                                    {"role": "user", "content": "wait a moment"}]
+        await ws.close()
+    finally:
+        await hub.stop()
+
+
+async def test_voice_barge_in_after_the_reply_finished_but_still_plays(tts_engines):
+    llm = FakeLLM(" ".join(CLAUSES[:3]))
+    hub = await start_hub(tts_engines, "vad.barge_in_min_ms=150", "asr.partial_interval_ms=0",
+                          asr=FakeASR("wait a moment"), llm=llm)
+    try:
+        ws = await session(hub)
+        for m in user_text("How is the weather?"):
+            await ws.send(m)
+        done, seen = await until(ws, "response.done")
+        assert done["response"]["status"] == "completed"
+        rid, item_id = done["response"]["id"], done["response"]["output"][0]["id"]
+        heard_to = math.ceil(clause_ends_ms(seen, rid)[0]) + 40  # the client has played the first clause
+        await ws.send(json.dumps({"type": "x.playback", "item_id": item_id, "audio_end_ms": heard_to}))
+        await speak_over(ws)
+        nxt, after = await until(ws, "response.done")
+        assert nxt["response"]["id"] != rid and nxt["response"]["status"] == "completed"
+        assert not [e for e in after if e.get("response_id") == rid and e["type"] != "x.turn.metrics"]  # over
+        assert llm.seen[-1][1:] == [{"role": "user", "content": "How is the weather?"},
+                                    {"role": "assistant", "content": CLAUSES[0]},
+                                    {"role": "user", "content": "wait a moment"}]
+        await ws.close()
+    finally:
+        await hub.stop()
