@@ -112,14 +112,14 @@ class OnnxStreamBackend(OnnxBackend):
         from tts_engine.cpu_engine import OnnxTtsEngine
         from tts_engine.onnx_streaming import ChunkPlan
         from tts_engine.voice import Voice
-        from voxloop import models
+        from tts_engine.chunked_voice import resolve_chunked_voice
         from voxloop.config import load_config
 
         cfg = load_config(overrides=[f"tts.voice_path={args.voice}"])
         plan = ChunkPlan(args.cpu_chunk_frames or cfg.tts.chunk_frames,
                          args.cpu_tail_chunk_frames or cfg.tts.tail_chunk_frames or ChunkPlan.tail_frames)  # fmt: skip
         threads = max(1, (os.cpu_count() or 1) // workers)
-        chunked_dir = models.resolve_chunked_voice(cfg).path  # exports once (needs torch) when missing
+        chunked_dir = resolve_chunked_voice(cfg).path  # exports once (needs torch) when missing
         self.engine = OnnxTtsEngine(Voice.load(args.voice), threads=threads, workers=workers,
                                     chunked_dir=chunked_dir, chunk_plan=plan)  # fmt: skip
         self.sample_rate = self.engine.sample_rate

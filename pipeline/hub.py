@@ -34,9 +34,9 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from pipeline.engines import Engines
-from pipeline.protocol import RealtimeProtocol
 from pipeline.session import AfterSent, Session, SlowClient
 from pipeline.trace import Metrics, TraceSink
+from realtime.protocol import RealtimeProtocol
 from voxloop.config import Config
 
 log = logging.getLogger(__name__)
