@@ -6,7 +6,7 @@ and every compliant peer reads such a message as is. This extension uses that fr
 
 * audio is sent uncompressed: binary frames (the fast path carries only audio) and the JSON
   audio deltas, recognised by their first bytes (every event is serialized with ``"type"``
-  first, see ``pipeline.protocol``). Base64 PCM barely compresses (≈ 0.8 of its size, i.e. the
+  first, see ``realtime.protocol``). Base64 PCM barely compresses (≈ 0.8 of its size, i.e. the
   base64 overhead back) and deflating it cost the event loop half its time at 50 clients;
 * every other text event (session objects, transcripts, errors) is compressed, with the
   context kept between messages as negotiated: they are a small share of the bytes sent and

@@ -36,9 +36,9 @@ from websockets.http11 import Request, Response
 from pipeline.deflate import AudioPassthroughDeflateFactory
 from pipeline.engines import Engines
 from pipeline.loadwatch import LoopLagMonitor, QueueDepthCollector, SendCounters
-from pipeline.protocol import BINARY_AUDIO_EVENTS, RealtimeProtocol
 from pipeline.session import AfterSent, Session, SlowClient
 from pipeline.trace import Metrics, TraceSink
+from realtime.protocol import BINARY_AUDIO_EVENTS, RealtimeProtocol
 from voxloop.config import Config
 
 log = logging.getLogger(__name__)

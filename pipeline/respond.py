@@ -13,16 +13,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline import events as ev
 from pipeline.engines import Engines
-from pipeline.items import (
+from pipeline.turn import SpokenClause, Turn, TurnControl
+from pipeline.workers import NORMAL, URGENT
+from realtime import events as ev
+from realtime.items import (
     ContentPart,
     MessageItem,
     ResponseObject,
     ResponseStatusDetails,
 )
-from pipeline.turn import SpokenClause, Turn, TurnControl
-from pipeline.workers import NORMAL, URGENT
 from tts_engine.engine import SynthesisOptions
 from tts_engine.segmenter import ClauseSegmenter
 from voxloop.config import Config

@@ -19,10 +19,10 @@ import websockets
 from websockets.extensions.permessage_deflate import ClientPerMessageDeflateFactory, PerMessageDeflate
 
 from conftest import scaled
-from pipeline import events as ev
-from pipeline.events import serialize
-from pipeline.protocol import encode_audio_frame, encode_audio_json, parse_server_frame
-from pipeline.wire import new_id
+from realtime import events as ev
+from realtime.events import serialize
+from realtime.protocol import encode_audio_frame, encode_audio_json, parse_server_frame
+from realtime.wire import new_id
 from rt import http_get, url
 
 torch = pytest.importorskip("torch")

@@ -27,7 +27,7 @@ import struct
 from functools import cache
 from typing import Any
 
-from pipeline.events import (
+from realtime.events import (
     ClientEvent,
     ErrorEvent,
     InputAudioBufferAppend,
@@ -39,8 +39,8 @@ from pipeline.events import (
     parse_server_event,
     serialize,
 )
-from pipeline.session_schema import SessionConfig, apply_session_update
-from pipeline.wire import ErrorCode, ProtocolError, pcm16_bytes, pcm16_from_bytes
+from realtime.session_schema import SessionConfig, apply_session_update
+from realtime.wire import ErrorCode, ProtocolError, pcm16_bytes, pcm16_from_bytes
 from voxloop.config import LimitsConfig
 
 __all__ = [

@@ -52,7 +52,7 @@ __all__ = [
 class ErrorCode:
     """The stable ``error.code`` strings (all listed in docs/protocol.md)."""
 
-    # Raised by the protocol core (pipeline/protocol.py, pipeline/events.py).
+    # Raised by the protocol core (realtime/protocol.py, realtime/events.py).
     INVALID_JSON = "invalid_json"
     MESSAGE_TOO_LARGE = "message_too_large"
     UNKNOWN_EVENT_TYPE = "unknown_event_type"
