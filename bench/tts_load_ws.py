@@ -1,6 +1,6 @@
-"""WebSocket mode of ``bench/tts_load.py``: a ``voxloop serve`` process (TTS-only, ``server.stages =
+"""WebSocket mode of ``bench.tts_load``: a ``voxloop serve`` process (TTS-only, ``server.stages =
 ["tts"]``) per backend, ``RealtimeClient.speak`` (``x.tts.speak``) clients over ws://127.0.0.1, and the
-server's peak GPU memory (its ``/metrics`` pool gauge, else ``nvidia-smi``). Run through ``tts_load.py --mode ws``.
+server's peak GPU memory (its ``/metrics`` pool gauge, else ``nvidia-smi``). Run through ``python -m bench.tts_load --mode ws``.
 """
 
 from __future__ import annotations
@@ -13,14 +13,13 @@ import subprocess
 import threading
 import time
 
-from bench.tts_load import ROOT, cpu_name, gpu_name
+from bench.harness import ROOT, cpu_name, free_port, gpu_name, start_server, stop_server
+
 
 class WsBackend:
     """A TTS-only ``voxloop serve`` process for one backend; requests are ``RealtimeClient.speak`` calls."""
 
     def __init__(self, args: argparse.Namespace, backend: str, max_clients: int) -> None:
-        from bench.common import free_port, start_server
-
         common = ["--set=server.stages=tts", "--set=server.host=127.0.0.1", f"--set=tts.voice_path={args.voice}",
                   f"--set=limits.max_sessions={max(16, max_clients)}"]  # fmt: skip
         if backend == "cuda":
@@ -70,8 +69,6 @@ class WsBackend:
 
 
     def close(self) -> None:
-        from bench.common import stop_server
-
         if self.vram is not None:
             self.vram.close()
         stop_server(self.server)

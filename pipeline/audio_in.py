@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import soxr
 
-from pipeline.wire import ErrorCode
+from realtime.wire import ErrorCode
 from voxloop.errors import InvalidInput
 
 ASR_RATE = 16000
