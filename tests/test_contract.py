@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 
 import pytest
 import websockets
@@ -360,6 +361,100 @@ async def test_voice_barge_in_after_the_reply_finished_but_still_plays(tts_engin
         assert llm.seen[-1][1:] == [{"role": "user", "content": "How is the weather?"},
                                     {"role": "assistant", "content": CLAUSES[0]},
                                     {"role": "user", "content": "wait a moment"}]
+        await ws.close()
+    finally:
+        await hub.stop()
+
+
+# --------------------------------------------------------------------------- client events and their errors
+class SlowASR(FakeASR):
+    """Takes 0.2 s per transcript (so a client event can arrive while it works)."""
+
+    def transcribe(self, pcm, language=None):
+        time.sleep(0.2)
+        return super().transcribe(pcm, language)
+
+
+async def test_push_to_talk_buffer_limit_clear_and_joined_response_create(tts_engines):
+    asr = SlowASR("what time is it")
+    hub = await start_hub(tts_engines, "limits.max_utterance_s=1", asr=asr)
+    try:
+        ws = await session(hub, PTT)
+        await ws.send(append(speech_24k(0.5)))
+        await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+        assert (await recv(ws))["type"] == "input_audio_buffer.cleared"
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit", "event_id": "c1"}))
+        err = (await recv(ws))["error"]
+        assert (err["type"], err["code"], err["event_id"]) == (
+            "invalid_request_error", "input_audio_buffer_commit_empty", "c1")
+        # Over limits.max_utterance_s: one error, the first second is kept.
+        await ws.send(append(speech_24k(1.5)))
+        await ws.send(append(speech_24k(0.5)))
+        err = (await recv(ws))["error"]
+        assert (err["type"], err["code"]) == ("invalid_request_error", "input_audio_buffer_full")
+        # A response.create right after the commit joins the commit's response (no error, one response).
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        await ws.send(json.dumps({"type": "response.create"}))
+        done, seen = await until(ws, "response.done")
+        assert done["response"]["status"] == "completed"
+        assert types(seen).count("response.created") == 1 and "error" not in types(seen)
+        assert asr.samples == [16000]
+        assert "error" not in types(await quiet(ws))
+        await ws.close()
+    finally:
+        await hub.stop()
+
+
+async def test_response_create_options_and_active_response(tts_engines):
+    llm = FakeLLM(" ".join(CLAUSES * 3), delay_s=0.02)
+    hub = await start_hub(tts_engines, llm=llm)
+    try:
+        ws = await session(hub, {"type": "realtime", "instructions": "Be brief.", "output_modalities": ["text"]})
+        for m in user_text("Hello?"):
+            await ws.send(m)
+        await until(ws, "response.created")
+        await ws.send(json.dumps({"type": "response.create", "event_id": "c2"}))
+        err, _ = await until(ws, "error")
+        assert (err["error"]["code"], err["error"]["event_id"]) == ("conversation_already_has_active_response", "c2")
+        first, _ = await until(ws, "response.done")
+        assert first["response"]["status"] == "completed"
+        assert llm.seen[-1][0] == {"role": "system", "content": "Be brief."}
+        # Out of band, with its own instructions: not added to the history.
+        await ws.send(json.dumps({"type": "response.create", "response": {
+            "instructions": "Summarize.", "conversation": "none"}}))
+        oob, _ = await until(ws, "response.done")
+        assert oob["response"]["status"] == "completed"
+        assert llm.seen[-1][0] == {"role": "system", "content": "Summarize."}
+        await ws.send(json.dumps({"type": "response.create"}))
+        await until(ws, "response.done")
+        assert [m["role"] for m in llm.seen[-1]] == ["system", "user", "assistant"]
+        await ws.close()
+    finally:
+        await hub.stop()
+
+
+async def test_tts_speak_cancel_and_its_errors(tts_engines):
+    hub = await start_hub(tts_engines)
+    try:
+        ws = await session(hub)
+        speak = {"type": "x.tts.speak", "request_id": "r1", "text": " ".join(CLAUSES)}
+        await ws.send(json.dumps(speak))
+        await until(ws, "x.tts.audio.delta")
+        await ws.send(json.dumps({**speak, "event_id": "c3"}))  # the same id while r1 runs
+        err, _ = await until(ws, "error")
+        assert (err["error"]["type"], err["error"]["code"], err["error"]["event_id"]) == (
+            "invalid_request_error", "duplicate_request_id", "c3")
+        refused, _ = await until(ws, "x.tts.done")
+        assert refused["request_id"] == "r1" and refused["status"] == "failed"
+        assert refused["error"]["type"] == "invalid_request_error"
+        assert refused["error"]["code"] == "duplicate_request_id"
+        await ws.send(json.dumps({"type": "x.tts.cancel", "request_id": "r1"}))
+        done, _ = await until(ws, "x.tts.done")
+        assert done["request_id"] == "r1" and done["status"] == "cancelled" and "error" not in done
+        assert 0 < done["audio_ms"] < 10_000  # not the whole text
+        await ws.send(json.dumps({"type": "x.tts.cancel", "request_id": "r1", "event_id": "c4"}))
+        err, _ = await until(ws, "error")
+        assert (err["error"]["code"], err["error"]["event_id"]) == ("request_not_found", "c4")
         await ws.close()
     finally:
         await hub.stop()
