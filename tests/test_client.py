@@ -174,10 +174,10 @@ async def _open(url: str) -> RealtimeClient:
 async def test_auth_reconnect_and_server_shutdown(tts_engines):
     hub = await start_hub(tts_engines, "server.auth_token=s3cret")
     try:
-        t0 = time.monotonic()
         with pytest.raises(ConnectionFailed) as info:
             await RealtimeClient.connect(ws_url(hub), token="wrong", retry=FAST_RETRY)
-        assert info.value.status == 401 and time.monotonic() - t0 < 1.0  # not retried
+        assert info.value.status == 401
+        assert hub.metrics.rejected.labels(reason="auth")._value.get() == 1  # not retried
         c = await RealtimeClient.connect(ws_url(hub), token="s3cret", session={"instructions": "Be terse."})
         old_id = c.session.id
         await c.update_session(audio={"input": {"turn_detection": None}})

@@ -227,12 +227,13 @@ async def test_client_cancel_and_barge_in_by_voice(tts_engines):
             for m in user_text("talk a lot"):
                 await ws.send(m)
             await until(ws, "response.output_audio.delta")
-            t0 = time.monotonic()
             await ws.send(json.dumps({"type": "response.cancel"}))
-            done, _ = await until(ws, "response.done")
+            done, seen = await until(ws, "response.done")
             assert done["response"]["status"] == "cancelled"
             assert done["response"]["status_details"]["reason"] == "client_cancelled"
-            assert time.monotonic() - t0 < scaled(0.5)
+            # At once, not after the reply (200 tokens, 6 s of LLM alone): the item ends short.
+            spoken = done["response"]["output"][0]["content"][0]["transcript"]
+            assert 0 < len(spoken.split()) < 200
             assert llm.cancelled.wait(scaled(2))
             await ws.send(json.dumps({"type": "response.cancel"}))
             err, _ = await until(ws, "error")

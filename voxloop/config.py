@@ -159,7 +159,7 @@ class TtsConfig:
     #: Precision on GPU: "fp32", "bf16", "fp16", "int8".
     precision: str = "bf16"
     #: CPU (onnx): speak each sentence in decoder chunks, first audio after the first chunk instead of
-    #: the whole sentence, for ~12% more CPU per sentence; runs the voice exported once as chunked
+    #: the whole sentence, for ~20% more CPU per sentence; runs the voice exported once as chunked
     #: ONNX, which needs PyTorch (``voxloop models`` exports it). GPU (cuda) always streams.
     streaming: bool = False
     #: First decoder chunk of a clause, latent frames (one frame = hop samples: 64 = 0.74 s at 22050 Hz).
