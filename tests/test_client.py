@@ -18,7 +18,7 @@ from conftest import scaled
 from pipeline.engines import Engines
 from pipeline.hub import Hub
 from voxloop.client import RealtimeClient, RetryPolicy
-from voxloop.errors import ConnectionFailed, Overloaded, ProtocolError
+from voxloop.errors import ConnectionFailed, ModelError, Overloaded, ProtocolError
 
 pytestmark = pytest.mark.timeout(scaled(120))
 FAST_RETRY = RetryPolicy(attempts=6, initial_delay_s=0.05, max_delay_s=0.5)
@@ -119,6 +119,23 @@ async def test_cancel_truncate_and_text_turns(tts_engines):
             await c.send_text("And now?")
             second = await c.collect_response(timeout_s=scaled(30))
             assert second.status == "completed" and second.response_id != reply.response_id
+    finally:
+        await hub.stop()
+
+
+class FailingLLM(FakeLLM):
+    def stream(self, messages, cancel=None, max_tokens=None):
+        yield from ["It", " is", " sunny", " today.", " Take"]
+        raise ModelError("the language model failed")
+
+
+async def test_a_failed_response_is_a_reply_with_its_error_code(tts_engines):
+    hub = await start_hub(tts_engines, llm=FailingLLM())
+    try:
+        async with RealtimeClient.connect(ws_url(hub)) as c:
+            await c.send_text("Hello?")
+            reply = await c.collect_response(timeout_s=scaled(30))
+        assert (reply.status, reply.reason, reply.transcript) == ("failed", "model_error", "It is sunny today.")
     finally:
         await hub.stop()
 

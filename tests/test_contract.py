@@ -14,6 +14,7 @@ import json
 import math
 import time
 
+import numpy as np
 import pytest
 import websockets
 
@@ -456,5 +457,76 @@ async def test_tts_speak_cancel_and_its_errors(tts_engines):
         err, _ = await until(ws, "error")
         assert (err["error"]["code"], err["error"]["event_id"]) == ("request_not_found", "c4")
         await ws.close()
+    finally:
+        await hub.stop()
+
+
+# --------------------------------------------------------------------------- speculative turns, drain, slow clients
+async def send_audio(ws, *parts: tuple[str, float]) -> None:
+    """Stream ("speech" | "silence", seconds) parts at real time in 20 ms frames (24 kHz)."""
+    for kind, seconds in parts:
+        pcm = speech_24k(seconds) if kind == "speech" else np.zeros(int(24000 * seconds), np.int16)
+        for i in range(0, len(pcm), 480):
+            await ws.send(append(pcm[i:i + 480]))
+            await asyncio.sleep(0.02)
+
+
+async def test_speculative_turn_dropped_when_speech_resumes_then_released_at_speech_end(tts_engines):
+    asr, llm = FakeASR("what is the weather like"), FakeLLM()
+    hub = await start_hub(tts_engines, "asr.partial_interval_ms=0", asr=asr, llm=llm)
+    try:
+        ws = await session(hub)
+        # A 300 ms pause (over vad.speculative_pause_ms, under the 500 ms that end a turn), then the end.
+        await send_audio(ws, ("speech", 0.8), ("silence", 0.3), ("speech", 0.8), ("silence", 1.0))
+        metrics, seen = await until(ws, "x.turn.metrics")
+        kinds = types(seen)
+        for once in ("input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+                     "input_audio_buffer.committed", "response.created", "response.done",
+                     "conversation.item.input_audio_transcription.completed"):
+            assert kinds.count(once) == 1, (once, kinds)
+        # Nothing was sent before the commit, although both pauses started work (held, then released).
+        assert kinds.index("input_audio_buffer.committed") < kinds.index("conversation.item.added")
+        assert len(asr.samples) == 2 and asr.samples[1] > asr.samples[0] + 16000 // 2  # the second heard both parts
+        assert len(llm.seen) == 2  # the dropped turn had reached the LLM too; its reply never went out
+        assert metrics["metrics"]["speculative"] is True
+        assert metrics["metrics"]["stages_ms"]["asr_start"] < 0  # ASR began before the VAD decided
+        assert "error" not in kinds and set(types(await quiet(ws))) <= set()
+        await ws.close()
+    finally:
+        await hub.stop()
+
+
+async def test_drain_closes_sessions_with_turns_in_flight_when_the_grace_period_ends(tts_engines):
+    hub = await start_hub(tts_engines, llm=FakeLLM(" ".join(CLAUSES * 4), delay_s=0.05))  # ~6 s of reply
+    ws = await session(hub)
+    for m in user_text("Talk a lot."):
+        await ws.send(m)
+    await until(ws, "response.created")
+    await hub.stop(grace_s=0.2)
+    seen = []
+    with pytest.raises(websockets.ConnectionClosed) as info:
+        while True:
+            seen.append(await recv(ws))
+    assert info.value.rcvd is not None and info.value.rcvd.code == 1001
+    assert "response.done" not in types(seen)  # closed with the reply in flight
+
+
+async def test_client_that_stops_reading_is_closed_with_1008(tts_engines):
+    hub = await start_hub(tts_engines, "limits.send_queue_messages=8")
+    try:
+        ws = await websockets.connect(url(hub), max_queue=1)
+        ws.transport.pause_reading()
+        for i in range(4):
+            await ws.send(json.dumps({"type": "x.tts.speak", "request_id": f"r{i}", "text": " ".join(CLAUSES)}))
+        deadline = time.monotonic() + scaled(30)
+        while hub.sessions and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert not hub.sessions
+        ws.transport.resume_reading()
+        with pytest.raises(websockets.ConnectionClosed) as info:
+            while True:
+                await asyncio.wait_for(ws.recv(), scaled(10))
+        assert info.value.rcvd is not None, info.value
+        assert (info.value.rcvd.code, info.value.rcvd.reason) == (1008, "client is not reading its messages")
     finally:
         await hub.stop()
