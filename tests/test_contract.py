@@ -119,6 +119,15 @@ async def quiet(ws, seconds: float = 0.3) -> list[dict]:
         return got
 
 
+async def send_audio(ws, *parts: tuple[str, float]) -> None:
+    """Stream ("speech" | "silence", seconds) parts at real time in 20 ms frames (24 kHz)."""
+    for kind, seconds in parts:
+        pcm = speech_24k(seconds) if kind == "speech" else np.zeros(int(24000 * seconds), np.int16)
+        for i in range(0, len(pcm), 480):
+            await ws.send(append(pcm[i:i + 480]))
+            await asyncio.sleep(0.02)
+
+
 def types(events: list[dict]) -> list[str]:
     return [e["type"] for e in events if e["type"] != "response.output_audio.delta"]
 
@@ -295,24 +304,6 @@ def clause_ends_ms(events: list[dict], response_id: str) -> list[float]:
     return ends
 
 
-async def speak_over(ws, seconds: float = 1.0) -> None:
-    """The user talks for ``seconds`` then is silent for 1 s (server VAD ends the turn)."""
-    pcm = speech_24k(seconds)
-    for i in range(0, len(pcm), 480):
-        await ws.send(append(pcm[i:i + 480]))
-        await asyncio.sleep(0.02)
-    silence = bytes(960)
-    for _ in range(50):
-        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": _b64(silence)}))
-        await asyncio.sleep(0.02)
-
-
-def _b64(raw: bytes) -> str:
-    import base64
-
-    return base64.b64encode(raw).decode()
-
-
 async def test_voice_barge_in_keeps_only_the_heard_clauses_in_history(tts_engines):
     llm = FakeLLM(" ".join(CLAUSES), delay_s=0.02)
     hub = await start_hub(tts_engines, "vad.barge_in_min_ms=150", "asr.partial_interval_ms=0",
@@ -327,7 +318,7 @@ async def test_voice_barge_in_keeps_only_the_heard_clauses_in_history(tts_engine
         rid = seen[-1]["response_id"]
         heard_to = math.ceil(clause_ends_ms(seen, rid)[1]) + 40  # 40 ms into the third clause
         await ws.send(json.dumps({"type": "x.playback", "item_id": seen[-1]["item_id"], "audio_end_ms": heard_to}))
-        await speak_over(ws)
+        await send_audio(ws, ("speech", 1.0), ("silence", 1.0))  # the user talks over it
         done, after = await until(ws, "response.done")
         assert done["response"]["status_details"] == {"type": "cancelled", "reason": "turn_detected"}
         check_closed(seen + after, done, "cancelled", "incomplete")
@@ -355,7 +346,7 @@ async def test_voice_barge_in_after_the_reply_finished_but_still_plays(tts_engin
         rid, item_id = done["response"]["id"], done["response"]["output"][0]["id"]
         heard_to = math.ceil(clause_ends_ms(seen, rid)[0]) + 40  # the client has played the first clause
         await ws.send(json.dumps({"type": "x.playback", "item_id": item_id, "audio_end_ms": heard_to}))
-        await speak_over(ws)
+        await send_audio(ws, ("speech", 1.0), ("silence", 1.0))  # the user talks over it
         nxt, after = await until(ws, "response.done")
         assert nxt["response"]["id"] != rid and nxt["response"]["status"] == "completed"
         assert not [e for e in after if e.get("response_id") == rid and e["type"] != "x.turn.metrics"]  # over
@@ -462,15 +453,6 @@ async def test_tts_speak_cancel_and_its_errors(tts_engines):
 
 
 # --------------------------------------------------------------------------- speculative turns, drain, slow clients
-async def send_audio(ws, *parts: tuple[str, float]) -> None:
-    """Stream ("speech" | "silence", seconds) parts at real time in 20 ms frames (24 kHz)."""
-    for kind, seconds in parts:
-        pcm = speech_24k(seconds) if kind == "speech" else np.zeros(int(24000 * seconds), np.int16)
-        for i in range(0, len(pcm), 480):
-            await ws.send(append(pcm[i:i + 480]))
-            await asyncio.sleep(0.02)
-
-
 async def test_speculative_turn_dropped_when_speech_resumes_then_released_at_speech_end(tts_engines):
     asr, llm = FakeASR("what is the weather like"), FakeLLM()
     hub = await start_hub(tts_engines, "asr.partial_interval_ms=0", asr=asr, llm=llm)
