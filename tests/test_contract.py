@@ -512,3 +512,21 @@ async def test_client_that_stops_reading_is_closed_with_1008(tts_engines):
         assert (info.value.rcvd.code, info.value.rcvd.reason) == (1008, "client is not reading its messages")
     finally:
         await hub.stop()
+
+
+async def test_partial_transcripts_while_the_user_speaks(tts_engines):
+    hub = await start_hub(tts_engines, "asr.partial_interval_ms=300", asr=FakeASR("what is the weather like"))
+    try:
+        ws = await session(hub)
+        await send_audio(ws, ("speech", 1.5), ("silence", 1.0))
+        _, seen = await until(ws, "conversation.item.input_audio_transcription.completed")
+        kinds = types(seen)
+        started = seen[kinds.index("input_audio_buffer.speech_started")]
+        partials = [e for e in seen if e["type"] == "conversation.item.input_audio_transcription.delta"]
+        assert partials and kinds.index("conversation.item.input_audio_transcription.delta") < kinds.index(
+            "input_audio_buffer.speech_stopped")  # while the user still speaks
+        assert {e["item_id"] for e in partials} == {started["item_id"]}
+        assert "".join(e["delta"] for e in partials) == "what is the weather like"  # deltas, not repeats
+        await ws.close()
+    finally:
+        await hub.stop()
