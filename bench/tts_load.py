@@ -104,10 +104,10 @@ def run(args: argparse.Namespace) -> Path:
             print(f"[{backend.name}] {json.dumps(backend.info)}", flush=True)
             duration, warmup = (args.duration, args.warmup) if name == "cuda" else (args.cpu_duration, 1.0)
             try:
-                for fmt in args.ws_formats:
+                for fmt, rate in [(f, r) for r in args.rate for f in args.ws_formats]:
                     for clients in levels:
                         backend.reset_peak()
-                        row = run_load(backend.url, clients, duration, warmup, fmt, args.rate)
+                        row = run_load(backend.url, clients, duration, warmup, fmt, rate)
                         peak = backend.peak_vram_mb()
                         record({"backend": backend.name, "hardware": args.hardware, **row,
                                 "peak_vram_mb": None if peak is None else round(peak, 1), **backend.info})
@@ -196,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu-tail-chunk-frames", type=int, help="onnx-stream later chunks (default: tts.tail_chunk_frames)")
     p.add_argument("--ws-formats", nargs="+", default=["json,binary"],
                    help="ws: audio formats, rows in this order: json (base64 in JSON, what OpenAI-style clients use), binary")
-    p.add_argument("--rate", type=int, default=24000, help="ws: output sample rate the clients ask for, Hz")
+    p.add_argument("--rate", type=int, nargs="+", default=[24000],
+                   help="ws: output sample rate(s) the clients ask for, Hz (22050, the voice's own, needs no resampling)")
     p.add_argument("--ws-workers", type=int, help="ws: the server's tts.onnx_workers (default: CPU count)")
     p.add_argument("--server-arg", action="append", default=[], help="ws: extra server args, e.g. --server-arg=--set=x.y=z")
     p.add_argument("--chunk-frames", type=int, default=64)
