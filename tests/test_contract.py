@@ -10,6 +10,7 @@ the real CPU engine; the conversation history is read from what the fake LLM is 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import time
@@ -100,6 +101,16 @@ def tts_engines():
     return real_tts_engines()
 
 
+@contextlib.asynccontextmanager
+async def serving(tts_engines, *overrides: str, **fakes):
+    """A hub on port 0 with the real TTS and ``fakes`` (asr=, llm=), stopped on exit."""
+    hub = await start_hub(tts_engines, *overrides, **fakes)
+    try:
+        yield hub
+    finally:
+        await hub.stop()
+
+
 async def session(hub, update: dict | None = None):
     ws = await websockets.connect(url(hub))
     assert (await recv(ws))["type"] == "session.created"
@@ -155,8 +166,7 @@ def check_closed(events: list[dict], done: dict, status: str, item_status: str) 
 # --------------------------------------------------------------------------- models failing mid-turn
 async def test_asr_failure_sends_transcription_failed_and_ends_the_user_item(tts_engines):
     asr, llm = BrokenASR(), FakeLLM()
-    hub = await start_hub(tts_engines, "asr.partial_interval_ms=0", asr=asr, llm=llm)
-    try:
+    async with serving(tts_engines, "asr.partial_interval_ms=0", asr=asr, llm=llm) as hub:
         ws = await session(hub, PTT)
         await ws.send(append(speech_24k(1.0)))
         await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
@@ -180,14 +190,11 @@ async def test_asr_failure_sends_transcription_failed_and_ends_the_user_item(tts
         assert done["response"]["status"] == "completed"
         assert [m["role"] for m in llm.seen[-1]] == ["system", "user"]
         await ws.close()
-    finally:
-        await hub.stop()
 
 
 async def test_llm_failure_closes_the_item_and_fails_the_response(tts_engines):
     llm = BrokenLLM(" ".join(CLAUSES), fail_after=9)  # two clauses, then the model fails
-    hub = await start_hub(tts_engines, llm=llm)
-    try:
+    async with serving(tts_engines, llm=llm) as hub:
         ws = await session(hub)
         for m in user_text("How is the weather?"):
             await ws.send(m)
@@ -204,14 +211,11 @@ async def test_llm_failure_closes_the_item_and_fails_the_response(tts_engines):
             await ws.send(m)
         assert (await until(ws, "response.done"))[0]["response"]["status"] == "completed"
         await ws.close()
-    finally:
-        await hub.stop()
 
 
 async def test_tts_failure_closes_the_item_and_fails_the_response(tts_engines):
     broken = [BrokenTTS(e, fail_on=2) for e in tts_engines]
-    hub = await start_hub(broken, llm=FakeLLM(" ".join(CLAUSES[:4])))
-    try:
+    async with serving(broken, llm=FakeLLM(" ".join(CLAUSES[:4]))) as hub:
         ws = await session(hub)
         for m in user_text("How is the weather?"):
             await ws.send(m)
@@ -222,15 +226,12 @@ async def test_tts_failure_closes_the_item_and_fails_the_response(tts_engines):
         assert done["response"]["status_details"]["error"]["message"] == "speech synthesis failed"
         assert "error" not in types(seen)
         await ws.close()
-    finally:
-        await hub.stop()
 
 
 # --------------------------------------------------------------------------- token limit, usage
 async def test_token_limit_gives_incomplete_and_usage(tts_engines):
     llm = CountingLLM(" ".join(CLAUSES[:2]))  # 9 tokens
-    hub = await start_hub(tts_engines, llm=llm)
-    try:
+    async with serving(tts_engines, llm=llm) as hub:
         ws = await session(hub, {"type": "realtime", "max_output_tokens": 4})
         for m in user_text("How is the weather?"):
             await ws.send(m)
@@ -246,13 +247,10 @@ async def test_token_limit_gives_incomplete_and_usage(tts_engines):
         check_closed(seen, done, "completed", "completed")
         assert done["response"]["usage"] == {"total_tokens": 49, "input_tokens": 40, "output_tokens": 9}
         await ws.close()
-    finally:
-        await hub.stop()
 
 
 async def test_text_reply_at_the_token_limit(tts_engines):
-    hub = await start_hub(tts_engines, llm=CountingLLM(" ".join(CLAUSES[:2])))
-    try:
+    async with serving(tts_engines, llm=CountingLLM(" ".join(CLAUSES[:2]))) as hub:
         ws = await session(hub, {"type": "realtime", "output_modalities": ["text"], "max_output_tokens": 3})
         for m in user_text("How is the weather?"):
             await ws.send(m)
@@ -264,15 +262,12 @@ async def test_text_reply_at_the_token_limit(tts_engines):
         assert seen[-3]["item"] == item and done["response"]["output"] == [item]
         assert done["response"]["status"] == "incomplete"
         await ws.close()
-    finally:
-        await hub.stop()
 
 
 # --------------------------------------------------------------------------- cancel and barge-in
 async def test_cancel_closes_the_item_before_response_done(tts_engines):
     llm = FakeLLM(" ".join(CLAUSES * 4), delay_s=0.03)
-    hub = await start_hub(tts_engines, llm=llm)
-    try:
+    async with serving(tts_engines, llm=llm) as hub:
         ws = await session(hub)
         for m in user_text("Talk a lot."):
             await ws.send(m)
@@ -286,8 +281,6 @@ async def test_cancel_closes_the_item_before_response_done(tts_engines):
         assert not [e for e in await quiet(ws) if e.get("response_id") == done["response"]["id"]
                     and e["type"] != "x.turn.metrics"]
         await ws.close()
-    finally:
-        await hub.stop()
 
 
 def clause_ends_ms(events: list[dict], response_id: str) -> list[float]:
@@ -306,9 +299,8 @@ def clause_ends_ms(events: list[dict], response_id: str) -> list[float]:
 
 async def test_voice_barge_in_keeps_only_the_heard_clauses_in_history(tts_engines):
     llm = FakeLLM(" ".join(CLAUSES), delay_s=0.02)
-    hub = await start_hub(tts_engines, "vad.barge_in_min_ms=150", "asr.partial_interval_ms=0",
-                          asr=FakeASR("wait a moment"), llm=llm)
-    try:
+    async with serving(tts_engines, "vad.barge_in_min_ms=150", "asr.partial_interval_ms=0",
+                          asr=FakeASR("wait a moment"), llm=llm) as hub:
         ws = await session(hub)
         for m in user_text("How is the weather?"):
             await ws.send(m)
@@ -329,15 +321,12 @@ async def test_voice_barge_in_keeps_only_the_heard_clauses_in_history(tts_engine
                                     {"role": "assistant", "content": " ".join(CLAUSES[:2])},
                                     {"role": "user", "content": "wait a moment"}]
         await ws.close()
-    finally:
-        await hub.stop()
 
 
 async def test_voice_barge_in_after_the_reply_finished_but_still_plays(tts_engines):
     llm = FakeLLM(" ".join(CLAUSES[:3]))
-    hub = await start_hub(tts_engines, "vad.barge_in_min_ms=150", "asr.partial_interval_ms=0",
-                          asr=FakeASR("wait a moment"), llm=llm)
-    try:
+    async with serving(tts_engines, "vad.barge_in_min_ms=150", "asr.partial_interval_ms=0",
+                          asr=FakeASR("wait a moment"), llm=llm) as hub:
         ws = await session(hub)
         for m in user_text("How is the weather?"):
             await ws.send(m)
@@ -354,8 +343,6 @@ async def test_voice_barge_in_after_the_reply_finished_but_still_plays(tts_engin
                                     {"role": "assistant", "content": CLAUSES[0]},
                                     {"role": "user", "content": "wait a moment"}]
         await ws.close()
-    finally:
-        await hub.stop()
 
 
 # --------------------------------------------------------------------------- client events and their errors
@@ -369,8 +356,7 @@ class SlowASR(FakeASR):
 
 async def test_push_to_talk_buffer_limit_clear_and_joined_response_create(tts_engines):
     asr = SlowASR("what time is it")
-    hub = await start_hub(tts_engines, "limits.max_utterance_s=1", asr=asr)
-    try:
+    async with serving(tts_engines, "limits.max_utterance_s=1", asr=asr) as hub:
         ws = await session(hub, PTT)
         await ws.send(append(speech_24k(0.5)))
         await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
@@ -393,14 +379,11 @@ async def test_push_to_talk_buffer_limit_clear_and_joined_response_create(tts_en
         assert asr.samples == [16000]
         assert "error" not in types(await quiet(ws))
         await ws.close()
-    finally:
-        await hub.stop()
 
 
 async def test_response_create_options_and_active_response(tts_engines):
     llm = FakeLLM(" ".join(CLAUSES * 3), delay_s=0.02)
-    hub = await start_hub(tts_engines, llm=llm)
-    try:
+    async with serving(tts_engines, llm=llm) as hub:
         ws = await session(hub, {"type": "realtime", "instructions": "Be brief.", "output_modalities": ["text"]})
         for m in user_text("Hello?"):
             await ws.send(m)
@@ -421,13 +404,10 @@ async def test_response_create_options_and_active_response(tts_engines):
         await until(ws, "response.done")
         assert [m["role"] for m in llm.seen[-1]] == ["system", "user", "assistant"]
         await ws.close()
-    finally:
-        await hub.stop()
 
 
 async def test_tts_speak_cancel_and_its_errors(tts_engines):
-    hub = await start_hub(tts_engines)
-    try:
+    async with serving(tts_engines) as hub:
         ws = await session(hub)
         speak = {"type": "x.tts.speak", "request_id": "r1", "text": " ".join(CLAUSES)}
         await ws.send(json.dumps(speak))
@@ -448,15 +428,12 @@ async def test_tts_speak_cancel_and_its_errors(tts_engines):
         err, _ = await until(ws, "error")
         assert (err["error"]["code"], err["error"]["event_id"]) == ("request_not_found", "c4")
         await ws.close()
-    finally:
-        await hub.stop()
 
 
 # --------------------------------------------------------------------------- speculative turns, drain, slow clients
 async def test_speculative_turn_dropped_when_speech_resumes_then_released_at_speech_end(tts_engines):
     asr, llm = FakeASR("what is the weather like"), FakeLLM()
-    hub = await start_hub(tts_engines, "asr.partial_interval_ms=0", asr=asr, llm=llm)
-    try:
+    async with serving(tts_engines, "asr.partial_interval_ms=0", asr=asr, llm=llm) as hub:
         ws = await session(hub)
         # A 300 ms pause (over vad.speculative_pause_ms, under the 500 ms that end a turn), then the end.
         await send_audio(ws, ("speech", 0.8), ("silence", 0.3), ("speech", 0.8), ("silence", 1.0))
@@ -474,8 +451,6 @@ async def test_speculative_turn_dropped_when_speech_resumes_then_released_at_spe
         assert metrics["metrics"]["stages_ms"]["asr_start"] < 0  # ASR began before the VAD decided
         assert "error" not in kinds and set(types(await quiet(ws))) <= set()
         await ws.close()
-    finally:
-        await hub.stop()
 
 
 async def test_drain_closes_sessions_with_turns_in_flight_when_the_grace_period_ends(tts_engines):
@@ -494,8 +469,7 @@ async def test_drain_closes_sessions_with_turns_in_flight_when_the_grace_period_
 
 
 async def test_client_that_stops_reading_is_closed_with_1008(tts_engines):
-    hub = await start_hub(tts_engines, "limits.send_queue_messages=8")
-    try:
+    async with serving(tts_engines, "limits.send_queue_messages=8") as hub:
         ws = await websockets.connect(url(hub), max_queue=1)
         ws.transport.pause_reading()
         for i in range(4):
@@ -510,13 +484,10 @@ async def test_client_that_stops_reading_is_closed_with_1008(tts_engines):
                 await asyncio.wait_for(ws.recv(), scaled(10))
         assert info.value.rcvd is not None, info.value
         assert (info.value.rcvd.code, info.value.rcvd.reason) == (1008, "client is not reading its messages")
-    finally:
-        await hub.stop()
 
 
 async def test_partial_transcripts_while_the_user_speaks(tts_engines):
-    hub = await start_hub(tts_engines, "asr.partial_interval_ms=300", asr=FakeASR("what is the weather like"))
-    try:
+    async with serving(tts_engines, "asr.partial_interval_ms=300", asr=FakeASR("what is the weather like")) as hub:
         ws = await session(hub)
         await send_audio(ws, ("speech", 1.5), ("silence", 1.0))
         _, seen = await until(ws, "conversation.item.input_audio_transcription.completed")
@@ -528,5 +499,3 @@ async def test_partial_transcripts_while_the_user_speaks(tts_engines):
         assert {e["item_id"] for e in partials} == {started["item_id"]}
         assert "".join(e["delta"] for e in partials) == "what is the weather like"  # deltas, not repeats
         await ws.close()
-    finally:
-        await hub.stop()
