@@ -28,6 +28,10 @@ def run(args: argparse.Namespace) -> int:
     changes = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     if changes:
         cfg = cfg.replace("server", **changes)
+    if cfg.server.front_ends > 1:
+        from pipeline.front_ends import serve_front_ends
+
+        return serve_front_ends(cfg)
     asyncio.run(_serve(cfg))
     return 0
 
