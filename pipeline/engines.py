@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.llm_worker import BatchedLlm, SerialLlm
+from pipeline.speech import BatchedSpeech, SpeechStage, ThreadedSpeech
 from pipeline.workers import ModelWorker
 from voxloop.config import Config
 
@@ -33,6 +34,8 @@ class Engines:
     asr: ModelWorker | None = None
     llm: BatchedLlm | SerialLlm | None = None
     tts: ModelWorker | None = None
+    #: How sessions get audio (``pipeline.speech``): batched hand-off for engines that batch.
+    speech: SpeechStage | None = None
     load_s: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -43,11 +46,6 @@ class Engines:
     @property
     def loaded(self) -> bool:
         return all(getattr(self, stage) is not None for stage in self.stages)
-
-    @property
-    def tts_sample_rate(self) -> int:
-        assert self.tts is not None
-        return int(self.tts.engine.sample_rate)
 
     def load_sync(self) -> None:
         """Load the configured models (blocking, seconds). Warm each up so the first turn is not slow."""
@@ -60,15 +58,40 @@ class Engines:
             for _ in engine.synthesize("Warm up."):
                 pass
         self.load_s["tts"] = time.monotonic() - t0
+        self._set_asr_llm(*self._load_asr_llm())
+        self._set_tts(tts)
+        log.info("models loaded: %s", {k: round(v, 2) for k, v in self.load_s.items()})
+
+    async def load_front_end(self, engine_socket: str) -> None:
+        """A front-end process (``server.front_ends`` > 1): the voice's text side loads here and the GPU
+        engine is the engine process's, reached at ``engine_socket``; ASR and LLM, if configured, load here."""
+        from pipeline.engine_link import RemoteSpeech, SpeechText
+
+        def load() -> tuple:
+            t0 = time.monotonic()
+            text = SpeechText(self.cfg)
+            text.sentence_ids("Warm up.")
+            self.load_s["tts_text"] = time.monotonic() - t0
+            return (text, *self._load_asr_llm())
+
+        text, asr, llm = await asyncio.get_running_loop().run_in_executor(None, load)
+        worker = ModelWorker("tts-text", [text], queue_size=self.cfg.tts.queue_size)
+        speech = RemoteSpeech(engine_socket, text, worker)
+        await speech.connect()
+        self._set_asr_llm(asr, llm)
+        self.tts, self.speech = worker, speech  # last: ``loaded`` turns True
+        log.info("front end ready: %s", {k: round(v, 2) for k, v in self.load_s.items()})
+
+    def _load_asr_llm(self) -> tuple[Any, Any]:
         asr = self._load_asr() if "asr" in self.stages else None
         llm = self._load_llm() if "llm" in self.stages else None
+        return asr, llm
 
-        self.tts = ModelWorker("tts", tts, queue_size=cfg.tts.queue_size)
+    def _set_asr_llm(self, asr: Any, llm: Any) -> None:
         if asr is not None:
             self.asr = ModelWorker("asr", [asr], queue_size=64)
         if llm is not None:
             self.llm = BatchedLlm(llm)
-        log.info("models loaded: %s", {k: round(v, 2) for k, v in self.load_s.items()})
 
     def _load_asr(self) -> Any:
         cfg = self.cfg
@@ -117,5 +140,16 @@ class Engines:
         e.asr = None if asr is None else ModelWorker("asr", [asr])
         if llm is not None:
             e.llm = BatchedLlm(llm) if hasattr(llm, "step") else SerialLlm(llm)
-        e.tts = ModelWorker("tts", tts, queue_size=cfg.tts.queue_size)
+        e._set_tts(tts)
         return e
+
+    def _set_tts(self, engines: list[Any]) -> None:
+        """The TTS worker and speech stage. A batching engine (one object, ``submit_sentences``) gets
+        one text front-end thread and bulk hand-off; others one worker thread per engine instance."""
+        batching = len({id(e) for e in engines}) == 1 and hasattr(engines[0], "submit_sentences")
+        if batching:
+            self.tts = ModelWorker("tts-text", engines[:1], queue_size=self.cfg.tts.queue_size)
+            self.speech = BatchedSpeech(engines[0], self.tts)
+        else:
+            self.tts = ModelWorker("tts", engines, queue_size=self.cfg.tts.queue_size)
+            self.speech = ThreadedSpeech(self.tts)

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Hashable
+from collections.abc import AsyncIterator, Callable, Hashable, Iterator
 from typing import Any
 
 from pipeline.workers import NORMAL, ModelWorker
@@ -117,8 +117,13 @@ class SerialLlm:
     def stream(self, session: Hashable, messages: list[dict], max_tokens: int,
                cancel: threading.Event, priority: int = NORMAL,
                on_done: Callable[[Any], None] | None = None) -> AsyncIterator[str]:
-        return self.worker.stream(lambda llm: llm.stream(messages, cancel=cancel, max_tokens=max_tokens),
-                                  cancel, priority=priority)
+        def generate(llm: Any) -> Iterator[str]:
+            yield from llm.stream(messages, cancel=cancel, max_tokens=max_tokens)
+            stats = getattr(llm, "last_stats", None)
+            if on_done is not None and stats is not None:
+                on_done(stats)
+
+        return self.worker.stream(generate, cancel, priority=priority)
 
     def release(self, session: Hashable) -> None:
         pass

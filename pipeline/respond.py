@@ -13,23 +13,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline import events as ev
 from pipeline.engines import Engines
-from pipeline.items import (
+from pipeline.turn import SpokenClause, Turn, TurnControl
+from pipeline.workers import NORMAL, URGENT
+from realtime import events as ev
+from realtime.items import (
     ContentPart,
+    ErrorInfo,
     MessageItem,
     ResponseObject,
     ResponseStatusDetails,
+    ResponseUsage,
 )
-from pipeline.turn import SpokenClause, Turn, TurnControl
-from pipeline.workers import NORMAL, URGENT
 from tts_engine.engine import SynthesisOptions
 from tts_engine.segmenter import ClauseSegmenter
 from voxloop.config import Config
-
-#: Longest audio delta sent, ms (the issue asks for 20-100 ms chunks).
-MAX_DELTA_MS = 100
-
 
 @dataclass(frozen=True)
 class ReplyRequest:
@@ -43,12 +41,13 @@ class ReplyRequest:
 
 
 def response_object(turn: Turn, status: str = "in_progress", reason: str | None = None,
-                    items: tuple[MessageItem, ...] = ()) -> ResponseObject:
+                    items: tuple[MessageItem, ...] = (), error: ErrorInfo | None = None,
+                    usage: ResponseUsage | None = None) -> ResponseObject:
     details = None
     if status != "in_progress":
-        details = ResponseStatusDetails(type=status, reason=reason)  # type: ignore[arg-type]
+        details = ResponseStatusDetails(type=status, reason=reason, error=error)  # type: ignore[arg-type]
     return ResponseObject(id=turn.response_id, status=status, status_details=details,  # type: ignore[arg-type]
-                          output=items)
+                          output=items, usage=usage)
 
 
 def assistant_item(turn: Turn, text: str, status: str, audio: bool = True) -> MessageItem:
@@ -57,7 +56,37 @@ def assistant_item(turn: Turn, text: str, status: str, audio: bool = True) -> Me
                        object="realtime.item", content=(part,) if text or status != "in_progress" else ())
 
 
-def split_pcm(pcm: np.ndarray, rate: int, max_ms: int = MAX_DELTA_MS) -> list[np.ndarray]:
+def close_item(turn: Turn, status: str) -> tuple[list[object], MessageItem]:
+    """The events that end the reply's content part and item, and the final item.
+
+    ``status``: ``completed``, or ``incomplete`` for a reply cut short (cancelled, failed,
+    stopped at ``max_output_tokens``); the text is what was sent in deltas.
+    """
+    ids = {"response_id": turn.response_id, "item_id": turn.item_id}
+    text = turn.text_sent.strip()
+    events: list[object]
+    if turn.spoken:
+        events = [ev.ResponseOutputAudioDone(**ids), ev.ResponseOutputAudioTranscriptDone(**ids, transcript=text),
+                  ev.ResponseContentPartDone(**ids, part=ContentPart(type="audio", transcript=text))]
+    else:
+        events = [ev.ResponseOutputTextDone(**ids, text=text),
+                  ev.ResponseContentPartDone(**ids, part=ContentPart(type="text", text=text))]
+    item = assistant_item(turn, text, status, turn.spoken)
+    events += [ev.ResponseOutputItemDone(response_id=turn.response_id, item=item), ev.ConversationItemDone(item=item)]
+    return events, item
+
+
+def response_done(turn: Turn, status: str, reason: str | None = None, items: tuple[MessageItem, ...] = (),
+                  error: ErrorInfo | None = None) -> ev.ResponseDone:
+    """``response.done`` with the final items and, once the LLM reported them, its token counts."""
+    stats = turn.generation
+    usage = None if stats is None else ResponseUsage(
+        input_tokens=stats.prompt_tokens, output_tokens=stats.completion_tokens,
+        total_tokens=stats.prompt_tokens + stats.completion_tokens)
+    return ev.ResponseDone(response=response_object(turn, status, reason, items, error, usage))
+
+
+def split_pcm(pcm: np.ndarray, rate: int, max_ms: int) -> list[np.ndarray]:
     """Cut int16 audio into pieces of at most ``max_ms`` ms."""
     step = max(1, rate * max_ms // 1000)
     return [pcm[i:i + step] for i in range(0, len(pcm), step)]
@@ -72,14 +101,20 @@ class Responder:
         self.turns = turns
         self.session_id = session_id  # the session's conversation in the LLM (its KV sequence)
 
-    def _emit(self, turn: Turn, event: object) -> None:
-        self.turns.emit(turn, event)
+    def _emit(self, turn: Turn, event: object) -> bool:
+        return self.turns.emit(turn, event)
 
     async def run(self, turn: Turn, req: ReplyRequest) -> str:
-        """Speak one reply; returns the full reply text. Raises CancelledError when interrupted."""
+        """Speak one reply; returns the full reply text. Raises CancelledError when interrupted.
+
+        The item ends ``incomplete`` when the LLM stopped at the token limit
+        (``turn.generation.finish_reason == "length"``).
+        """
         ids = {"response_id": turn.response_id, "item_id": turn.item_id}
         part_type = "audio" if req.audio else "text"
+        turn.spoken = req.audio
         self._emit(turn, ev.ResponseCreated(response=response_object(turn)))
+        turn.response_started = True
         self._emit(turn, ev.ResponseOutputItemAdded(response_id=turn.response_id,
                                                     item=assistant_item(turn, "", "in_progress", req.audio)))
         self._emit(turn, ev.ConversationItemAdded(item=assistant_item(turn, "", "in_progress", req.audio)))
@@ -92,21 +127,14 @@ class Responder:
                 await self._speak(turn, req, clauses, ids)
             else:
                 await self._write_text(turn, clauses, ids)
-            text = await llm_task
+            await llm_task
         finally:
             llm_task.cancel()
-        text = turn.full_text() if req.audio else text
-        if req.audio:
-            self._emit(turn, ev.ResponseOutputAudioDone(**ids))
-            self._emit(turn, ev.ResponseOutputAudioTranscriptDone(**ids, transcript=text))
-            self._emit(turn, ev.ResponseContentPartDone(**ids, part=ContentPart(type="audio", transcript=text)))
-        else:
-            self._emit(turn, ev.ResponseOutputTextDone(**ids, text=text))
-            self._emit(turn, ev.ResponseContentPartDone(**ids, part=ContentPart(type="text", text=text)))
-        item = assistant_item(turn, text, "completed", req.audio)
-        self._emit(turn, ev.ResponseOutputItemDone(response_id=turn.response_id, item=item))
-        self._emit(turn, ev.ConversationItemDone(item=item))
-        return text
+        stopped_at_limit = getattr(turn.generation, "finish_reason", None) == "length"
+        events, item = close_item(turn, "incomplete" if stopped_at_limit else "completed")
+        for event in events:
+            self._emit(turn, event)
+        return item.content[0].content_text if item.content else ""
 
     async def _generate(self, turn: Turn, req: ReplyRequest, clauses: asyncio.Queue[str | None]) -> str:
         """LLM tokens -> clauses (queue); returns the whole text."""
@@ -114,9 +142,10 @@ class Responder:
         text: list[str] = []
         turn.trace.mark("llm_start")
         try:
-            def done(stats) -> None:  # what the LLM read and with how many other conversations
+            def done(stats) -> None:  # how it ended, what the LLM read, with how many other conversations
+                turn.generation = stats
                 turn.trace.info.update(llm_prompt_tokens=stats.prompt_tokens, llm_cached_tokens=stats.cached_tokens,
-                                       llm_batch=stats.first_batch)
+                                       llm_batch=getattr(stats, "first_batch", 1))
 
             stream = self.engines.llm.stream(self.session_id, req.messages, req.max_tokens, turn.cancel,
                                              priority=req.priority, on_done=done)
@@ -140,23 +169,22 @@ class Responder:
 
     async def _write_text(self, turn: Turn, clauses: asyncio.Queue[str | None], ids: dict) -> None:
         while (token := await clauses.get()) is not None:
-            self._emit(turn, ev.ResponseOutputTextDelta(**ids, delta=token))
+            if self._emit(turn, ev.ResponseOutputTextDelta(**ids, delta=token)):
+                turn.text_sent += token
 
     async def _speak(self, turn: Turn, req: ReplyRequest, clauses: asyncio.Queue[str | None], ids: dict) -> None:
         options = SynthesisOptions(sample_rate=req.output_rate)
         index = 0
         while (clause := await clauses.get()) is not None:
             start_ms = turn.audio_sent_ms
-            self._emit(turn, ev.ResponseOutputAudioTranscriptDelta(
-                **ids, delta=(" " if index else "") + clause))
+            delta = (" " if index else "") + clause
+            if self._emit(turn, ev.ResponseOutputAudioTranscriptDelta(**ids, delta=delta)):
+                turn.text_sent += delta
             priority = URGENT if index == 0 else NORMAL
-            chunks = self.engines.tts.stream(
-                lambda tts, c=clause: tts.synthesize(c, options), turn.cancel, priority=priority)
-            async for chunk in chunks:
+            async for chunk in self.engines.speech.stream(clause, options, turn.cancel, priority):
                 turn.trace.mark("tts_first_audio")
-                for piece in split_pcm(chunk.pcm, chunk.sample_rate):
+                for piece in split_pcm(chunk.pcm, chunk.sample_rate, self.cfg.server.audio_delta_ms):
                     self._emit(turn, ev.ResponseOutputAudioDelta(**ids, pcm=piece))
                     turn.audio_sent_ms += 1000 * len(piece) / chunk.sample_rate
             turn.clauses.append(SpokenClause(clause, start_ms, turn.audio_sent_ms))
             index += 1
-

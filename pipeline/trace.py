@@ -9,6 +9,7 @@ stage histograms.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -45,7 +46,17 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.sessions = Gauge("voxloop_sessions_active", "Open WebSocket sessions", registry=r)
+        # Several front-end processes (server.front_ends > 1): prometheus_client keeps every value in
+        # a file of PROMETHEUS_MULTIPROC_DIR and a scrape of any front end sums them all; collectors
+        # that read live objects (queue depths, GPU memory) report the scraped process.
+        self._multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        self._exposed = CollectorRegistry() if self._multiprocess else r
+        if self._multiprocess:
+            from prometheus_client.multiprocess import MultiProcessCollector
+
+            MultiProcessCollector(self._exposed)
+        self.sessions = Gauge("voxloop_sessions_active", "Open WebSocket sessions", registry=r,
+                              multiprocess_mode="livesum")
         self.sessions_total = Counter("voxloop_sessions", "Sessions accepted", registry=r)
         self.rejected = Counter("voxloop_sessions_rejected", "Upgrades refused", ["reason"], registry=r)
         self.turns = Counter("voxloop_turns", "Turns by outcome", ["status"], registry=r)
@@ -68,7 +79,15 @@ class Metrics:
 
     def watch_tts_memory(self, report: Callable[[], dict[str, Any] | None]) -> None:
         """Export the GPU TTS engine's memory figures (``CudaTtsEngine.memory_report``), read at each scrape."""
-        self.registry.register(_TtsMemoryCollector(report))
+        self.register(_TtsMemoryCollector(report))
+
+    def register(self, collector: Collector) -> None:
+        """A collector read at each scrape (live objects of this process)."""
+        self._exposed.register(collector)
+
+    def exposition(self) -> bytes:
+        """The ``/metrics`` text: every metric (of every front-end process) and the live collectors."""
+        return generate_latest(self._exposed)
 
 
     def watch_llm(self, report: Callable[[], dict[str, int] | None]) -> None:

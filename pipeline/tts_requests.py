@@ -12,15 +12,24 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from pipeline import events as ev
-from pipeline.items import ErrorInfo
 from pipeline.respond import split_pcm
 from pipeline.trace import Metrics
 from pipeline.workers import NORMAL
+from realtime import events as ev
+from realtime.wire import ErrorCode
+from tts_engine.engine import SynthesisOptions
 from voxloop.errors import InvalidInput, Overloaded, VoxloopError
 
 #: Requests in flight per session; more get ``server_overloaded``.
 MAX_CONCURRENT = 8
+
+
+def synthesis_options(event: ev.XTtsSpeak, sample_rate: int | None = None) -> SynthesisOptions:
+    """The engine settings of an ``x.tts.speak``; ``sample_rate`` (Hz) is the session output rate."""
+    return SynthesisOptions(
+        length_scale=event.length_scale, noise_scale=event.noise_scale, noise_w=event.noise_w,
+        speaker_id=event.speaker_id, sample_rate=sample_rate,
+    )
 
 
 class TtsRequests:
@@ -32,7 +41,7 @@ class TtsRequests:
 
     def start(self, event: ev.XTtsSpeak, output_rate: int) -> None:
         if event.request_id in self._active:
-            raise InvalidInput(f"request {event.request_id} is already in progress", code="duplicate_request_id")
+            raise InvalidInput(f"request {event.request_id} is already in progress", code=ErrorCode.DUPLICATE_REQUEST_ID)
         if len(self._active) >= MAX_CONCURRENT:
             raise Overloaded(f"at most {MAX_CONCURRENT} x.tts.speak requests per session at once")
         cancel = threading.Event()
@@ -42,14 +51,12 @@ class TtsRequests:
 
     async def _run(self, event: ev.XTtsSpeak, rate: int, cancel: threading.Event) -> None:
         rid = event.request_id
-        options = event.synthesis_options(rate)
+        options = synthesis_options(event, rate)
         sent = 0
         status, error = "completed", None
         try:
-            chunks = self.engines.tts.stream(lambda tts: tts.synthesize(event.text, options), cancel,
-                                             priority=NORMAL)
-            async for chunk in chunks:
-                for piece in split_pcm(chunk.pcm, chunk.sample_rate):
+            async for chunk in self.engines.speech.stream(event.text, options, cancel, NORMAL):
+                for piece in split_pcm(chunk.pcm, chunk.sample_rate, self.engines.cfg.server.audio_delta_ms):
                     self._send(ev.XTtsAudioDelta(request_id=rid, pcm=piece))
                     sent += len(piece)
             if cancel.is_set():
@@ -57,8 +64,7 @@ class TtsRequests:
         except asyncio.CancelledError:
             status = "cancelled"
         except VoxloopError as exc:
-            status, error = "failed", ErrorInfo(type="invalid_request_error" if isinstance(exc, InvalidInput)
-                                                else "server_error", code=exc.code, message=exc.message)
+            status, error = "failed", ev.error_info(exc)
             if isinstance(exc, Overloaded):
                 self._send(ev.ErrorEvent.from_exception(exc, event.event_id))
         finally:
@@ -69,7 +75,7 @@ class TtsRequests:
     def cancel(self, request_id: str) -> None:
         entry = self._active.get(request_id)
         if entry is None:
-            raise InvalidInput(f"no x.tts.speak request {request_id} in progress", code="request_not_found")
+            raise InvalidInput(f"no x.tts.speak request {request_id} in progress", code=ErrorCode.REQUEST_NOT_FOUND)
         entry[0].set()
 
     def cancel_all(self) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-import time
 
 import pytest
 from conftest import scaled
@@ -175,13 +174,15 @@ def test_max_tokens_caps_the_reply(engine, cfg):
 def test_cancel_from_another_thread_while_decoding(engine, cfg):
     cancel = threading.Event()
     it = engine.stream(fresh(), chat(cfg.llm.system_prompt, STORY), ReplyOptions(max_tokens=300, cancel=cancel))
-    first = next(it)
-    set_at = []
-    threading.Timer(0.2, lambda: (set_at.append(time.perf_counter()), cancel.set())).start()
-    rest = list(it)
-    stop_s = time.perf_counter() - set_at[0]
-    assert stop_s < scaled(0.1), stop_s
+    first = next(it)  # decoding has started
+    rest: list[str] = []
+    at_cancel = []  # deltas received when the cancel was set
+    threading.Timer(0.2, lambda: (at_cancel.append(len(rest)), cancel.set())).start()
+    for piece in it:
+        rest.append(piece)
     assert engine.last_stats.finish_reason == "cancelled"
+    # Stopped within a token of the cancel (one may be in flight), not at max_tokens.
+    assert len(rest) <= at_cancel[0] + 1, (len(rest), at_cancel)
     assert engine.last_stats.completion_tokens < 300 and first and rest
 
 

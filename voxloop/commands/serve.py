@@ -22,7 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     # whisper (CTranslate2) and llama.cpp both use libgomp; spinning idle OpenMP threads
     # steal the 2nd core from whichever stage runs next (measured: processing p50
-    # 551 -> 473 ms, bench/voice_latency.py). Must be set before those libraries load.
+    # 551 -> 473 ms, python -m bench.voice_latency). Must be set before those libraries load.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     cfg = config_from_args(args)
     changes = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
@@ -33,6 +33,10 @@ def run(args: argparse.Namespace) -> int:
         from voxloop.models import cache_dir
 
         arrange_cublas(cache_dir(cfg))  # may restart this process once with LD_LIBRARY_PATH set
+    if cfg.server.front_ends > 1:
+        from pipeline.front_ends import serve_front_ends
+
+        return serve_front_ends(cfg)
     asyncio.run(_serve(cfg))
     return 0
 
