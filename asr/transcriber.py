@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -188,6 +188,41 @@ class Transcriber:
             lang, raw = self._transcribe_window(audio, lang)
         else:
             lang, raw = self._transcribe_long(audio, lang)
+        return self._transcript(raw, lang, audio_s, started)
+
+    def transcribe_batch(self, pcms: Sequence[np.ndarray], language: str | None = None) -> list[Transcript]:
+        """Transcribe several utterances (e.g. of different sessions) like ``transcribe`` each.
+
+        Utterances whose short windows have the same length (every one under
+        ``MIN_WINDOW_S - WINDOW_PAD_S`` = 5 s of audio) are encoded and decoded in one
+        batched call. The rest go one by one: long audio, language detection, and an
+        utterance that looks like a loop (decoded again alone, as ``transcribe`` would).
+        ``elapsed_s`` of a batched transcript is the whole batch's time.
+        """
+        started = time.perf_counter()
+        lang = self.language if language is None else self._check_language(language)
+        out: list[Transcript | None] = [None] * len(pcms)
+        groups: dict[int, list[tuple[int, np.ndarray, np.ndarray]]] = {}
+        for i, pcm in enumerate(pcms):
+            audio = _to_float32(pcm)
+            audio_s = len(audio) / SAMPLE_RATE
+            if lang is None or audio_s < MIN_AUDIO_S or audio_s > FULL_WINDOW_S - WINDOW_PAD_S:
+                out[i] = self.transcribe(pcm, language)
+                continue
+            features = self._model.feature_extractor(audio)
+            groups.setdefault(_window_frames(features), []).append((i, audio, features))
+        for frames, items in groups.items():
+            budgets = [int(TOKENS_PER_S * len(a) / SAMPLE_RATE) + TOKEN_MARGIN for _, a, _ in items]
+            decoded = self._decode_batch([f for _, _, f in items], frames, lang, budgets,
+                                         [len(a) / SAMPLE_RATE for _, a, _ in items])
+            for (i, audio, _), (seg, looped) in zip(items, decoded):
+                if looped:  # as transcribe: the full window again (alone)
+                    out[i] = self.transcribe(pcms[i], language)
+                else:
+                    out[i] = self._transcript([seg], lang, len(audio) / SAMPLE_RATE, started)
+        return [t for t in out if t is not None]
+
+    def _transcript(self, raw: list[TranscriptSegment], lang: str, audio_s: float, started: float) -> Transcript:
         segments = tuple(self._finish(s, lang) for s in raw if not _is_hallucination(
             s.no_speech_prob, s.avg_logprob))
         text = " ".join(s.text for s in segments if s.text) if _spaced(lang) else "".join(
@@ -205,9 +240,7 @@ class Transcriber:
     ) -> tuple[str, list[TranscriptSegment]]:
         """One short window (speech + padding); the full window again if it looks like a loop."""
         features = self._model.feature_extractor(audio)
-        content = features.shape[-1] - 1
-        frames = max(int(MIN_WINDOW_S * FRAMES_PER_S), content + int(WINDOW_PAD_S * FRAMES_PER_S))
-        frames = min(int(FULL_WINDOW_S * FRAMES_PER_S), frames + frames % 2)
+        frames = _window_frames(features)
         audio_s = len(audio) / SAMPLE_RATE
         budget = int(TOKENS_PER_S * audio_s) + TOKEN_MARGIN
         lang, seg, looped = self._decode(features, frames, lang, budget, audio_s)
@@ -219,30 +252,49 @@ class Transcriber:
     def _decode(
         self, features: np.ndarray, frames: int, lang: str | None, budget: int, audio_s: float
     ) -> tuple[str, TranscriptSegment, bool]:
-        from faster_whisper.transcribe import get_ctranslate2_storage
-
-        window = np.zeros((1, features.shape[0], frames), dtype=np.float32)
-        n = min(frames, features.shape[-1] - 1)  # as faster-whisper: the last frame is partial
-        window[0, :, :n] = features[:, :n]
-        encoded = self._model.model.encode(get_ctranslate2_storage(window))
+        encoded = self._encode([features], frames)
         if lang is None:
             lang = self._detect_language(encoded)
+        (seg, looped), = self._generate(encoded, lang, [budget], [audio_s])
+        return lang, seg, looped
+
+    def _encode(self, features: Sequence[np.ndarray], frames: int):
+        from faster_whisper.transcribe import get_ctranslate2_storage
+
+        window = np.zeros((len(features), features[0].shape[0], frames), dtype=np.float32)
+        for b, f in enumerate(features):
+            n = min(frames, f.shape[-1] - 1)  # as faster-whisper: the last frame is partial
+            window[b, :, :n] = f[:, :n]
+        return self._model.model.encode(get_ctranslate2_storage(window))
+
+    def _decode_batch(self, features: Sequence[np.ndarray], frames: int, lang: str, budgets: list[int],
+                      audio_s: list[float]) -> list[tuple[TranscriptSegment, bool]]:
+        """Greedy decode of utterances sharing one window length in one call: (segment, looks looped) each.
+
+        The batch runs to the largest budget; an utterance that reaches its own budget counts
+        as looped, as it would alone.
+        """
+        return self._generate(self._encode(features, frames), lang, budgets, audio_s)
+
+    def _generate(self, encoded, lang: str, budgets: list[int], audio_s: list[float]) -> list[tuple[TranscriptSegment, bool]]:
         tok, suppress = self._tokenizer(lang)
         prompt = [*tok.sot_sequence, tok.no_timestamps]
-        budget = min(budget, self._model.max_length - len(prompt))
-        result = self._model.model.generate(
-            encoded, [prompt], beam_size=self.beam_size, max_length=len(prompt) + budget,
+        budgets = [min(b, self._model.max_length - len(prompt)) for b in budgets]
+        results = self._model.model.generate(
+            encoded, [prompt] * len(budgets), beam_size=self.beam_size, max_length=len(prompt) + max(budgets),
             return_scores=True, return_no_speech_prob=True, suppress_blank=True,
             suppress_tokens=suppress,
-        )[0]
-        tokens = [t for t in result.sequences_ids[0] if t < tok.eot]
-        # As faster-whisper: the score is the length-normalised log-probability.
-        avg_logprob = result.scores[0] * len(tokens) / (len(tokens) + 1)
-        text = tok.decode(tokens)
-        looped = (len(tokens) >= budget or _repeats(tokens)
-                  or _compression_ratio(text) > MAX_COMPRESSION_RATIO)
-        seg = TranscriptSegment(text, 0.0, audio_s, avg_logprob, result.no_speech_prob)
-        return lang, seg, looped
+        )
+        out = []
+        for result, budget, seconds in zip(results, budgets, audio_s):
+            tokens = [t for t in result.sequences_ids[0] if t < tok.eot]
+            # As faster-whisper: the score is the length-normalised log-probability.
+            avg_logprob = result.scores[0] * len(tokens) / (len(tokens) + 1)
+            text = tok.decode(tokens)
+            looped = (len(tokens) >= budget or _repeats(tokens)
+                      or _compression_ratio(text) > MAX_COMPRESSION_RATIO)
+            out.append((TranscriptSegment(text, 0.0, seconds, avg_logprob, result.no_speech_prob), looped))
+        return out
 
     def _transcribe_long(
         self, audio: np.ndarray, lang: str | None
@@ -286,6 +338,13 @@ class Transcriber:
         if not self._model.model.is_multilingual and language != "en":
             raise InvalidInput(f"{self.model_dir.name} is English-only; got language {language!r}")
         return language
+
+
+def _window_frames(features: np.ndarray) -> int:
+    """Frames of the short encoder window for ``features``: the speech plus padding (module doc)."""
+    content = features.shape[-1] - 1
+    frames = max(int(MIN_WINDOW_S * FRAMES_PER_S), content + int(WINDOW_PAD_S * FRAMES_PER_S))
+    return min(int(FULL_WINDOW_S * FRAMES_PER_S), frames + frames % 2)
 
 
 def _spaced(lang: str | None) -> bool:

@@ -188,3 +188,16 @@ def test_model_dir_must_be_a_ctranslate2_dir(tmp_path):
         Transcriber(tmp_path)
     with pytest.raises(ModelError):
         Transcriber("base")  # a model name is never downloaded
+
+
+@pytest.mark.slow
+def test_batched_transcripts_equal_single_ones(transcriber, speech):
+    """Utterances of several sessions in one call: the same transcripts as one by one."""
+    texts = SHORT[1:5] + SENTENCES[:2] + [" ".join(SENTENCES)]  # the last: > 5 s, its own window length
+    pcms = [utterance(speech.say(t)) for t in texts]
+    pcms.append(silence(50))  # too short for the model: empty, as alone
+    single = [transcriber.transcribe(p) for p in pcms]
+    batched = transcriber.transcribe_batch(pcms)
+    assert [t.text for t in batched] == [t.text for t in single]
+    assert all(t.text for t in batched[:-1]) and batched[-1].text == ""
+    assert [t.audio_s for t in batched] == [t.audio_s for t in single]
