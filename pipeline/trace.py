@@ -89,10 +89,9 @@ class Metrics:
         """The ``/metrics`` text: every metric (of every front-end process) and the live collectors."""
         return generate_latest(self._exposed)
 
-
     def watch_llm(self, report: Callable[[], dict[str, int] | None]) -> None:
-        """Export the batched LLM's figures (``BatchedChat.report``), read at each scrape."""
-        self.registry.register(_LlmCollector(report))
+        """Export the batched LLM's figures (``BatchedChat.report``, this process's), read at each scrape."""
+        self.register(_LlmCollector(report))
 
 
 class _LlmCollector(Collector):

@@ -271,7 +271,6 @@ def test_missing_model_file(tmp_path):
 
 @pytest.mark.slow
 def test_metrics_report_the_fixed_memory_and_batches(engine, cfg):
-    from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
     from pipeline.trace import Metrics
@@ -280,7 +279,7 @@ def test_metrics_report_the_fixed_memory_and_batches(engine, cfg):
     metrics = Metrics()
     metrics.watch_llm(engine.report)
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())
+               for f in text_string_to_metric_families(metrics.exposition().decode())
                for s in f.samples}
     # SmolLM2-135M: 30 layers x 3 KV heads x 64 dims x (K + V) x 2 bytes per token.
     kv = (cfg.llm.max_sequences + 1) * cfg.llm.n_ctx * 30 * 3 * 64 * 2 * 2
