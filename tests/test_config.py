@@ -63,3 +63,11 @@ def test_config_is_frozen():
     with pytest.raises(Exception):
         cfg.server.port = 1  # type: ignore[misc]
     assert cfg.replace("server", port="9000").server.port == 9000
+
+
+def test_llm_sequences_and_batch_are_checked():
+    with pytest.raises(ConfigError, match="max_sequences"):
+        load_config(None, ["llm.max_sequences=256"], environ={})
+    with pytest.raises(ConfigError, match="batch_tokens"):
+        load_config(None, ["llm.max_sequences=64", "llm.batch_tokens=32"], environ={})
+    assert load_config(None, ["llm.max_sequences=200", "llm.batch_tokens=512"], environ={}).llm.max_sequences == 200

@@ -160,6 +160,13 @@ class LlmConfig:
     #: Seed for sampling; None is random.
     seed: int | None = 1234
 
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_sequences <= 255:  # llama.cpp's 256 sequences, one for the system prompt
+            raise ConfigError(f"llm.max_sequences must be 1..255, got {self.max_sequences}")
+        if self.batch_tokens < self.max_sequences:
+            raise ConfigError(f"llm.batch_tokens ({self.batch_tokens}) must be >= llm.max_sequences "
+                              f"({self.max_sequences}): every generating conversation takes one token per step")
+
 
 @dataclass(frozen=True)
 class TtsConfig:
