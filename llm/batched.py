@@ -54,7 +54,7 @@ from pathlib import Path
 from llm.prompt import ChatPrompt, Cut, check_messages, common_prefix
 from llm.replies import ChatOptions, GenerationStats, Reply, ReplyEvent, ReplyOptions
 from voxloop.config import Config
-from voxloop.errors import InvalidInput, ModelError
+from voxloop.errors import InvalidInput, ModelError, VoxloopError
 
 log = logging.getLogger(__name__)
 
@@ -311,9 +311,23 @@ class BatchedChat:
             self._waiting.remove(reply)
             try:
                 self._start(reply, slot)
-            except InvalidInput as exc:
-                reply.error = exc
+            except Exception as exc:  # noqa: BLE001 - this reply fails, the others go on
+                reply.error = exc if isinstance(exc, VoxloopError) else ModelError(f"cannot start the reply: {exc}")
+                slot.reply = None
                 self._finish(reply, "error", events)
+
+    def _evict_idle(self) -> bool:
+        """Clear the least recently used sequence that no reply uses; False if there is none.
+
+        (The batch is one ubatch, so a failed ``llama_decode`` left nothing behind to undo.)
+        """
+        idle = [s for s in self._slots if s.reply is None and s.tokens]
+        if not idle:
+            return False
+        slot = min(idle, key=lambda s: s.used)
+        log.warning("LLM: KV cache full; dropping the cache of conversation %s", slot.session)
+        self._clear(slot)
+        return True
 
     def _free_slot(self) -> _Slot | None:
         idle = [s for s in self._slots if s.reply is None]
@@ -408,6 +422,8 @@ class BatchedChat:
             prompt_rows += len(chunk)
         self._fill(rows)
         rc = self._decode()
+        while rc == 1 and self._evict_idle():  # no room in the KV cache: give up an idle conversation
+            rc = self._decode()
         self.steps += 1
         self.evaluated += len(rows)
         self.prompt_evaluated += prompt_rows

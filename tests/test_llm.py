@@ -288,3 +288,13 @@ def test_metrics_report_the_fixed_memory_and_batches(engine, cfg):
     assert samples[("voxloop_llm_sequences", (("state", "configured"),))] == cfg.llm.max_sequences
     assert samples[("voxloop_llm_last_batch", (("unit", "sequences"),))] == 1
     assert samples[("voxloop_llm_steps_total", ())] >= 3
+
+
+@pytest.mark.slow
+def test_a_prompt_over_the_context_fails_alone(engine, cfg):
+    ok = engine.submit(fresh(), chat(cfg.llm.system_prompt, "Hello!"), GREEDY)
+    huge = engine.submit(fresh(), chat(cfg.llm.system_prompt, "word " * 3000), GREEDY)
+    while not (ok.done and huge.done):
+        engine.step()
+    assert isinstance(huge.error, InvalidInput) and huge.stats.finish_reason == "error"
+    assert ok.error is None and ok.stats.finish_reason in ("stop", "length")
