@@ -43,11 +43,6 @@ class Engines:
     def loaded(self) -> bool:
         return all(getattr(self, stage) is not None for stage in self.stages)
 
-    @property
-    def tts_sample_rate(self) -> int:
-        assert self.tts is not None
-        return int(self.tts.engine.sample_rate)
-
     def load_sync(self) -> None:
         """Load the configured models (blocking, seconds). Warm each up so the first turn is not slow."""
         cfg = self.cfg

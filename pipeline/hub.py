@@ -34,7 +34,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from pipeline.engines import Engines
-from pipeline.session import AfterSent, Session, SlowClient
+from pipeline.session import AfterSent, Session
 from pipeline.trace import Metrics, TraceSink
 from realtime.protocol import RealtimeProtocol
 from voxloop.config import Config
@@ -215,8 +215,6 @@ class Hub:
                         session.handle(event)
         except TimeoutError:
             await ws.close(CLOSE_POLICY, f"session limit of {self.cfg.limits.max_session_minutes:g} min reached")
-        except SlowClient:
-            await ws.close(CLOSE_POLICY, "client is not reading its messages")
         except ConnectionClosed:
             pass
         finally:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import os
 import shutil
 import sys
@@ -258,6 +257,3 @@ def describe(info: ModelInfo, with_checksum: bool = True) -> dict:
         "license": info.license,
     }
 
-
-def describe_json(infos: list[ModelInfo]) -> str:
-    return json.dumps([describe(i) for i in infos], indent=2)
