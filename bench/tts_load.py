@@ -9,8 +9,10 @@ Modes: ``engine`` calls the engines in-process: ``cuda`` (``CudaTtsEngine.submit
 ``onnx`` (the CPU engine's whole-sentence ``OnnxVits.infer`` + int16, i.e.
 ``OnnxTtsEngine.synthesize_ids`` at the native rate), ``onnx-stream`` (``synthesize_ids``
 of the streaming CPU engine: chunked encoder + decoder ONNX). ``ws``: each client is one
-``voxloop.client.RealtimeClient`` connection calling ``speak()`` (``x.tts.speak``, text,
-24 kHz) against a TTS-only ``python -m voxloop serve`` process (``server.stages=tts``: no
+WebSocket session in ``bench.ws_clients`` (client processes apart from the server, one per 16
+sessions; permessage-deflate offered; ``x.tts.speak`` back to back; audio at ``--rate`` Hz as
+JSON/base64 and, in a second set of rows, binary: ``--ws-formats``) against a TTS-only
+``python -m voxloop serve`` process (``server.stages=tts``: no
 faster-whisper or llama.cpp needed) the bench starts per backend (``onnx``:
 ``tts.streaming=false``, ``onnx-stream``: true; ``cuda``: ``configs/gpu.toml`` with the
 ``--precision``/``--chunk-frames``/``--tail-chunk-frames``/``--max-batch``/``--max-frames``/
@@ -37,7 +39,6 @@ Writes ``bench/results/tts_load-<hardware>-<date>.json`` (a list of rows) and, w
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
@@ -50,6 +51,10 @@ from bench.harness import (
     load_sentences, summarize,
 )  # fmt: skip
 from bench.tts_backends import CudaBackend, OnnxBackend, OnnxStreamBackend
+
+#: Engine-mode rows: clients are threads in the bench process calling the engine; audio stays int16 at
+#: the voice's rate (no resampling, no serialization, no socket).
+ENGINE_CLIENTS = {"audio_format": "int16@native", "client_processes": 0}
 
 
 def make_sentences() -> None:
@@ -86,22 +91,26 @@ def run(args: argparse.Namespace) -> Path:
     write_meta(out, args, sentences)
 
     def record(row: dict) -> None:
-        rows.append({**row, "mode": args.mode, "date": args.date})
+        rows.append({"mode": args.mode, **row, "date": args.date})
         out.write_text(json.dumps(rows, indent=1) + "\n")
         print(json.dumps(row), flush=True)
 
     for name in args.backends:
         if args.mode == "ws":
-            from bench.tts_load_ws import WsBackend, ws_closed_loop
+            from bench.tts_load_ws import WsBackend
+            from bench.ws_clients import run_load
 
             backend = WsBackend(args, name, max(levels))
             print(f"[{backend.name}] {json.dumps(backend.info)}", flush=True)
             duration, warmup = (args.duration, args.warmup) if name == "cuda" else (args.cpu_duration, 1.0)
             try:
-                for clients in levels:
-                    backend.reset_peak()
-                    records = asyncio.run(ws_closed_loop(backend.url, sentences, clients, duration, warmup))
-                    record(summarize(records, backend, clients, args.hardware))
+                for fmt, rate in [(f, r) for r in args.rate for f in args.ws_formats]:
+                    for clients in levels:
+                        backend.reset_peak()
+                        row = run_load(backend.url, clients, duration, warmup, fmt, rate)
+                        peak = backend.peak_vram_mb()
+                        record({"backend": backend.name, "hardware": args.hardware, **row,
+                                "peak_vram_mb": None if peak is None else round(peak, 1), **backend.info})
             finally:
                 backend.close()
         elif name == "cuda":
@@ -109,8 +118,8 @@ def run(args: argparse.Namespace) -> Path:
             print(f"[{backend.name}] {json.dumps(backend.info)}", flush=True)
             for clients in levels:
                 backend.reset_peak()
-                record(summarize(closed_loop(backend, sentences, clients, args.duration, args.warmup),
-                                 backend, clients, args.hardware))  # fmt: skip
+                record({**summarize(closed_loop(backend, sentences, clients, args.duration, args.warmup),
+                                    backend, clients, args.hardware), **ENGINE_CLIENTS})  # fmt: skip
             if args.steps_report:
                 sched = backend.engine.scheduler
                 print(f"[{backend.name}] steps {sched.steps}, mean step {1000 * sched.step_s / max(1, sched.steps):.2f} ms")
@@ -119,8 +128,8 @@ def run(args: argparse.Namespace) -> Path:
             cls = OnnxBackend if name == "onnx" else OnnxStreamBackend
             for clients in levels:
                 backend = cls(args, workers=min(clients, os.cpu_count() or 1))
-                record(summarize(closed_loop(backend, sentences, clients, args.cpu_duration, 1.0),
-                                 backend, clients, args.hardware))  # fmt: skip
+                record({**summarize(closed_loop(backend, sentences, clients, args.cpu_duration, 1.0),
+                                    backend, clients, args.hardware), **ENGINE_CLIENTS})  # fmt: skip
         else:
             raise SystemExit(f"unknown backend {name!r}")
     print(f"wrote {out}")
@@ -185,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", default="fp16", choices=["fp32", "bf16", "fp16"])
     p.add_argument("--cpu-chunk-frames", type=int, help="onnx-stream first chunk, frames (default: tts.chunk_frames)")
     p.add_argument("--cpu-tail-chunk-frames", type=int, help="onnx-stream later chunks (default: tts.tail_chunk_frames)")
+    p.add_argument("--ws-formats", nargs="+", default=["json,binary"],
+                   help="ws: audio formats, rows in this order: json (base64 in JSON, what OpenAI-style clients use), binary")
+    p.add_argument("--rate", type=int, nargs="+", default=[24000],
+                   help="ws: output sample rate(s) the clients ask for, Hz (22050, the voice's own, needs no resampling)")
     p.add_argument("--ws-workers", type=int, help="ws: the server's tts.onnx_workers (default: CPU count)")
     p.add_argument("--server-arg", action="append", default=[], help="ws: extra server args, e.g. --server-arg=--set=x.y=z")
     p.add_argument("--chunk-frames", type=int, default=64)
@@ -203,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.backends = [b for item in args.backends for b in item.split(",") if b]
     args.concurrency = [int(n) for item in args.concurrency for n in item.split(",") if n]
+    args.ws_formats = [f for item in args.ws_formats for f in item.split(",") if f]
     if args.make_sentences:
         make_sentences()
         return 0

@@ -55,10 +55,8 @@ class TtsRequests:
         sent = 0
         status, error = "completed", None
         try:
-            chunks = self.engines.tts.stream(lambda tts: tts.synthesize(event.text, options), cancel,
-                                             priority=NORMAL)
-            async for chunk in chunks:
-                for piece in split_pcm(chunk.pcm, chunk.sample_rate):
+            async for chunk in self.engines.speech.stream(event.text, options, cancel, NORMAL):
+                for piece in split_pcm(chunk.pcm, chunk.sample_rate, self.engines.cfg.server.audio_delta_ms):
                     self._send(ev.XTtsAudioDelta(request_id=rid, pcm=piece))
                     sent += len(piece)
             if cancel.is_set():
