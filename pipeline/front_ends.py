@@ -1,7 +1,7 @@
 """``server.front_ends`` > 1: N WebSocket front-end processes sharing one GPU engine process.
 
 One Python process cannot carry what one GPU makes: its event loop, the text front end, the
-resampler and the GPU scheduler all share one GIL (bench/results/tts_load-h200-2026-12-01.md).
+resampler and the GPU scheduler all share one GIL (bench/results/tts_load-h200-2026-12-01-one-front-end.md).
 So ``voxloop serve`` with ``server.front_ends = N``:
 
 * this process becomes the **engine process**: it loads the batching TTS engine (the GPU, its

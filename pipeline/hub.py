@@ -36,7 +36,7 @@ from websockets.http11 import Request, Response
 from pipeline.deflate import AudioPassthroughDeflateFactory
 from pipeline.engines import Engines
 from pipeline.loadwatch import LoopLagMonitor, QueueDepthCollector, SendCounters
-from pipeline.session import AfterSent, Session, SlowClient
+from pipeline.session import AfterSent, Session
 from pipeline.trace import Metrics, TraceSink
 from realtime.protocol import BINARY_AUDIO_EVENTS, RealtimeProtocol
 from voxloop.config import Config
@@ -279,8 +279,6 @@ class Hub:
                         session.handle(event)
         except TimeoutError:
             await ws.close(CLOSE_POLICY, f"session limit of {self.cfg.limits.max_session_minutes:g} min reached")
-        except SlowClient:
-            await ws.close(CLOSE_POLICY, "client is not reading its messages")
         except ConnectionClosed:
             pass
         finally:

@@ -48,10 +48,6 @@ log = logging.getLogger(__name__)
 MIN_COMMIT_MS = 100
 
 
-class SlowClient(Exception):
-    """The client does not read: its outbox is full."""
-
-
 @dataclass(frozen=True)
 class AfterSent:
     """An outbox entry that runs ``run()`` once every event queued before it is on the socket."""

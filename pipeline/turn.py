@@ -126,10 +126,6 @@ class TurnControl:
         self.current = turn
         return turn
 
-    @property
-    def next_id(self) -> int:
-        return self._next_id + 1
-
     def is_current(self, turn: Turn | int) -> bool:
         tid = turn if isinstance(turn, int) else turn.turn_id
         return self.current is not None and self.current.turn_id == tid
