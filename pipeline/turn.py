@@ -67,7 +67,7 @@ class Turn:
     #: Reply text sent so far in transcript or text deltas.
     text_sent: str = ""
     #: How the LLM's generation ended, once it has (``finish_reason``, ``prompt_tokens``,
-    #: ``completion_tokens``; e.g. ``llm.chat.GenerationStats``). None while running or unknown.
+    #: ``completion_tokens``; e.g. ``llm.replies.GenerationStats``). None while running or unknown.
     generation: Any = None
 
     def heard_ms(self, now: float | None = None) -> float:

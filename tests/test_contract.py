@@ -21,7 +21,7 @@ import websockets
 
 from client_fakes import FakeASR, FakeLLM, real_tts_engines, start_hub
 from conftest import scaled
-from llm.chat import GenerationStats
+from llm.replies import GenerationStats
 from rt import append, recv, speech_24k, until, url, user_text
 from voxloop.errors import ModelError
 
