@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -18,13 +19,25 @@ def url(hub, path: str = "/v1/realtime") -> str:
     return f"ws://127.0.0.1:{hub.port}{path}"
 
 
-def http_get(hub, path: str, headers: dict | None = None) -> tuple[int, str, dict]:
-    req = urllib.request.Request(f"http://127.0.0.1:{hub.port}{path}", headers=headers or {})
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (for servers started in another process)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(target, path: str, headers: dict | None = None) -> tuple[int, str, dict]:  # noqa: ANN001
+    """GET ``path`` from a ``Hub`` or a port on 127.0.0.1: (status, body, headers); status 0 when
+    nothing answers (a server still starting)."""
+    port = target if isinstance(target, int) else target.port
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=5) as r:
             return r.status, r.read().decode(), dict(r.headers)
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode(), dict(e.headers)
+    except OSError as e:
+        return 0, str(e), {}
 
 
 async def recv(ws, timeout=10.0) -> dict:

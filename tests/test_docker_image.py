@@ -15,19 +15,17 @@ import logging
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
 
 from conftest import scaled
+from rt import free_port, http_get
 
 pytestmark = [
     pytest.mark.docker,
@@ -38,20 +36,6 @@ pytestmark = [
 
 GRACE_S = 15.0  # server.shutdown_grace_s inside the container
 log = logging.getLogger(__name__)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 def _words(text: str) -> set[str]:
@@ -94,12 +78,12 @@ def image(harness, build_inputs):
 
 def _start_ready(harness, image: str, mounts: tuple[str, ...] = ()) -> tuple[str, int]:
     """Run ``image`` on a free host port; wait for HEALTHCHECK healthy and /ready 200."""
-    port = _free_port()
+    port = free_port()
     name = harness.run(image, env={"VOXLOOP_SERVER__PORT": str(port),
                                    "VOXLOOP_SERVER__SHUTDOWN_GRACE_S": str(GRACE_S)}, mounts=mounts)
     healthy_s = harness.wait_healthy(name, timeout_s=scaled(90))
     deadline = time.monotonic() + scaled(120)
-    while _get(port, "/ready")[0] != 200:
+    while http_get(port, "/ready")[0] != 200:
         assert time.monotonic() < deadline, f"/ready never 200:\n{harness.logs(name)}"
         assert harness.state(name)["Running"], harness.logs(name)
         time.sleep(0.5)
@@ -132,7 +116,7 @@ async def test_speak_and_spoken_turn(container, cfg):
     from voxloop.client import RealtimeClient
 
     name, port = container
-    assert _get(port, "/health") == (200, "ok\n")
+    assert http_get(port, "/health")[:2] == (200, "ok\n")
     url = f"ws://127.0.0.1:{port}/v1/realtime"
     async with RealtimeClient.connect(url, session={"audio": {"input": {"turn_detection": None}}}) as c:
         tts = await c.speak("Hello from inside the container.", timeout_s=scaled(30))
@@ -148,7 +132,7 @@ async def test_speak_and_spoken_turn(container, cfg):
     assert {"capital", "france"} <= _words(reply.user_transcript or ""), reply.user_transcript
     assert len(_words(reply.transcript)) >= 2, reply.transcript
     assert reply.audio_s > 0.5
-    status, metrics = _get(port, "/metrics")
+    status, metrics, _ = http_get(port, "/metrics")
     assert status == 200 and re.search(r"^voxloop_sessions_active 0\.0$", metrics, re.M), metrics
 
 

@@ -23,6 +23,7 @@ import pytest
 import websockets
 
 from conftest import scaled
+from rt import free_port, http_get
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(scaled(600)),
@@ -30,30 +31,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(scaled(600)),
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(port: int, path: str) -> tuple[int, str]:
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-    except OSError as e:
-        return 0, str(e)
-
-
 @pytest.fixture()
 def server():
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "voxloop", "--set", "server.front_ends=2", "--set", "server.stages=tts",
            "--set", "tts.backend=cuda", "--set", "tts.device=cpu", "--set", "tts.cuda_graphs=false",
            "--set", "tts.max_batch=8", "--set", "limits.max_sessions=5", "--set", "trace.path=none",
@@ -61,7 +41,7 @@ def server():
     log = open(os.devnull, "w")  # noqa: SIM115
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + scaled(240)
-    while _get(port, "/ready")[0] != 200:
+    while http_get(port, "/ready")[0] != 200:
         assert proc.poll() is None, proc.stderr.read()[-3000:]
         assert time.monotonic() < deadline, "server never became ready"
         time.sleep(0.5)
@@ -122,7 +102,7 @@ async def test_two_front_ends_share_one_engine_limits_metrics_and_drain(server):
         with pytest.raises(websockets.InvalidStatus) as refused:
             await websockets.connect(url)
         assert refused.value.response.status_code == 503
-        status, metrics = await asyncio.to_thread(_get, port, "/metrics")
+        status, metrics, _ = await asyncio.to_thread(http_get, port, "/metrics")
         assert status == 200
         assert re.search(r"^voxloop_sessions_active 5\.0$", metrics, re.M), "sessions not summed over front ends"
         audio = float(re.search(r'^voxloop_messages_sent_total\{kind="audio"\} (\S+)$', metrics, re.M).group(1))
