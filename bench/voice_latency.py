@@ -10,7 +10,8 @@ and go on. Per turn:
   processing     = first audio sent - VAD end decision (server's x.turn.metrics)
 
 A turn is *missed* when no reply arrives within ``--turn-timeout-s``, the reply is
-not completed, or the utterance was split (the transcript misses its last words or
+neither completed nor cut at the token limit (``incomplete``/``max_output_tokens``: the
+user heard an answer, the model ran long), or the utterance was split (the transcript misses its last words or
 two replies come back for one utterance).
 
 Writes bench/results/voice_latency-<hardware>-<date>.json (+ .png).
@@ -153,7 +154,9 @@ async def talker(url: str, speech: dict[str, np.ndarray], turns: int, seed: int,
                     # how many conversations shared the llama_decode step of its first token.
                     llm_prompt_evaluated=_evaluated(reply.metrics), llm_batch=reply.metrics.get("llm_batch"),
                 )
-                if reply.status != "completed" or split or row["voice_to_voice_ms"] is None:
+                answered = reply.status == "completed" or (reply.status, reply.reason) == ("incomplete", "max_output_tokens")
+                row["reason"] = reply.reason
+                if not answered or split or row["voice_to_voice_ms"] is None:
                     row.update(missed=True, why="split" if split else f"status {reply.status}")
                 # Listen to the reply (wall time of its audio), telling the server what was played.
                 if reply.item_id and reply.first_audio_at:
