@@ -36,9 +36,13 @@ async def _serve(cfg) -> None:
     from pipeline.engines import Engines
     from pipeline.hub import Hub
 
+    from pipeline.origin import exposure_warning
+
     engines = Engines(cfg)
     hub = Hub(cfg, engines)
     await hub.start()  # /health answers while models load; /ready turns 200 after
+    if (warning := exposure_warning(cfg.server.host, cfg.server.auth_token)) is not None:
+        log.warning("%s", warning)
     loader = asyncio.create_task(engines.load())
     serving = asyncio.create_task(hub.serve_until_signal())
     await asyncio.wait({loader, serving}, return_when=asyncio.FIRST_COMPLETED)
