@@ -69,6 +69,7 @@ class Hub:
         self.metrics.watch_tts_memory(self.tts_memory_report)
         self.traces.gpu_report = self.tts_memory_report
         self.sessions: dict[str, Session] = {}
+        self.metrics.watch_runtime(lambda: [s.outbox.qsize() for s in self.sessions.values()])
         self.web_root = Path(cfg.server.web_root) if cfg.server.web_root else WEB_ROOT
         self.draining = False
         self._server: Server | None = None

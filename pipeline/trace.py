@@ -8,6 +8,7 @@ stage histograms.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -69,6 +70,31 @@ class Metrics:
     def watch_tts_memory(self, report: Callable[[], dict[str, Any] | None]) -> None:
         """Export the GPU TTS engine's memory figures (``CudaTtsEngine.memory_report``), read at each scrape."""
         self.registry.register(_TtsMemoryCollector(report))
+
+
+    def watch_runtime(self, outbox_sizes: Callable[[], list[int]]) -> None:
+        """Export the event loop's task count and the sessions' outbox sizes, read at each scrape
+        (on the event loop: the hub answers /metrics there). For leak hunting (bench/soak.py)."""
+        self.registry.register(_RuntimeCollector(outbox_sizes))
+
+
+class _RuntimeCollector(Collector):
+    def __init__(self, outbox_sizes: Callable[[], list[int]]) -> None:
+        self.outbox_sizes = outbox_sizes
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            tasks = len(asyncio.all_tasks())
+        except RuntimeError:  # scraped off the event loop (a test calling generate_latest)
+            tasks = None
+        if tasks is not None:
+            yield GaugeMetricFamily("voxloop_asyncio_tasks", "Tasks alive on the server's event loop", value=tasks)
+        sizes = self.outbox_sizes()
+        outbox = GaugeMetricFamily("voxloop_outbox_messages", "Events queued to send, over all sessions (sum, max)",
+                                   labels=["stat"])  # fmt: skip
+        outbox.add_metric(["sum"], sum(sizes))
+        outbox.add_metric(["max"], max(sizes, default=0))
+        yield outbox
 
 
 class _TtsMemoryCollector(Collector):
