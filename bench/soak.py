@@ -223,6 +223,10 @@ def scrape(port: int) -> dict[str, float]:
                 out[f"turns_{labels['status']}"] = s.value
             elif s.name == "voxloop_tts_requests_total":
                 out["tts_requests"] = s.value
+            elif s.name == "voxloop_malloc_heap_bytes":
+                out[f"malloc_{labels['kind']}_mb"] = round(s.value / 2**20, 1)
+            elif s.name == "voxloop_python_allocated_blocks":
+                out["python_blocks"] = s.value
             elif s.name == "voxloop_gpu_pool_bytes" and labels == {"kind": "used", "stat": "current"}:
                 out["gpu_pool_used_mb"] = round(s.value / 2**20, 1)
     return out
@@ -290,7 +294,8 @@ def summarize(rows: list[dict], warmup_s: float, talkers: list[dict]) -> dict:
             out["idle_rss_mb"] = idle[-1]["rss_mb"]
             out["idle_vs_warm_pct"] = round(100 * (idle[-1]["rss_mb"] - level) / level, 1)
     for phase, part in (("start", [r for r in rows if r["phase"] == "start"]), ("after_warmup", warm), ("idle", idle)):
-        out[phase] = {k: _range(part, k) for k in ("rss_mb", "uss_mb", "threads", "open_files", "asyncio_tasks",
+        out[phase] = {k: _range(part, k) for k in ("rss_mb", "uss_mb", "malloc_in_use_mb", "malloc_free_mb",
+                                                    "python_blocks", "threads", "open_files", "asyncio_tasks",
                                                     "outbox_max", "sessions", "gpu_pool_used_mb")
                       if _range(part, k) is not None}
     return out
@@ -304,7 +309,7 @@ def plot(rows: list[dict], warmup_s: float, path: Path) -> None:
 
     t = [r["t_s"] / 60 for r in rows]
     fig, axes = plt.subplots(2, 2, figsize=(12, 7), sharex=True)
-    panels = [("Memory, MiB", ("rss_mb", "uss_mb", "gpu_pool_used_mb")),
+    panels = [("Memory, MiB", ("rss_mb", "uss_mb", "malloc_in_use_mb", "malloc_free_mb", "gpu_pool_used_mb")),
               ("Threads and open files", ("threads", "open_files")),
               ("Event loop", ("asyncio_tasks", "outbox_sum", "sessions")),
               ("Turns (cumulative)", ("turns_completed", "turns_cancelled", "turns_failed", "tts_requests"))]
