@@ -7,7 +7,7 @@ before and after) to total 1, 2 and 5 s.
 
 Writes ``bench/results/engines-<hardware>-<date>.json`` and a PNG beside it.
 
-    .venv/bin/python bench/engines.py --reps 7
+    python -m bench.engines --reps 7
 """
 
 from __future__ import annotations
@@ -15,17 +15,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from bench.common import result_path, write_json  # noqa: E402
+from bench.harness import result_path, write_json
 
 RATE = 16000
 CANDIDATES = [
@@ -195,7 +191,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=7)
     args = ap.parse_args()
-    from piper_speech import PiperSpeech
+    from tests.piper_speech import PiperSpeech
 
     from voxloop.config import load_config
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import ROOT, free_port, hardware, start_server, stop_server, write_json
+from bench.harness import ROOT, free_port, hardware, start_server, stop_server, write_json
 
 RATE = 24000  # Hz, the talkers' microphone
 FRAME = RATE * 20 // 1000  # samples per 20 ms frame
@@ -210,13 +210,16 @@ def scrape(port: int) -> dict[str, float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         text = r.read().decode()
     out: dict[str, float] = {}
+    depth_buckets: dict[float, float] = {}  # outbox depth histogram: upper bound -> connections
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             labels = s.labels
             if s.name == "voxloop_asyncio_tasks":
                 out["asyncio_tasks"] = s.value
-            elif s.name == "voxloop_outbox_messages":
-                out[f"outbox_{labels['stat']}"] = s.value
+            elif s.name == "voxloop_outbox_depth_messages_gsum":
+                out["outbox_sum"] = s.value
+            elif s.name == "voxloop_outbox_depth_messages_bucket":
+                depth_buckets[float(labels["le"])] = s.value
             elif s.name == "voxloop_sessions_active":
                 out["sessions"] = s.value
             elif s.name == "voxloop_turns_total":
@@ -229,6 +232,9 @@ def scrape(port: int) -> dict[str, float]:
                 out["python_blocks"] = s.value
             elif s.name == "voxloop_gpu_pool_bytes" and labels == {"kind": "used", "stat": "current"}:
                 out["gpu_pool_used_mb"] = round(s.value / 2**20, 1)
+    if depth_buckets:  # the deepest outbox, as the smallest bucket bound holding every connection
+        everyone = depth_buckets[float("inf")]
+        out["outbox_max"] = min(b for b, n in depth_buckets.items() if n >= everyone)
     return out
 
 

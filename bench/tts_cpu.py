@@ -8,7 +8,7 @@ engine with ``--workers`` 1-thread sessions serving as many threads at once.
 
 Writes ``bench/results/tts_cpu-<hardware>-<date>.json`` and a PNG beside it.
 
-    .venv/bin/python bench/tts_cpu.py --threads 2
+    python -m bench.tts_cpu --threads 2
 """
 
 from __future__ import annotations
@@ -18,16 +18,13 @@ import datetime as dt
 import json
 import os
 import platform
-import sys
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import ROOT, cpu_model, hardware_tag  # noqa: E402
+from bench.harness import RESULTS, ROOT, command_line, cpu_model, hardware_tag
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -158,7 +155,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="sessions for the parallel throughput series")
     parser.add_argument("--warmup", type=int, default=3, help="sentences spoken first and not counted")
     parser.add_argument("--sentences", type=Path, default=ROOT / "bench" / "sentences_en.txt")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
     import onnxruntime
@@ -175,7 +172,7 @@ def main() -> None:
     result = {
         "benchmark": "tts_cpu",
         "date": now.isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": command_line(),
         "hardware": {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform()},
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),

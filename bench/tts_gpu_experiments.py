@@ -4,9 +4,9 @@ For the fp16 chunk decoder (flow + HiFi-GAN) at a few (chunk, batch) shapes and 
 encoder step, compares a CUDA graph of the eager code with a CUDA graph of the
 ``torch.compile``d code (Inductor fuses the elementwise chains between convolutions):
 compile seconds, step ms (CUDA events, median), max abs difference. Inputs are real
-utterances. Example::
+utterances. Writes ``<out>/tts_gpu_experiments-<hardware>-<date>.json``. Example::
 
-    python bench/tts_gpu_experiments.py --voice VOICE.onnx --out /tmp/exp
+    python -m bench.tts_gpu_experiments --voice VOICE.onnx --hardware h200 --out /tmp/exp
 """
 
 from __future__ import annotations
@@ -15,17 +15,14 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.tts_gpu_profile import fill_slots, timed  # noqa: E402
-from tts_engine.torch_vits.chunked import decode_windows, gather_windows  # noqa: E402
-from tts_engine.torch_vits.runner import RunnerOptions, StepRunner  # noqa: E402
-from tts_engine.torch_vits.weights import load_vits  # noqa: E402
+from bench.gpu_steps import fill_slots, timed
+from bench.harness import add_common_arguments, common_arguments, gpu_name, load_sentences, result_path, write_json
+from tts_engine.torch_vits.chunked import decode_windows, gather_windows
+from tts_engine.torch_vits.runner import RunnerOptions, StepRunner
+from tts_engine.torch_vits.weights import load_vits
 
 
 def graphed(fn, *args):
@@ -43,15 +40,13 @@ def graphed(fn, *args):
 
 
 def main() -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("--voice", required=True)
-    p.add_argument("--out", type=Path, required=True)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_common_arguments(p)
     p.add_argument("--shapes", default="64x1,256x1,64x16,256x48", help="chunk x batch")
     p.add_argument("--budget-s", type=float, default=200, help="stop starting new compiles after this")
-    args = p.parse_args()
+    args = common_arguments(p.parse_args())
     t_start = time.perf_counter()
-    args.out.mkdir(parents=True, exist_ok=True)
-    sentences = [s["ids"] for s in json.loads((ROOT / "bench" / "tts_sentences.json").read_text())["sentences"]]
+    sentences = [s["ids"] for s in load_sentences()]
     model = load_vits(args.voice, device="cuda")
     runner = StepRunner(model, RunnerOptions(chunk_frames=64, tail_chunk_frames=256, max_frames=1024,
                                              decode_batches=(64,), encode_batches=(32,), phoneme_buckets=(256,),
@@ -106,7 +101,8 @@ def main() -> int:
                    "compiled_graph_ms": round(timed(g_comp.replay, 20), 3)}  # fmt: skip
             rows.append(row)
             print(json.dumps(row), flush=True)
-    (args.out / "gpu_experiments.json").write_text(json.dumps(rows, indent=1) + "\n")
+    path = result_path("tts_gpu_experiments", "json", args.out, args.hardware, args.date)
+    print(f"wrote {write_json('tts_gpu_experiments', rows, {'gpu': gpu_name()}, path=path)}")
     return 0
 
 

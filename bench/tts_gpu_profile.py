@@ -5,16 +5,16 @@ warm-up; inputs are real utterances, never zeros): the two ceilings (bf16 matmul
 device copy bandwidth), each decode batch bucket's step time and audio throughput for
 each precision and chunk size, encoder step times, the flow/decoder split, FLOPs per
 chunk (counted by hooks on every convolution), the SNR of bf16/fp16 against fp32, and
-saves GPU audio for the intelligibility check (``--wavs``). Example::
+saves GPU audio for the intelligibility check (``--wavs``). Writes
+``<out>/tts_gpu_profile-<hardware>-<date>.json``. Example::
 
-    python bench/tts_gpu_profile.py --out /tmp/prof --wavs /tmp/prof/gpu_wavs.npz
+    python -m bench.tts_gpu_profile --voice VOICE.onnx --out /tmp/prof --wavs /tmp/prof/gpu_wavs.npz
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -22,29 +22,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tts_engine.torch_vits.chunked import decode_windows, gather_windows  # noqa: E402
-from tts_engine.torch_vits.runner import EncodeItem, RunnerOptions, StepRunner  # noqa: E402
-from tts_engine.torch_vits.weights import load_vits  # noqa: E402
+from bench.gpu_steps import decode_one, fill_slots, timed
+from bench.harness import add_common_arguments, common_arguments, load_sentences, result_path, write_json
+from tts_engine.torch_vits.chunked import decode_windows, gather_windows
+from tts_engine.torch_vits.runner import RunnerOptions, StepRunner
+from tts_engine.torch_vits.weights import load_vits
 
 SR = 22050
-
-
-def timed(fn, reps: int) -> float:
-    """Median ms of ``fn()`` over ``reps`` runs, CUDA events, after 3 warm-ups."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def ceilings() -> dict:
@@ -73,19 +57,6 @@ def conv_flops(model, z: torch.Tensor, mask: torch.Tensor, geometry) -> float:
     for h in handles:
         h.remove()
     return total[0]
-
-
-def fill_slots(runner: StepRunner, sentences: list[list[int]], noise: bool) -> list[int]:
-    """Encode real sentences into every slot; returns their frame counts."""
-    n = runner.options.max_slots
-    frames = []
-    for start in range(0, n, 32):
-        items = [
-            EncodeItem(sentences[i % len(sentences)], i, 0.667 if noise else 0.0, 1.0, 0.8 if noise else 0.0)
-            for i in range(start, min(n, start + 32))
-        ]
-        frames.extend(int(f) for f in runner.fetch(runner.encode(items))[0])
-    return frames
 
 
 def profile_runner(model, precision: str, chunk: int, tail: int, batches: list[int], sentences, reps: int) -> dict:
@@ -145,16 +116,6 @@ def split_flow_decoder(runner: StepRunner, batches: list[int], reps: int) -> lis
     return rows
 
 
-def decode_one(runner: StepRunner, slot: int, frames: int) -> np.ndarray:
-    """One slot's utterance through the engine's chunk plan (first chunk, then larger ones), int16."""
-    pieces, done = [], 0
-    while done < frames:
-        size = runner.options.next_chunk(done, frames)
-        pieces.append(runner.fetch(runner.decode([slot], [done], size))[0][0])
-        done += size
-    return np.concatenate(pieces)[: frames * runner.geometry.hop_length]
-
-
 def quality(model, runner: StepRunner, sentences, fp32_audio: dict) -> dict:
     """SNR (dB) of the chunked engine path at ``runner``'s precision against fp32 whole utterances."""
     frames = fill_slots(runner, sentences[:8], noise=False)[:8]
@@ -170,8 +131,7 @@ def quality(model, runner: StepRunner, sentences, fp32_audio: dict) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--voice", required=True)
-    p.add_argument("--out", type=Path, required=True)
+    add_common_arguments(p)
     p.add_argument("--precisions", default="fp32,bf16,fp16")
     p.add_argument("--chunk", type=int, default=64, help="first chunk, frames")
     p.add_argument("--tail", type=int, default=256, help="largest later chunk, frames")
@@ -179,12 +139,11 @@ def main() -> int:
     p.add_argument("--batches", default="1,8,32,64,128")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--wavs", type=Path, help="save GPU audio of --n-wavs sentences (npz, int16) per precision")
-    args = p.parse_args()
+    args = common_arguments(p.parse_args())
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference must be fp32
     torch.backends.cudnn.allow_tf32 = False
-    args.out.mkdir(parents=True, exist_ok=True)
-    sentences_meta = json.loads((ROOT / "bench" / "tts_sentences.json").read_text())["sentences"]
+    sentences_meta = load_sentences()
     sentences = [s["ids"] for s in sentences_meta]
     batches = [int(b) for b in args.batches.split(",")]
     report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "ceilings": ceilings(), "runs": []}
@@ -206,7 +165,9 @@ def main() -> int:
         print(json.dumps(run), flush=True)
         del runner
         torch.cuda.empty_cache()
-    (args.out / "gpu_profile.json").write_text(json.dumps(report, indent=1) + "\n")
+    runs = report.pop("runs")
+    path = write_json("tts_gpu_profile", runs, report, path=result_path("tts_gpu_profile", "json", args.out, args.hardware, args.date))
+    print(f"wrote {path}")
     if args.wavs is not None:
         np.savez_compressed(args.wavs, **wavs)
     return 0

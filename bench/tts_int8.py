@@ -3,10 +3,10 @@
 For each variant of ``--precisions`` (``fp32``, ``fp16``, ``bf16``, ``int8`` = the runner's
 default int8 options; ``int8-dynamic`` / ``int8-static`` force per-row / calibrated activation
 scales; ``+compile`` adds ``torch.compile`` of the decode step, e.g. ``int8-static+compile``) an
-in-process ``CudaTtsEngine`` is built as ``bench/tts_load.py``'s engine mode builds it (power-of-two
+in-process ``CudaTtsEngine`` is built as ``bench.tts_load``'s engine mode builds it (power-of-two
 decode batch buckets unless ``--fine``), then:
 
-(a) closed-loop load at ``--concurrency`` clients for ``--duration`` s (``tts_load.closed_loop``
+(a) closed-loop load at ``--concurrency`` clients for ``--duration`` s (``harness.closed_loop``
     and ``summarize``): QPS, first-audio and full-sentence latency percentiles;
 (b) decode-step time at ``--step-batches`` and chunk ``--step-chunk`` (CUDA events around
     graph replays on CUDA, median of ``--reps``; wall clock of the eager step on CPU);
@@ -19,11 +19,11 @@ decode batch buckets unless ``--fine``), then:
 whisper base and fills ``wer`` in the results JSON beside it. Runs on a box with torch,
 onnxruntime, numpy and soxr only (espeak and faster-whisper are imported lazily). Examples::
 
-    python3 bench/tts_int8.py --voice en_US-joe-medium.onnx --hardware h200 --out /tmp/int8
-    python3 bench/tts_int8.py --wer /tmp/int8/int8-h200-2026-12-01.npz     # CPU machine
-    python3 bench/tts_int8.py --device cpu --max-batch 4 --concurrency 2 --duration 3 \\
+    python3 -m bench.tts_int8 --voice en_US-joe-medium.onnx --hardware h200 --out /tmp/int8
+    python3 -m bench.tts_int8 --wer /tmp/int8/int8-h200-2026-12-01.npz     # CPU machine
+    python3 -m bench.tts_int8 --device cpu --max-batch 4 --concurrency 2 --duration 3 \\
         --step-batches 1 --snr-sentences 2 --wav-sentences 2 --out /tmp/int8-smoke   # smoke
-    python3 bench/tts_int8.py --make-calibration   # re-phonemize the int8 calibration set
+    python3 -m bench.tts_int8 --make-calibration   # re-phonemize the int8 calibration set
 
 Writes ``<out>/int8-<hardware>-<date>.json`` (a list of rows: precision, qps,
 first_audio_p99_ms, snr_db, wer, step_ms, ...), ``.npz`` and ``.png`` beside it.
@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import datetime as dt
 import json
 import re
 import statistics
@@ -44,13 +43,11 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench.harness import (
+    add_common_arguments, closed_loop, command_line, common_arguments, gpu_name, hardware, load_sentences, summarize,
+)  # fmt: skip
+from bench.tts_backends import CudaBackend
 
-from bench.common import hardware  # noqa: E402
-from bench.tts_load import CudaBackend, closed_loop, gpu_name, load_sentences, summarize  # noqa: E402
-
-RESULTS = ROOT / "bench" / "results"
 #: Most wanted first: a run cut by a timeout keeps the rows already written.
 DEFAULT_PRECISIONS = "fp16,int8-dynamic,int8-static,bf16,fp32"
 
@@ -104,7 +101,7 @@ def step_times(runner, chunk: int, batches: list[int], reps: int) -> dict[str, f
     """Median ms of one decode step per batch (real utterances in every slot; 2nd chunk)."""
     import torch
 
-    from bench.tts_gpu_profile import fill_slots, timed
+    from bench.gpu_steps import fill_slots, timed
 
     sentences = [s["ids"] for s in load_sentences()]
     fill_slots(runner, sentences, noise=True)
@@ -166,7 +163,7 @@ def snr_db(ref: np.ndarray, audio: np.ndarray) -> float:
 
 def quality(runner, sentences: list[list[int]], refs: list[np.ndarray]) -> dict:
     """SNR of the engine's chunk plan (int16 out) at noise 0 against ``refs``, per sentence."""
-    from bench.tts_gpu_profile import decode_one, fill_slots
+    from bench.gpu_steps import decode_one, fill_slots
 
     snrs = []
     for start in range(0, len(sentences), runner.options.max_slots):
@@ -184,7 +181,7 @@ def speech(runner, sentences: list[list[int]], seed: int = 1234) -> list[np.ndar
     """int16 audio with the voice's default noise scales; the same draws for every variant."""
     import torch
 
-    from bench.tts_gpu_profile import decode_one, fill_slots
+    from bench.gpu_steps import decode_one, fill_slots
 
     out = []
     for start in range(0, len(sentences), runner.options.max_slots):
@@ -210,7 +207,7 @@ def run(args: argparse.Namespace) -> Path:
     )
     meta = {
         "date": args.date,
-        "command": " ".join(sys.argv),
+        "command": command_line(),
         "gpu": gpu_name(),
         "torch": torch.__version__,
         "host": hardware(),
@@ -428,7 +425,6 @@ def make_calibration() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--voice", help="Piper .onnx (default: bundled)")
     p.add_argument(
         "--precisions",
         default=DEFAULT_PRECISIONS,
@@ -459,12 +455,10 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="tts_load's fine decode batch buckets (default: powers of two, faster start-up)",
     )
-    # Read by tts_load.CudaBackend (keep in step with tts_load's engine options):
+    # Read by tts_backends.CudaBackend (keep in step with tts_load's engine options):
     p.add_argument("--cudnn-benchmark", action="store_true", help="tts.cudnn_benchmark")
     p.add_argument("--allocator", default="async", choices=["async", "native"])
-    p.add_argument("--hardware", default="local")
-    p.add_argument("--date", default=dt.date.today().isoformat())
-    p.add_argument("--out", default=str(RESULTS))
+    add_common_arguments(p)
     p.add_argument(
         "--append",
         action="store_true",
@@ -497,11 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.voice is None:
-        from bench.common import default_voice
-
-        args.voice = default_voice()
-    run(args)
+    run(common_arguments(args))
     return 0
 
 

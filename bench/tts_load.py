@@ -9,8 +9,10 @@ Modes: ``engine`` calls the engines in-process: ``cuda`` (``CudaTtsEngine.submit
 ``onnx`` (the CPU engine's whole-sentence ``OnnxVits.infer`` + int16, i.e.
 ``OnnxTtsEngine.synthesize_ids`` at the native rate), ``onnx-stream`` (``synthesize_ids``
 of the streaming CPU engine: chunked encoder + decoder ONNX). ``ws``: each client is one
-``voxloop.client.RealtimeClient`` connection calling ``speak()`` (``x.tts.speak``, text,
-24 kHz) against a TTS-only ``python -m voxloop serve`` process (``server.stages=tts``: no
+WebSocket session in ``bench.ws_clients`` (client processes apart from the server, one per 16
+sessions; permessage-deflate offered; ``x.tts.speak`` back to back; audio at ``--rate`` Hz as
+JSON/base64 and, in a second set of rows, binary: ``--ws-formats``) against a TTS-only
+``python -m voxloop serve`` process (``server.stages=tts``: no
 faster-whisper or llama.cpp needed) the bench starts per backend (``onnx``:
 ``tts.streaming=false``, ``onnx-stream``: true; ``cuda``: ``configs/gpu.toml`` with the
 ``--precision``/``--chunk-frames``/``--tail-chunk-frames``/``--max-batch``/``--max-frames``/
@@ -23,12 +25,12 @@ include the CUDA context, unlike engine mode's ``torch.cuda.max_memory_reserved`
 without either.
 Examples::
 
-    python bench/tts_load.py --backends cuda,onnx --concurrency 1,8,50,128 --hardware h200
-    python bench/tts_load.py --backends onnx onnx-stream --concurrency 1 2 4 8 --hardware cpu-2c
-    python bench/tts_load.py --mode ws --backends onnx onnx-stream --concurrency 1 2 4 8 --hardware cpu-2c --append
-    python bench/tts_load.py --mode ws --backends cuda --concurrency 1,8,50,128 --hardware h200 --append
-    python bench/tts_load.py --plot bench/results/tts_load-h200-2026-11-29.json
-    python bench/tts_load.py --make-sentences   # rebuild the JSON from tts_sentences.txt
+    python -m bench.tts_load --backends cuda,onnx --concurrency 1,8,50,128 --hardware h200
+    python -m bench.tts_load --backends onnx onnx-stream --concurrency 1 2 4 8 --hardware cpu-2c
+    python -m bench.tts_load --mode ws --backends onnx onnx-stream --concurrency 1 2 4 8 --hardware cpu-2c --append
+    python -m bench.tts_load --mode ws --backends cuda --concurrency 1,8,50,128 --hardware h200 --append
+    python -m bench.tts_load --plot bench/results/tts_load-h200-2026-11-29.json
+    python -m bench.tts_load --make-sentences   # rebuild the JSON from tts_sentences.txt
 
 Writes ``bench/results/tts_load-<hardware>-<date>.json`` (a list of rows) and, with
 ``--plot``, PNGs beside it.
@@ -37,29 +39,22 @@ Writes ``bench/results/tts_load-<hardware>-<date>.json`` (a list of rows) and, w
 from __future__ import annotations
 
 import argparse
-import asyncio
-import datetime as dt
 import json
 import os
 import sys
-import threading
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from voxloop.config import GpuConfig
+from bench.harness import (
+    ROOT, SENTENCES, add_common_arguments, closed_loop, command_line, common_arguments, cpu_name, gpu_name,
+    load_sentences, summarize,
+)  # fmt: skip
+from bench.tts_backends import CudaBackend, OnnxBackend, OnnxStreamBackend
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-SENTENCES = ROOT / "bench" / "tts_sentences.json"
-RESULTS = ROOT / "bench" / "results"
-
-
-def load_sentences() -> list[dict]:
-    return json.loads(SENTENCES.read_text())["sentences"]
+#: Engine-mode rows: clients are threads in the bench process calling the engine; audio stays int16 at
+#: the voice's rate (no resampling, no serialization, no socket).
+ENGINE_CLIENTS = {"audio_format": "int16@native", "client_processes": 0}
 
 
 def make_sentences() -> None:
@@ -86,209 +81,6 @@ def make_sentences() -> None:
     print(f"wrote {len(rows)} sentences, mean {np.mean([r['audio_s'] for r in rows]):.2f} s of audio")
 
 
-# ---------------------------------------------------------------- backends
-
-
-class CudaBackend:
-    """In-process ``CudaTtsEngine``; one request = one clause streamed in chunks."""
-
-    name = "cuda"
-
-    def __init__(self, args: argparse.Namespace, gpu: GpuConfig | None = None) -> None:
-        """``gpu``: the engine's ``GpuConfig`` (default: ``args.allocator``, other fields default)."""
-        import torch
-
-        from tts_engine.torch_vits.cuda_engine import CudaTtsEngine, batch_buckets
-        from tts_engine.torch_vits.runner import RunnerOptions
-        from tts_engine.voice import Voice
-        from voxloop.config import GpuConfig
-
-        self.torch = torch
-        opts = RunnerOptions(
-            chunk_frames=args.chunk_frames, max_frames=args.max_frames, precision=args.precision,
-            tail_chunk_frames=args.tail_chunk_frames, decode_batches=batch_buckets(args.max_batch, fine=not args.coarse),
-            encode_batches=batch_buckets(args.max_batch, fine=False), compile=args.compile,
-            cudnn_benchmark=args.cudnn_benchmark,
-        )  # fmt: skip
-        t0 = time.perf_counter()
-        self.engine = CudaTtsEngine(Voice.load(args.voice), opts, device=args.device, queue_size=4096,
-                                    gpu=gpu or GpuConfig(allocator=args.allocator))  # fmt: skip
-        self.startup_s = time.perf_counter() - t0
-        self.sample_rate = self.engine.sample_rate
-        self.name = f"cuda-{args.precision}" + ("-compiled" if args.compile else "") + ("-cudnnbench" if args.cudnn_benchmark else "")
-        runner = self.engine.runner
-        self.info = {
-            "startup_s": round(self.startup_s, 2), "graph_capture_s": round(runner.capture_s, 2),
-            "graphs": len(runner._encode_steps) + len(runner._decode_steps),
-            "capture_peak_mb": round(runner.capture_peak_mb, 1),
-            "memory_after_capture_mb": round(self.torch.cuda.memory_reserved() / 2**20, 1),
-            "chunk_frames": args.chunk_frames, "tail_chunk_frames": args.tail_chunk_frames, "compile": args.compile,
-            "cudnn_benchmark": args.cudnn_benchmark, "allocator": args.allocator,
-            "decode_batches": len(opts.decode_batches),
-            "precision": args.precision, "max_batch": args.max_batch,
-        }  # fmt: skip
-
-    def speak(self, ids: list[int]) -> tuple[float, int, float]:
-        """Blocks until the clause is spoken; returns (first-audio delay s, samples, stall s)."""
-        return consume(self.engine.submit(ids), self.sample_rate)
-
-    def reset_peak(self) -> None:
-        if self.torch.cuda.is_available():
-            self.torch.cuda.reset_peak_memory_stats()
-
-    def peak_vram_mb(self) -> float:
-        return self.torch.cuda.max_memory_reserved() / 2**20 if self.torch.cuda.is_available() else 0.0
-
-    def close(self) -> None:
-        self.engine.close()
-
-
-class OnnxBackend:
-    """The CPU engine's inference path: a pool of 1-thread onnxruntime sessions, whole clause."""
-
-    name = "onnx-cpu"
-
-    def __init__(self, args: argparse.Namespace, workers: int) -> None:
-        from tts_engine.onnx_backend import InferenceScales, OnnxVits, to_int16
-        from tts_engine.voice import Voice
-
-        voice = Voice.load(args.voice)
-        self.sample_rate = voice.sample_rate
-        self.scales = InferenceScales(voice.config.noise_scale, voice.config.length_scale, voice.config.noise_w)
-        threads = max(1, (os.cpu_count() or 1) // workers)
-        self.model = OnnxVits(args.voice, threads=threads, workers=workers)
-        self.to_int16 = to_int16
-        self.info = {"workers": workers, "threads_per_worker": threads, "cpu": cpu_name()}
-
-    def speak(self, ids: list[int]) -> tuple[float, int, float]:
-        t0 = time.perf_counter()
-        pcm = self.to_int16(self.model.infer(ids, self.scales))
-        return time.perf_counter() - t0, len(pcm), 0.0
-
-    def reset_peak(self) -> None:
-        pass
-
-    def peak_vram_mb(self) -> None:
-        return None
-
-    def close(self) -> None:
-        pass
-
-
-class OnnxStreamBackend(OnnxBackend):
-    """The streaming CPU engine: ``OnnxTtsEngine.synthesize_ids`` over the chunked export, chunk by chunk."""
-
-    name = "onnx-stream-cpu"
-
-    def __init__(self, args: argparse.Namespace, workers: int) -> None:
-        from tts_engine.cpu_engine import OnnxTtsEngine
-        from tts_engine.onnx_streaming import ChunkPlan
-        from tts_engine.voice import Voice
-        from voxloop import models
-        from voxloop.config import load_config
-
-        cfg = load_config(overrides=[f"tts.voice_path={args.voice}"])
-        plan = ChunkPlan(args.cpu_chunk_frames or cfg.tts.chunk_frames,
-                         args.cpu_tail_chunk_frames or cfg.tts.tail_chunk_frames or ChunkPlan.tail_frames)  # fmt: skip
-        threads = max(1, (os.cpu_count() or 1) // workers)
-        chunked_dir = models.resolve_chunked_voice(cfg).path  # exports once (needs torch) when missing
-        self.engine = OnnxTtsEngine(Voice.load(args.voice), threads=threads, workers=workers,
-                                    chunked_dir=chunked_dir, chunk_plan=plan)  # fmt: skip
-        self.sample_rate = self.engine.sample_rate
-        self.info = {"workers": workers, "threads_per_worker": threads, "cpu": cpu_name(),
-                     "chunk_frames": plan.first_frames, "tail_chunk_frames": plan.tail_frames}  # fmt: skip
-
-    def speak(self, ids: list[int]) -> tuple[float, int, float]:
-        return consume(self.engine.synthesize_ids(ids), self.sample_rate)
-
-
-def consume(chunks, sample_rate: int) -> tuple[float, int, float]:
-    """Read a clause's chunks: (first-audio delay s, samples, stall s).
-
-    Stall: how long a listener playing from the first chunk's arrival would wait for
-    later chunks (audio gaps), summed over the clause.
-    """
-    t0 = time.perf_counter()
-    first, samples, stall = None, 0, 0.0
-    for chunk in chunks:
-        now = time.perf_counter()
-        if first is None:
-            first = now - t0
-        else:
-            stall += max(0.0, now - (t0 + first + stall + samples / sample_rate))
-        samples += chunk.num_samples
-    return first or 0.0, samples, stall
-
-
-# ---------------------------------------------------------------- the load loop
-
-
-def closed_loop(backend, sentences: list[dict], clients: int, duration_s: float, warmup_s: float) -> list[dict]:
-    """Run ``clients`` threads for warm-up + ``duration_s``; records of requests started after warm-up."""
-    records: list[dict] = []
-    lock = threading.Lock()
-    t_start = time.perf_counter()
-    t_measure, t_end = t_start + warmup_s, t_start + warmup_s + duration_s
-    errors: list[BaseException] = []
-
-    def client(index: int) -> None:
-        k = 0
-        try:
-            while time.perf_counter() < t_end:
-                sentence = sentences[(index * 13 + k) % len(sentences)]
-                k += 1
-                t0 = time.perf_counter()
-                first, samples, stall = backend.speak(sentence["ids"])
-                t1 = time.perf_counter()
-                if t0 >= t_measure:
-                    with lock:
-                        records.append({"start": t0, "end": t1, "first_s": first, "latency_s": t1 - t0,
-                                        "audio_s": samples / backend.sample_rate, "stall_s": stall})  # fmt: skip
-        except BaseException as exc:  # noqa: BLE001 - reported after the run
-            errors.append(exc)
-
-    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise RuntimeError(f"{len(errors)} client(s) failed: {errors[0]!r}") from errors[0]
-    return records
-
-
-def summarize(records: list[dict], backend, clients: int, hardware: str) -> dict:
-    t0 = min(r["start"] for r in records)
-    elapsed = max(r["end"] for r in records) - t0
-    first = np.array([r["first_s"] for r in records]) * 1000
-    lat = np.array([r["latency_s"] for r in records]) * 1000
-    audio = np.array([r["audio_s"] for r in records])
-    rtf = lat / 1000 / audio
-    stall = np.array([r["stall_s"] for r in records if r.get("stall_s") is not None]) * 1000
-    peak = backend.peak_vram_mb()
-    return {
-        "backend": backend.name, "hardware": hardware, "concurrency": clients, "requests": len(records),
-        "qps": round(len(records) / elapsed, 2), "audio_seconds_per_second": round(audio.sum() / elapsed, 1),
-        "audio_s_per_request": round(float(audio.mean()), 3),
-        "first_audio_p50_ms": round(float(np.percentile(first, 50)), 2),
-        "first_audio_p99_ms": round(float(np.percentile(first, 99)), 2),
-        "latency_p50_ms": round(float(np.percentile(lat, 50)), 2),
-        "latency_p99_ms": round(float(np.percentile(lat, 99)), 2),
-        "rtf": float(f"{np.percentile(rtf, 50):.3g}"), "rtf_aggregate": float(f"{elapsed / audio.sum():.3g}"),
-        # audio gaps a listener would hear between a clause's chunks (engine mode only)
-        "stall_p99_ms": round(float(np.percentile(stall, 99)), 1) if len(stall) else None,
-        "stalled_pct": round(100 * float(np.mean(stall > 0)), 1) if len(stall) else None,
-        "peak_vram_mb": None if peak is None else round(peak, 1), "elapsed_s": round(elapsed, 2), **backend.info,
-    }  # fmt: skip
-
-
-def cpu_name() -> str:
-    """CPU model and core count, e.g. ``Intel(R) Xeon(R) Processor x2``."""
-    from bench.common import cpu_model
-
-    return f"{cpu_model()} x{os.cpu_count()}"
-
-
 def run(args: argparse.Namespace) -> Path:
     """Every (backend, level) row is written as soon as it is measured (a timeout loses no rows)."""
     sentences = load_sentences()
@@ -299,22 +91,26 @@ def run(args: argparse.Namespace) -> Path:
     write_meta(out, args, sentences)
 
     def record(row: dict) -> None:
-        rows.append({**row, "mode": args.mode, "date": args.date})
+        rows.append({"mode": args.mode, **row, "date": args.date})
         out.write_text(json.dumps(rows, indent=1) + "\n")
         print(json.dumps(row), flush=True)
 
     for name in args.backends:
         if args.mode == "ws":
-            from bench.tts_load_ws import WsBackend, ws_closed_loop
+            from bench.tts_load_ws import WsBackend
+            from bench.ws_clients import run_load
 
             backend = WsBackend(args, name, max(levels))
             print(f"[{backend.name}] {json.dumps(backend.info)}", flush=True)
             duration, warmup = (args.duration, args.warmup) if name == "cuda" else (args.cpu_duration, 1.0)
             try:
-                for clients in levels:
-                    backend.reset_peak()
-                    records = asyncio.run(ws_closed_loop(backend.url, sentences, clients, duration, warmup))
-                    record(summarize(records, backend, clients, args.hardware))
+                for fmt, rate in [(f, r) for r in args.rate for f in args.ws_formats]:
+                    for clients in levels:
+                        backend.reset_peak()
+                        row = run_load(backend.url, clients, duration, warmup, fmt, rate)
+                        peak = backend.peak_vram_mb()
+                        record({"backend": backend.name, "hardware": args.hardware, **row,
+                                "peak_vram_mb": None if peak is None else round(peak, 1), **backend.info})
             finally:
                 backend.close()
         elif name == "cuda":
@@ -322,8 +118,8 @@ def run(args: argparse.Namespace) -> Path:
             print(f"[{backend.name}] {json.dumps(backend.info)}", flush=True)
             for clients in levels:
                 backend.reset_peak()
-                record(summarize(closed_loop(backend, sentences, clients, args.duration, args.warmup),
-                                 backend, clients, args.hardware))  # fmt: skip
+                record({**summarize(closed_loop(backend, sentences, clients, args.duration, args.warmup),
+                                    backend, clients, args.hardware), **ENGINE_CLIENTS})  # fmt: skip
             if args.steps_report:
                 sched = backend.engine.scheduler
                 print(f"[{backend.name}] steps {sched.steps}, mean step {1000 * sched.step_s / max(1, sched.steps):.2f} ms")
@@ -332,8 +128,8 @@ def run(args: argparse.Namespace) -> Path:
             cls = OnnxBackend if name == "onnx" else OnnxStreamBackend
             for clients in levels:
                 backend = cls(args, workers=min(clients, os.cpu_count() or 1))
-                record(summarize(closed_loop(backend, sentences, clients, args.cpu_duration, 1.0),
-                                 backend, clients, args.hardware))  # fmt: skip
+                record({**summarize(closed_loop(backend, sentences, clients, args.cpu_duration, 1.0),
+                                    backend, clients, args.hardware), **ENGINE_CLIENTS})  # fmt: skip
         else:
             raise SystemExit(f"unknown backend {name!r}")
     print(f"wrote {out}")
@@ -343,22 +139,13 @@ def run(args: argparse.Namespace) -> Path:
 def write_meta(out: Path, args: argparse.Namespace, sentences: list[dict]) -> None:
     """``<results>.meta.json``: date, hardware, the exact commands that wrote the rows."""
     meta_path = out.with_suffix(".meta.json")
-    commands = [" ".join(sys.argv)]
+    commands = [command_line()]
     if args.append and meta_path.exists():
         commands = json.loads(meta_path.read_text()).get("commands", []) + commands
     meta = {"date": args.date, "commands": commands, "gpu": gpu_name(), "cpu": cpu_name(), "mode": args.mode,
             "sentences": len(sentences),
             "mean_sentence_audio_s": round(float(np.mean([s["audio_s"] for s in sentences])), 3)}  # fmt: skip
     meta_path.write_text(json.dumps(meta, indent=1) + "\n")
-
-
-def gpu_name() -> str:
-    try:
-        import torch
-
-        return torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
-    except ImportError:
-        return "none"
 
 
 def plot(path: Path) -> None:
@@ -403,11 +190,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=15.0, help="measured seconds per level (GPU, both modes)")
     p.add_argument("--cpu-duration", type=float, default=10.0, help="measured seconds per level (CPU backends, both modes)")
     p.add_argument("--warmup", type=float, default=2.0)
-    p.add_argument("--voice", default=os.environ.get("VOXLOOP_TTS__VOICE_PATH"), help="Piper .onnx (default: bundled)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--precision", default="fp16", choices=["fp32", "bf16", "fp16"])
     p.add_argument("--cpu-chunk-frames", type=int, help="onnx-stream first chunk, frames (default: tts.chunk_frames)")
     p.add_argument("--cpu-tail-chunk-frames", type=int, help="onnx-stream later chunks (default: tts.tail_chunk_frames)")
+    p.add_argument("--ws-formats", nargs="+", default=["json,binary"],
+                   help="ws: audio formats, rows in this order: json (base64 in JSON, what OpenAI-style clients use), binary")
+    p.add_argument("--rate", type=int, nargs="+", default=[24000],
+                   help="ws: output sample rate(s) the clients ask for, Hz (22050, the voice's own, needs no resampling)")
     p.add_argument("--ws-workers", type=int, help="ws: the server's tts.onnx_workers (default: CPU count)")
     p.add_argument("--server-arg", action="append", default=[], help="ws: extra server args, e.g. --server-arg=--set=x.y=z")
     p.add_argument("--chunk-frames", type=int, default=64)
@@ -418,9 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cudnn-benchmark", action="store_true", help="cuDNN algorithm timing at start-up (tts.cudnn_benchmark)")
     p.add_argument("--allocator", default="async", choices=["async", "native"], help="gpu.allocator")
     p.add_argument("--coarse", action="store_true", help="power-of-two decode batch buckets only (faster start-up)")
-    p.add_argument("--hardware", default="local")
-    p.add_argument("--date", default=dt.date.today().isoformat())
-    p.add_argument("--out", default=str(RESULTS))
+    add_common_arguments(p)
     p.add_argument("--steps-report", action="store_true")
     p.add_argument("--append", action="store_true", help="add rows to an existing results file")
     p.add_argument("--plot", type=Path, help="only render PNGs from this results JSON")
@@ -428,17 +216,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.backends = [b for item in args.backends for b in item.split(",") if b]
     args.concurrency = [int(n) for item in args.concurrency for n in item.split(",") if n]
+    args.ws_formats = [f for item in args.ws_formats for f in item.split(",") if f]
     if args.make_sentences:
         make_sentences()
         return 0
     if args.plot:
         plot(args.plot)
         return 0
-    if args.voice is None:
-        from bench.common import default_voice
-
-        args.voice = default_voice()
-    run(args)
+    run(common_arguments(args))
     return 0
 
 

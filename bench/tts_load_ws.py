@@ -1,26 +1,25 @@
-"""WebSocket mode of ``bench/tts_load.py``: a ``voxloop serve`` process (TTS-only, ``server.stages =
+"""WebSocket mode of ``bench.tts_load``: a ``voxloop serve`` process (TTS-only, ``server.stages =
 ["tts"]``) per backend, ``RealtimeClient.speak`` (``x.tts.speak``) clients over ws://127.0.0.1, and the
-server's peak GPU memory (its ``/metrics`` pool gauge, else ``nvidia-smi``). Run through ``tts_load.py --mode ws``.
+server's peak GPU memory (its ``/metrics`` pool gauge, else ``nvidia-smi``). Run through ``python -m bench.tts_load --mode ws``;
+the client load itself is ``bench.ws_clients`` (separate processes, JSON/base64 or binary audio).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import shutil
 import subprocess
 import threading
 import time
 
-from bench.tts_load import ROOT, cpu_name, gpu_name
+from bench.harness import ROOT, cpu_name, free_port, gpu_name, start_server, stop_server
+
 
 class WsBackend:
-    """A TTS-only ``voxloop serve`` process for one backend; requests are ``RealtimeClient.speak`` calls."""
+    """A TTS-only ``voxloop serve`` process for one backend; requests are ``x.tts.speak`` calls."""
 
     def __init__(self, args: argparse.Namespace, backend: str, max_clients: int) -> None:
-        from bench.common import free_port, start_server
-
         common = ["--set=server.stages=tts", "--set=server.host=127.0.0.1", f"--set=tts.voice_path={args.voice}",
                   f"--set=limits.max_sessions={max(16, max_clients)}"]  # fmt: skip
         if backend == "cuda":
@@ -70,8 +69,6 @@ class WsBackend:
 
 
     def close(self) -> None:
-        from bench.common import stop_server
-
         if self.vram is not None:
             self.vram.close()
         stop_server(self.server)
@@ -161,30 +158,3 @@ class VramSampler:
 
     def close(self) -> None:
         self._stop.set()
-
-
-async def ws_closed_loop(url: str, sentences: list[dict], clients: int, duration_s: float, warmup_s: float) -> list[dict]:
-    """``clients`` connections speaking sentence texts back to back; records as ``closed_loop``'s."""
-    from voxloop.client import RealtimeClient
-
-    records: list[dict] = []
-    t_start = time.perf_counter()
-    t_measure, t_end = t_start + warmup_s, t_start + warmup_s + duration_s
-
-    async def client(index: int) -> None:
-        async with RealtimeClient.connect(url, binary_audio=True) as conn:
-            k = 0
-            while time.perf_counter() < t_end:
-                sentence = sentences[(index * 13 + k) % len(sentences)]
-                k += 1
-                t0 = time.perf_counter()
-                result = await conn.speak(sentence["text"], timeout_s=120)
-                t1 = time.perf_counter()
-                if result.status != "completed" or result.first_audio_s is None:
-                    raise RuntimeError(f"x.tts.speak ended {result.status} with {len(result.pcm)} samples")
-                if t0 >= t_measure:
-                    records.append({"start": t0, "end": t1, "first_s": result.first_audio_s,
-                                    "latency_s": result.total_s, "audio_s": len(result.pcm) / result.sample_rate})  # fmt: skip
-
-    await asyncio.gather(*(client(i) for i in range(clients)))
-    return records

@@ -11,7 +11,7 @@ after a warm-up, then reports
   (tracemalloc: numpy arrays), the process's peak RSS;
 - QPS and first-audio / sentence p99 under the same load (the pool must not cost speed).
 
-    python3 bench/tts_memory.py --voice en_US-joe-medium.onnx --hardware h200 --out bench/results
+    python3 -m bench.tts_memory --voice en_US-joe-medium.onnx --hardware h200 --out bench/results
 
 Writes ``tts_memory-<hardware>-<date>.json`` (rows: variant, allocator, host_pool, ...) and a PNG.
 """
@@ -19,7 +19,6 @@ Writes ``tts_memory-<hardware>-<date>.json`` (rows: variant, allocator, host_poo
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import resource
 import subprocess
@@ -27,8 +26,7 @@ import sys
 import tracemalloc
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench.harness import ROOT, add_common_arguments, closed_loop, common_arguments, load_sentences, result_path, summarize, write_json
 
 VARIANTS = {  # name: (allocator, host pool MiB, cuDNN benchmark at start-up)
     "async-pool": ("async", 256, False),
@@ -47,7 +45,7 @@ def child(args: argparse.Namespace) -> dict:
     import numpy as np
     import torch
 
-    from bench.tts_load import CudaBackend, closed_loop, load_sentences, summarize
+    from bench.tts_backends import CudaBackend
     from voxloop.config import GpuConfig
 
     engine_args = argparse.Namespace(
@@ -115,26 +113,22 @@ def plot(path: Path, rows: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--voice", required=True)
-    p.add_argument("--hardware", required=True)
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    add_common_arguments(p)
     p.add_argument("--clients", type=int, default=50)
     p.add_argument("--duration", type=float, default=8.0)
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--variant", help=argparse.SUPPRESS)  # child mode
-    args = p.parse_args(argv)
+    args = common_arguments(p.parse_args(argv))
     if args.variant:
         print("ROW " + json.dumps(child(args)), flush=True)
         return 0
-    date = dt.date.today().isoformat()
-    args.out.mkdir(parents=True, exist_ok=True)
-    out = args.out / f"tts_memory-{args.hardware}-{date}.json"
+    out = result_path("tts_memory", "json", args.out, args.hardware, args.date)
     rows: list[dict] = []
     for variant in args.variants:
-        cmd = [sys.executable, __file__, "--voice", args.voice, "--hardware", args.hardware, "--clients",
+        cmd = [sys.executable, "-m", "bench.tts_memory", "--voice", args.voice, "--hardware", args.hardware, "--clients",
                str(args.clients), "--duration", str(args.duration), "--max-batch", str(args.max_batch), "--variant", variant]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         lines = [ln[4:] for ln in proc.stdout.splitlines() if ln.startswith("ROW ")]
         if proc.returncode != 0 or not lines:
             print(f"{variant}: failed (rc {proc.returncode})\n{proc.stderr[-3000:]}", flush=True)
@@ -144,9 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             r = rows[-1]
             print(f"{variant}: {r['qps']} QPS, first p99 {r['first_audio_p99_ms']} ms, peak VRAM {r['peak_vram_mb']} MiB, "
                   f"allocs/request {r['buffer_allocations_per_request']}, heap peak {r['python_heap_peak_mb']} MiB", flush=True)  # fmt: skip
-        doc = {"date": date, "hardware": args.hardware, "command": " ".join([Path(sys.executable).name, *sys.argv]),
-               "rows": rows}  # fmt: skip
-        out.write_text(json.dumps(doc, indent=1) + "\n")
+        write_json("tts_memory", rows, {"hardware_name": args.hardware}, path=out)
     ok = [r for r in rows if "error" not in r]
     if ok:
         plot(out.with_suffix(".png"), ok)

@@ -6,7 +6,7 @@ device memory limit (``gpu.memory_limit_mb``, PyTorch's per-process fraction) se
 sentences with exponential backoff (``retry_after_ms`` x 2^attempt, up to ``--attempts`` tries),
 as ``RealtimeClient.speak`` does. Then the limit is lifted and the batch must grow back.
 
-    python3 bench/tts_oom.py --voice en_US-joe-medium.onnx --hardware h200 --out bench/results
+    python3 -m bench.tts_oom --voice en_US-joe-medium.onnx --hardware h200 --out bench/results
 
 Writes ``tts_oom-<hardware>-<date>.json``: requests, share that eventually succeeded (the seed's
 figure: >= 99.8 %), first-try share, refusals and their retry hints, OOMs, lowest batch limit,
@@ -16,22 +16,16 @@ time for the limit to grow back.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import sys
 import threading
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench.harness import add_common_arguments, common_arguments, load_sentences, result_path, write_json
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--voice", required=True)
-    p.add_argument("--hardware", required=True)
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    add_common_arguments(p)
     p.add_argument("--clients", type=int, default=50)
     p.add_argument("--duration", type=float, default=20.0, help="seconds under the memory limit")
     p.add_argument("--fit-batch", type=int, default=4, help="requests the limit leaves room for")
@@ -39,14 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attempts", type=int, default=10)
     p.add_argument("--retry-after-ms", type=int, default=200)
     p.add_argument("--allocator", default="native", choices=["native", "async"])
-    args = p.parse_args(argv)
+    args = common_arguments(p.parse_args(argv))
 
     from tts_engine.torch_vits.gpu_memory import configure_allocator
 
     configure_allocator(args.allocator)
     import torch
 
-    from bench.tts_load import load_sentences
     from tts_engine.torch_vits.cuda_engine import CudaTtsEngine, batch_buckets
     from tts_engine.torch_vits.runner import RunnerOptions
     from tts_engine.voice import Voice
@@ -139,12 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         "ooms_total": scheduler.ooms, "qps": round(requests / elapsed, 1),
     }  # fmt: skip
     engine.close()
-    date = dt.date.today().isoformat()
-    args.out.mkdir(parents=True, exist_ok=True)
-    out = args.out / f"tts_oom-{args.hardware}-{date}.json"
-    doc = {"date": date, "hardware": args.hardware, "command": " ".join([Path(sys.executable).name, *sys.argv]),
-           "rows": [row]}  # fmt: skip
-    out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_json("tts_oom", [row], {"hardware_name": args.hardware},
+               path=result_path("tts_oom", "json", args.out, args.hardware, args.date))  # fmt: skip
     print(json.dumps(row, indent=1))
     ok = row["succeeded_pct"] >= 99.8 and row["ooms"] > 0 and regrown_after is not None
     print("PASS" if ok else "FAIL: needs >= 99.8 % eventually served, an OOM, and the batch grown back")

@@ -15,7 +15,7 @@ two replies come back for one utterance).
 
 Writes bench/results/voice_latency-<hardware>-<date>.json (+ .png).
 
-    python bench/voice_latency.py --concurrency 1 8 --turns 10 3
+    python -m bench.voice_latency --concurrency 1 8 --turns 10 3
 """
 
 from __future__ import annotations
@@ -31,9 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import ROOT, free_port, hardware, pct, start_server, stop_server, write_json  # noqa: E402
+from bench.harness import ROOT, free_port, hardware, pct, start_server, stop_server, write_json
 
 RATE = 24000
 STAGES = ("asr_start", "asr_final", "llm_first_token", "first_clause", "tts_first_audio", "first_audio_sent")

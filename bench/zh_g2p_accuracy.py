@@ -1,6 +1,6 @@
 """Chinese grapheme-to-pinyin accuracy: voxloop's front end beside plain pypinyin.
 
-    .venv/bin/python bench/zh_g2p_accuracy.py [--set tests/data/zh_polyphones.tsv]
+    python -m bench.zh_g2p_accuracy [--set tests/data/zh_polyphones.tsv]
 
 Scores three readers on the hand-labelled set, by sentence and by syllable, per section
 of the file and overall:
@@ -14,18 +14,13 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import re
-import shlex
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.common import RESULTS, hardware  # noqa: E402
-from tts_engine.zh.evaluation import Case, load_cases, score  # noqa: E402
+from bench.harness import RESULTS, ROOT, write_json
+from tts_engine.zh.evaluation import Case, load_cases, score
 
 DEFAULT_SET = ROOT / "tests" / "data" / "zh_polyphones.tsv"
 
@@ -99,15 +94,10 @@ def main() -> int:
     rows = evaluate(cases)
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = RESULTS / f"zh_g2p-{dt.date.today().isoformat()}"
-    doc = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "hardware": hardware(),
-        "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv]),
+    write_json("zh_g2p", rows, {
         "test_set": str(args.set.relative_to(ROOT) if args.set.is_relative_to(ROOT) else args.set),
         "cases": len(cases),
-        "rows": rows,
-    }
-    stem.with_suffix(".json").write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    }, path=stem.with_suffix(".json"))  # fmt: skip
     plot(rows, stem.with_suffix(".png"))
     for r in rows:
         print(f"{r['reader']:20} {r['section'][:28]:28} {r['sentences']:4} sentences "

@@ -64,12 +64,13 @@ def staged_config(dest: Path, config: str | None) -> Config:
 
 def derive(cfg: Config) -> list[Path]:
     """Make the files the server would otherwise derive at start (needs PyTorch for some)."""
-    needs_chunked = getattr(models, "needs_chunked_voice", None)  # CPU streaming voice export
-    if needs_chunked is None or not needs_chunked(cfg):
+    from tts_engine import chunked_voice  # CPU streaming voice export
+
+    if not chunked_voice.needs_chunked_voice(cfg):
         return []
     if importlib.util.find_spec("torch") is None:
         raise ModuleNotFoundError("No module named 'torch'", name="torch")
-    return [models.resolve_chunked_voice(cfg).path]
+    return [chunked_voice.resolve_chunked_voice(cfg).path]
 
 
 def main(argv: list[str]) -> int:

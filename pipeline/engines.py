@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.speech import BatchedSpeech, SpeechStage, ThreadedSpeech
 from pipeline.workers import ModelWorker
 from voxloop.config import Config
 
@@ -32,6 +33,8 @@ class Engines:
     asr: ModelWorker | None = None
     llm: ModelWorker | None = None
     tts: ModelWorker | None = None
+    #: How sessions get audio (``pipeline.speech``): batched hand-off for engines that batch.
+    speech: SpeechStage | None = None
     load_s: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -42,11 +45,6 @@ class Engines:
     @property
     def loaded(self) -> bool:
         return all(getattr(self, stage) is not None for stage in self.stages)
-
-    @property
-    def tts_sample_rate(self) -> int:
-        assert self.tts is not None
-        return int(self.tts.engine.sample_rate)
 
     def load_sync(self) -> None:
         """Load the configured models (blocking, seconds). Warm each up so the first turn is not slow."""
@@ -62,7 +60,7 @@ class Engines:
         asr = self._load_asr() if "asr" in self.stages else None
         llm = self._load_llm() if "llm" in self.stages else None
 
-        self.tts = ModelWorker("tts", tts, queue_size=cfg.tts.queue_size)
+        self._set_tts(tts)
         if asr is not None:
             self.asr = ModelWorker("asr", [asr], queue_size=64)
         if llm is not None:
@@ -109,5 +107,16 @@ class Engines:
         e = cls(cfg)
         e.asr = None if asr is None else ModelWorker("asr", [asr])
         e.llm = None if llm is None else ModelWorker("llm", [llm])
-        e.tts = ModelWorker("tts", tts, queue_size=cfg.tts.queue_size)
+        e._set_tts(tts)
         return e
+
+    def _set_tts(self, engines: list[Any]) -> None:
+        """The TTS worker and speech stage. A batching engine (one object, ``submit_sentences``) gets
+        one text front-end thread and bulk hand-off; others one worker thread per engine instance."""
+        batching = len({id(e) for e in engines}) == 1 and hasattr(engines[0], "submit_sentences")
+        if batching:
+            self.tts = ModelWorker("tts-text", engines[:1], queue_size=self.cfg.tts.queue_size)
+            self.speech = BatchedSpeech(engines[0], self.tts)
+        else:
+            self.tts = ModelWorker("tts", engines, queue_size=self.cfg.tts.queue_size)
+            self.speech = ThreadedSpeech(self.tts)

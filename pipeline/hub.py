@@ -34,11 +34,13 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
+from pipeline.deflate import AudioPassthroughDeflateFactory
 from pipeline.engines import Engines
+from pipeline.loadwatch import LoopLagMonitor, QueueDepthCollector, SendCounters
 from pipeline.origin import CONFIG_KEY as ORIGINS_KEY, refused_origin
-from pipeline.protocol import RealtimeProtocol
 from pipeline.session import AfterSent, Session, SlowClient
 from pipeline.trace import Metrics, TraceSink
+from realtime.protocol import BINARY_AUDIO_EVENTS, RealtimeProtocol
 from voxloop.config import Config
 
 log = logging.getLogger(__name__)
@@ -69,7 +71,12 @@ class Hub:
         self.metrics.watch_tts_memory(self.tts_memory_report)
         self.traces.gpu_report = self.tts_memory_report
         self.sessions: dict[str, Session] = {}
-        self.metrics.watch_runtime(lambda: [s.outbox.qsize() for s in self.sessions.values()])
+        self.metrics.watch_process()
+        self._outboxes: dict[str, asyncio.Queue] = {}
+        self.sent = SendCounters(self.metrics.registry)
+        self.loop_lag = LoopLagMonitor(self.metrics.registry)
+        self.metrics.registry.register(QueueDepthCollector(
+            lambda: [q.qsize() for q in list(self._outboxes.values())], self.stage_depths))
         self.web_root = Path(cfg.server.web_root) if cfg.server.web_root else WEB_ROOT
         self.draining = False
         self._server: Server | None = None
@@ -80,6 +87,15 @@ class Hub:
         worker = self.engines.tts
         report = getattr(worker.engine, "memory_report", None) if worker is not None else None
         return report() if report is not None else None
+
+    def stage_depths(self) -> dict[str, int]:
+        """Jobs queued or running per loaded stage; ``tts_gpu``: requests in the GPU scheduler."""
+        e = self.engines
+        depths = {name: w.pending() for name, w in (("asr", e.asr), ("llm", e.llm), ("tts", e.tts)) if w is not None}
+        scheduler = getattr(e.tts.engine, "scheduler", None) if e.tts is not None else None
+        if scheduler is not None:
+            depths["tts_gpu"] = scheduler.in_flight
+        return depths
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -95,10 +111,14 @@ class Hub:
             process_request=self._process_request,
             # Twice the protocol limit: an oversize message gets an error event, a huge one 1009.
             max_size=2 * self.cfg.limits.max_message_bytes,
+            # permessage-deflate is accepted when offered, but audio is sent uncompressed (pipeline.deflate).
+            compression=None,
+            extensions=[AudioPassthroughDeflateFactory()],
             max_queue=64,
             ping_interval=20,
             ping_timeout=20,
         )
+        self.loop_lag.start()
         log.info("voxloop listening on ws://%s:%d%s", self.cfg.server.host, self.port, WS_PATHS[0])
 
     async def serve_until_signal(self) -> None:
@@ -130,6 +150,7 @@ class Hub:
             await asyncio.wait(self._conn_tasks, timeout=5)
         if self._server is not None:
             await self._server.wait_closed()
+        self.loop_lag.stop()
         self.engines.close()
 
     # ------------------------------------------------------------------ HTTP
@@ -203,6 +224,7 @@ class Hub:
         session = Session(session_id, self.cfg, self.engines, outbox, self.metrics, self.traces,
                           close=lambda code, reason: ws.close(code, reason))
         self.sessions[session_id] = session
+        self._outboxes[session_id] = outbox
         self.metrics.sessions.inc()
         self.metrics.sessions_total.inc()
         writer = asyncio.create_task(self._write(ws, protocol, outbox, session.on_sent),
@@ -226,20 +248,23 @@ class Hub:
             await session.shutdown()
             writer.cancel()
             self.sessions.pop(session_id, None)
+            self._outboxes.pop(session_id, None)
             self.metrics.sessions.dec()
             self._conn_tasks.discard(task)
 
-    @staticmethod
-    async def _write(ws: ServerConnection, protocol: RealtimeProtocol, outbox: asyncio.Queue,
+    async def _write(self, ws: ServerConnection, protocol: RealtimeProtocol, outbox: asyncio.Queue,
                      on_sent) -> None:
         """Serialize and send queued events in order; ``on_sent(event)`` after each hit the socket."""
+        count = self.sent.count
         try:
             while True:
                 event = await outbox.get()
                 if isinstance(event, AfterSent):
                     event.run()
                     continue
-                await ws.send(protocol.send(event))
+                frame = protocol.send(event)
+                await ws.send(frame)
+                count(frame, isinstance(event, BINARY_AUDIO_EVENTS))
                 on_sent(event)
         except ConnectionClosed:
             pass

@@ -27,19 +27,19 @@ from typing import Any
 import numpy as np
 
 from asr.vad import Pause, Resume, SpeechEnd, SpeechStart, VoiceActivityDetector
-from pipeline import events as ev
 from pipeline.audio_in import ASR_RATE, InputAudio
 from pipeline.engines import Engines
 from pipeline.history import History
-from pipeline.items import ContentPart, ErrorInfo, MessageItem
 from pipeline.respond import ReplyRequest, Responder, assistant_item, response_object
-from pipeline.session_schema import default_session
 from pipeline.stages import missing_stage_error
 from pipeline.trace import Metrics, TraceSink, TurnTrace
 from pipeline.tts_requests import TtsRequests
 from pipeline.turn import Turn, TurnControl
-from pipeline.wire import ErrorCode, new_id
 from pipeline.workers import BACKGROUND, NORMAL
+from realtime import events as ev
+from realtime.items import ContentPart, ErrorInfo, MessageItem
+from realtime.session_schema import default_session
+from realtime.wire import ErrorCode, new_id
 from voxloop.config import Config
 from voxloop.errors import InvalidInput, VoxloopError
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline import events as ev
-from pipeline.wire import ErrorCode
+from realtime import events as ev
+from realtime.wire import ErrorCode
 from voxloop.errors import InvalidInput
 
 #: Client event type -> the stages it needs. Audio input becomes a voice turn (ASR, then the LLM).

@@ -74,16 +74,13 @@ class Metrics:
         self.registry.register(_TtsMemoryCollector(report))
 
 
-    def watch_runtime(self, outbox_sizes: Callable[[], list[int]]) -> None:
-        """Export the event loop's task count and the sessions' outbox sizes, read at each scrape
-        (on the event loop: the hub answers /metrics there). For leak hunting (bench/soak.py)."""
-        self.registry.register(_RuntimeCollector(outbox_sizes))
+    def watch_process(self) -> None:
+        """Export what a leak would grow, read at each scrape: tasks on the event loop (the hub
+        answers /metrics there), Python allocator blocks, the C heap (glibc). For bench.soak."""
+        self.registry.register(_ProcessCollector())
 
 
-class _RuntimeCollector(Collector):
-    def __init__(self, outbox_sizes: Callable[[], list[int]]) -> None:
-        self.outbox_sizes = outbox_sizes
-
+class _ProcessCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         try:
             tasks = len(asyncio.all_tasks())
@@ -100,12 +97,6 @@ class _RuntimeCollector(Collector):
             for kind, value in heap.items():
                 family.add_metric([kind], value)
             yield family
-        sizes = self.outbox_sizes()
-        outbox = GaugeMetricFamily("voxloop_outbox_messages", "Events queued to send, over all sessions (sum, max)",
-                                   labels=["stat"])  # fmt: skip
-        outbox.add_metric(["sum"], sum(sizes))
-        outbox.add_metric(["max"], max(sizes, default=0))
-        yield outbox
 
 
 class _MallInfo2(ctypes.Structure):

@@ -12,15 +12,24 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from pipeline import events as ev
-from pipeline.items import ErrorInfo
 from pipeline.respond import split_pcm
 from pipeline.trace import Metrics
 from pipeline.workers import NORMAL
+from realtime import events as ev
+from realtime.items import ErrorInfo
+from tts_engine.engine import SynthesisOptions
 from voxloop.errors import InvalidInput, Overloaded, VoxloopError
 
 #: Requests in flight per session; more get ``server_overloaded``.
 MAX_CONCURRENT = 8
+
+
+def synthesis_options(event: ev.XTtsSpeak, sample_rate: int | None = None) -> SynthesisOptions:
+    """The engine settings of an ``x.tts.speak``; ``sample_rate`` (Hz) is the session output rate."""
+    return SynthesisOptions(
+        length_scale=event.length_scale, noise_scale=event.noise_scale, noise_w=event.noise_w,
+        speaker_id=event.speaker_id, sample_rate=sample_rate,
+    )
 
 
 class TtsRequests:
@@ -42,14 +51,12 @@ class TtsRequests:
 
     async def _run(self, event: ev.XTtsSpeak, rate: int, cancel: threading.Event) -> None:
         rid = event.request_id
-        options = event.synthesis_options(rate)
+        options = synthesis_options(event, rate)
         sent = 0
         status, error = "completed", None
         try:
-            chunks = self.engines.tts.stream(lambda tts: tts.synthesize(event.text, options), cancel,
-                                             priority=NORMAL)
-            async for chunk in chunks:
-                for piece in split_pcm(chunk.pcm, chunk.sample_rate):
+            async for chunk in self.engines.speech.stream(event.text, options, cancel, NORMAL):
+                for piece in split_pcm(chunk.pcm, chunk.sample_rate, self.engines.cfg.server.audio_delta_ms):
                     self._send(ev.XTtsAudioDelta(request_id=rid, pcm=piece))
                     sent += len(piece)
             if cancel.is_set():

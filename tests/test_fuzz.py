@@ -30,9 +30,9 @@ import websockets
 
 from client_fakes import real_tts_engines, start_hub, ws_url
 from conftest import scaled
-from pipeline import events as ev
-from pipeline.protocol import RealtimeProtocol
-from pipeline.wire import ErrorCode
+from realtime import events as ev
+from realtime.protocol import RealtimeProtocol
+from realtime.wire import ErrorCode
 from rt import recv, until, user_text
 from voxloop.config import LimitsConfig
 

@@ -16,9 +16,9 @@ import time
 import numpy as np
 import pytest
 import websockets
-
 from conftest import scaled
 from rt import append, http_get, recv, until, url, user_text
+
 from pipeline.engines import Engines
 from pipeline.hub import Hub
 from tts_engine.factory import create_engines
@@ -317,7 +317,7 @@ async def test_bad_input_gets_errors_and_session_survives(tts_engines):
 
 
 async def test_binary_fast_path(tts_engines):
-    from pipeline.protocol import parse_server_frame
+    from realtime.protocol import parse_server_frame
 
     hub = await start_hub(tts_engines)
     try:

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipeline import events as ev
-from pipeline.events import (
+from realtime import events as ev
+from realtime.events import (
     CLIENT_EVENTS,
     SERVER_EVENTS,
     ErrorEvent,
@@ -22,9 +22,14 @@ from pipeline.events import (
     parse_server_event,
     serialize,
 )
-from pipeline.protocol import RealtimeProtocol, decode_audio_frame, encode_audio_frame, parse_server_frame
-from pipeline.session_schema import SessionConfig, default_session
-from pipeline.wire import ErrorCode, ProtocolError
+from realtime.protocol import (
+    RealtimeProtocol,
+    decode_audio_frame,
+    encode_audio_frame,
+    parse_server_frame,
+)
+from realtime.session_schema import SessionConfig, default_session
+from realtime.wire import ErrorCode, ProtocolError
 from voxloop.errors import Overloaded
 
 PCM = np.array([0, 1, -1, 32767, -32768, 1234], dtype=np.int16)
@@ -186,7 +191,9 @@ def test_error_event_from_exceptions():
 
 
 def test_tts_speak_gives_synthesis_options():
-    opts = parse_client_event(CLIENT_SAMPLES["x.tts.speak"]).synthesis_options(sample_rate=24000)
+    from pipeline.tts_requests import synthesis_options
+
+    opts = synthesis_options(parse_client_event(CLIENT_SAMPLES["x.tts.speak"]), sample_rate=24000)
     assert (opts.length_scale, opts.noise_scale, opts.noise_w, opts.speaker_id, opts.sample_rate) == (
         1.2, 0.5, 0.6, 0, 24000)
 

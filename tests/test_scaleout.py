@@ -9,15 +9,10 @@ survivor and are served again; no other session is closed or gets an error.
 from __future__ import annotations
 
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
 
 from conftest import scaled
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 pytestmark = [
     pytest.mark.slow,

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import scaled
 
-from tts_engine import onnx_streaming
+from tts_engine import chunked_voice, onnx_streaming
 from tts_engine.cpu_engine import OnnxTtsEngine
 from tts_engine.engine import SynthesisOptions
 from tts_engine.onnx_backend import InferenceScales, OnnxVits
@@ -93,15 +93,15 @@ def test_stale_export_is_replaced_atomically(cfg, tmp_path, monkeypatch):
 
     monkeypatch.setattr(onnx_streaming, "export_chunked", fake_export)
     stream_cfg = cfg.replace("models", cache_dir=str(tmp_path)).replace("tts", streaming=True)
-    target = models.chunked_voice_dir(stream_cfg, models.resolve_voice(stream_cfg).path)
+    target = chunked_voice.chunked_voice_dir(stream_cfg, models.resolve_voice(stream_cfg).path)
     target.mkdir(parents=True)
-    (target / "voxloop-export.json").write_text(json.dumps({"format": models.CHUNKED_FORMAT - 1}))
+    (target / "voxloop-export.json").write_text(json.dumps({"format": chunked_voice.CHUNKED_FORMAT - 1}))
     (target / "leftover.onnx").write_bytes(b"old")
-    info = models.resolve_chunked_voice(stream_cfg)
+    info = chunked_voice.resolve_chunked_voice(stream_cfg)
     assert info.path == target and len(calls) == 1 and calls[0] != target
     assert sorted(p.name for p in target.iterdir()) == ["chunk_decoder.onnx", "encoder.onnx", "voxloop-export.json"]
     assert [p.name for p in target.parent.iterdir()] == [target.name]  # scratch and old folders gone
-    models.resolve_chunked_voice(stream_cfg)
+    chunked_voice.resolve_chunked_voice(stream_cfg)
     assert len(calls) == 1
 
 
@@ -123,8 +123,8 @@ def exported(cfg, tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(onnx_streaming, "export_chunked", counting_export)
-        first = models.resolve_chunked_voice(stream_cfg)
-        second = models.resolve_chunked_voice(stream_cfg)
+        first = chunked_voice.resolve_chunked_voice(stream_cfg)
+        second = chunked_voice.resolve_chunked_voice(stream_cfg)
         engine = OnnxTtsEngine.from_config(stream_cfg)  # the lazy path: finds the export, no second one
     return SimpleNamespace(cfg=stream_cfg, first=first, second=second, calls=calls, engine=engine)
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tts_engine.frontend import TextFrontend, piper_package_dir
+from tts_engine.espeak import piper_package_dir
+from tts_engine.frontend import TextFrontend
 from tts_engine.voice import VoiceConfig
 from tts_engine.zh import phonemes as ph
 from tts_engine.zh.phonemizer import ChinesePhonemizer, split_scripts
@@ -194,7 +195,7 @@ def test_latin_letters_are_spelled_for_pinyin_voices(pinyin_voice):
 
 
 def _espeak(text: str, voice: str = "cmn") -> list[list[str]]:
-    from tts_engine.frontend import EspeakPhonemizer
+    from tts_engine.espeak import EspeakPhonemizer
 
     return EspeakPhonemizer(voice).phonemize(text)
 
@@ -213,7 +214,7 @@ def test_espeak_reads_our_pinyin_like_the_hanzi_of_that_reading():
 
 
 def test_espeak_cmn_reads_every_syllable_but_the_known_few():
-    from tts_engine.frontend import _ESPEAK_LOCK, _load_espeakbridge
+    from tts_engine.espeak import _ESPEAK_LOCK, _load_espeakbridge
 
     unreadable = []
     with _ESPEAK_LOCK:
@@ -346,7 +347,7 @@ def test_cmn_voice_without_language_code_uses_the_chinese_front_end():
 
 def test_english_voice_is_untouched_by_the_chinese_package(cfg):
     """Importing tts_engine.zh changes nothing for the bundled English voice."""
-    from tts_engine.frontend import EspeakPhonemizer
+    from tts_engine.espeak import EspeakPhonemizer
     from voxloop import models
 
     path = models.resolve_voice(cfg).path

@@ -54,7 +54,7 @@ class OnnxTtsEngine:
         """``threads``: onnxruntime intra-op threads per session (0 = its choice);
         ``workers``: parallel sessions; ``defaults``: options used where a request says None
         (then the voice's own); ``max_text_chars``: longest accepted text (None = no limit);
-        ``chunked_dir``: the voice's chunked export (``voxloop.models.resolve_chunked_voice``):
+        ``chunked_dir``: the voice's chunked export (``tts_engine.chunked_voice.resolve_chunked_voice``):
         stream each sentence in chunks of ``chunk_plan`` (None: whole sentences)."""
         self.voice = voice
         self.frontend = TextFrontend(voice.config, max_text_chars=max_text_chars)
@@ -89,7 +89,9 @@ class OnnxTtsEngine:
             log.warning("tts.streaming: %s has %d speakers; speaking whole sentences", onnx_path.name,
                         voice.config.num_speakers)
         elif tts.streaming:
-            chunked_dir = models.resolve_chunked_voice(cfg).path  # exported here on first use
+            from tts_engine.chunked_voice import resolve_chunked_voice
+
+            chunked_dir = resolve_chunked_voice(cfg).path  # exported here on first use
         return cls(
             voice,
             threads=tts.onnx_threads,

@@ -4,32 +4,25 @@
 -> ``phonemes_to_ids`` (model input ids), plus ``sentence_ids`` that chains them.
 
 The phonemizer is chosen by the voice's ``phoneme_type`` from a small registry
-(``register_phoneme_type``): "espeak" and "text" are built in; other languages plug
-in from their own package (``tts_engine.zh`` registers "pinyin" when imported; it is
-imported on first use). Ids for espeak voices equal Piper 1.8's exactly
+(``register_phoneme_type``): "espeak" and "text" are built in; Chinese ("pinyin", and
+"espeak" voices of language zh/cmn) comes from ``tts_engine.zh``, imported here on first
+use (it never imports this module). Ids for espeak voices equal Piper 1.8's exactly
 (``piper/phonemize_espeak.py`` + ``piper/phoneme_ids.py``).
 
-Backend-neutral: no onnxruntime/torch imports. espeak-ng comes from the copy bundled
-in piper-tts (``piper/espeakbridge*.so`` + ``piper/espeak-ng-data``), loaded by file
-so that importing this module does not import ``piper`` (which imports onnxruntime).
+Backend-neutral: no onnxruntime/torch imports; espeak-ng is ``tts_engine.espeak``.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.machinery
-import importlib.util
 import logging
 import re
-import threading
 import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from types import ModuleType
 from typing import Protocol
 
+from tts_engine.espeak import EspeakPhonemizer
 from tts_engine.voice import BOS, EOS, PAD, VoiceConfig
 from voxloop.errors import InvalidInput, ModelError
 
@@ -80,13 +73,23 @@ class PhonemeScheme:
 
 
 _SCHEMES: dict[str, PhonemeScheme] = {}
-#: phoneme_type (or "phoneme_type:language", which wins) -> module that registers it when imported.
-_PLUGIN_MODULES = {"pinyin": "tts_engine.zh", "espeak:zh": "tts_engine.zh", "espeak:cmn": "tts_engine.zh"}
+#: phoneme_types (or "phoneme_type:language", which wins) of the Chinese front end, loaded on first use.
+_CHINESE = ("pinyin", "espeak:zh", "espeak:cmn")
 
 
 def register_phoneme_type(phoneme_type: str, scheme: PhonemeScheme) -> None:
-    """Make voices with this ``phoneme_type`` usable (called by language packages on import)."""
+    """Make voices with this ``phoneme_type`` usable (e.g. from a test or a notebook)."""
     _SCHEMES[phoneme_type] = scheme
+
+
+def _load_chinese() -> None:
+    """Register the Chinese schemes and text rules (imports jieba, pypinyin and cn2an: slow, optional)."""
+    from tts_engine import zh
+
+    for language in ("zh", "cmn"):  # "cmn" when a voice config names only its espeak voice
+        register_language_rules(language, zh.normalize_zh)
+        register_phoneme_type(f"espeak:{language}", PhonemeScheme(lambda _config: zh.ChinesePhonemizer("espeak")))
+    register_phoneme_type("pinyin", PhonemeScheme(lambda _config: zh.ChinesePhonemizer("pinyin"), encode=zh.pinyin_ids))
 
 
 def scheme_for(config: VoiceConfig) -> PhonemeScheme:
@@ -95,18 +98,17 @@ def scheme_for(config: VoiceConfig) -> PhonemeScheme:
     A scheme registered as "phoneme_type:language" (e.g. "espeak:zh") wins over the plain one.
     """
     specific = f"{config.phoneme_type}:{config.language}"
-    if specific in _PLUGIN_MODULES and specific not in _SCHEMES:
-        importlib.import_module(_PLUGIN_MODULES[specific])
+    if specific in _CHINESE and specific not in _SCHEMES:
+        _load_chinese()
     if specific in _SCHEMES:
         return _SCHEMES[specific]
     scheme = _SCHEMES.get(config.phoneme_type)
-    module = _PLUGIN_MODULES.get(config.phoneme_type)
-    if scheme is None and module is not None:
+    if scheme is None and config.phoneme_type in _CHINESE:
         try:
-            importlib.import_module(module)
+            _load_chinese()
         except ModuleNotFoundError as exc:
-            if exc.name is None or not module.startswith(exc.name):  # the plugin lacks a dependency
-                raise ModelError(f"phoneme_type {config.phoneme_type!r} ({module}) needs {exc.name}: {exc}") from None
+            if exc.name is None or not "tts_engine.zh".startswith(exc.name):  # zh lacks a dependency
+                raise ModelError(f"phoneme_type {config.phoneme_type!r} (tts_engine.zh) needs {exc.name}: {exc}") from None
         scheme = _SCHEMES.get(config.phoneme_type)
     if scheme is None:
         raise ModelError(
@@ -114,88 +116,6 @@ def scheme_for(config: VoiceConfig) -> PhonemeScheme:
             f"(supported: {', '.join(sorted(_SCHEMES))})"
         )
     return scheme
-
-
-# --- espeak-ng ---------------------------------------------------------------
-
-# espeak-ng is one global C state (voice, buffers): every call goes through this lock.
-# (piper.voice has its own lock; do not phonemize with PiperVoice concurrently in one process.)
-_ESPEAK_LOCK = threading.Lock()
-_espeak: ModuleType | None = None
-
-
-def piper_package_dir() -> Path:
-    """piper-tts's package directory, found without importing it."""
-    spec = importlib.util.find_spec("piper")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelError("piper-tts is not installed; it provides espeak-ng (`pip install piper-tts==1.8.0`)")
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def _load_espeakbridge() -> ModuleType:
-    """Load and initialize ``piper.espeakbridge`` once (call with ``_ESPEAK_LOCK`` held)."""
-    global _espeak
-    if _espeak is None:
-        pkg = piper_package_dir()
-        found = sorted(pkg.glob("espeakbridge*.so")) + sorted(pkg.glob("espeakbridge*.pyd"))
-        if not found:
-            raise ModelError(f"piper-tts at {pkg} has no espeakbridge extension")
-        loader = importlib.machinery.ExtensionFileLoader("piper.espeakbridge", str(found[0]))
-        spec = importlib.util.spec_from_file_location("piper.espeakbridge", found[0], loader=loader)
-        module = importlib.util.module_from_spec(spec)
-        loader.exec_module(module)
-        module.initialize(str(pkg / "espeak-ng-data"))
-        _espeak = module
-    return _espeak
-
-
-class EspeakPhonemizer:
-    """espeak-ng phonemes grouped by sentence, exactly as ``piper/phonemize_espeak.py``."""
-
-    def __init__(self, voice: str, vowel_clusters: frozenset[tuple[str, ...]] = frozenset()) -> None:
-        self.voice = voice
-        self.vowel_clusters = vowel_clusters
-
-    @classmethod
-    def for_voice(cls, config: VoiceConfig) -> EspeakPhonemizer:
-        return cls(config.espeak_voice, config.vowel_clusters)
-
-    def phonemize(self, text: str) -> list[list[str]]:
-        text = text.replace("\x00", " ")  # the C bridge rejects NUL
-        with _ESPEAK_LOCK:
-            bridge = _load_espeakbridge()
-            bridge.set_voice(self.voice)
-            clauses = bridge.get_phonemes(text)
-        sentences: list[list[str]] = []
-        current: list[str] = []
-        for phonemes, terminator, end_of_sentence in clauses:
-            phonemes = re.sub(r"\([^)]+\)", "", phonemes) + terminator  # drop (lang) switch flags
-            if terminator in (",", ":", ";"):
-                phonemes += " "
-            current.extend(unicodedata.normalize("NFD", phonemes))
-            if end_of_sentence:
-                sentences.append(self._merge_clusters(current))
-                current = []
-        if current:
-            sentences.append(self._merge_clusters(current))
-        return sentences
-
-    def _merge_clusters(self, phonemes: list[str]) -> list[str]:
-        if not self.vowel_clusters:
-            return phonemes
-        longest = max(len(c) for c in self.vowel_clusters)
-        out: list[str] = []
-        i = 0
-        while i < len(phonemes):
-            for n in range(min(longest, len(phonemes) - i), 1, -1):
-                if tuple(phonemes[i : i + n]) in self.vowel_clusters:
-                    out.append("".join(phonemes[i : i + n]))
-                    i += n
-                    break
-            else:
-                out.append(phonemes[i])
-                i += 1
-        return out
 
 
 class CodepointPhonemizer:

@@ -23,6 +23,7 @@ import numpy as np
 import onnxruntime as ort
 import soxr
 
+from tts_engine.engine import AudioChunk
 from voxloop.errors import ConfigError, ModelError
 
 log = logging.getLogger(__name__)
@@ -125,11 +126,12 @@ class StreamResampler:
     ``round(total_in * out_rate / in_rate)`` samples.
     """
 
-    def __init__(self, in_rate: int, out_rate: int) -> None:
+    def __init__(self, in_rate: int, out_rate: int, dtype: str = "float32") -> None:
+        """``dtype``: "float32" for ``process``, "int16" for ``process_chunk`` (no float round trip)."""
         self.in_rate = in_rate
         self.out_rate = out_rate
         self._stream = (
-            None if in_rate == out_rate else soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32", quality="HQ")
+            None if in_rate == out_rate else soxr.ResampleStream(in_rate, out_rate, 1, dtype=dtype, quality="HQ")
         )
 
     def process(self, audio: np.ndarray, last: bool = False) -> np.ndarray:
@@ -138,3 +140,10 @@ class StreamResampler:
         if self._stream is None:
             return audio
         return self._stream.resample_chunk(audio, last=last)
+
+    def process_chunk(self, chunk: AudioChunk, last: bool = False) -> AudioChunk:
+        """An int16 chunk at ``in_rate`` -> the same chunk at ``out_rate`` (needs ``dtype="int16"``)."""
+        if self._stream is None:
+            return chunk
+        pcm = self._stream.resample_chunk(chunk.pcm, last=last)
+        return AudioChunk(pcm, self.out_rate, chunk.clause_index, chunk.final)

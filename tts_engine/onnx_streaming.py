@@ -8,7 +8,7 @@ joined chunks equal the whole-sentence audio (at noise 0: up to ~1e-4 of full sc
 from Piper's own graph, float rounding of the re-export).
 
 The two ONNX files come from ``tts_engine.torch_vits.export_onnx`` (PyTorch, once per
-voice; ``voxloop.models.resolve_chunked_voice`` caches them): ``encoder.onnx`` and
+voice; ``tts_engine.chunked_voice`` caches them): ``encoder.onnx`` and
 ``chunk_decoder.onnx``, whose metadata gives ``context_frames`` and ``hop_length``.
 Only single-speaker voices: the export takes no speaker id.
 
@@ -192,7 +192,7 @@ def export_chunked(voice_path: str | Path, out_dir: str | Path) -> None:
 
     Needs PyTorch and onnx (the ``torch`` extra): ModelError with an install hint without
     them. Takes ~10 s of CPU for a "medium" voice. Not atomic: callers export into a
-    scratch folder (``voxloop.models.resolve_chunked_voice`` does).
+    scratch folder (``tts_engine.chunked_voice`` does).
     """
     import warnings
 

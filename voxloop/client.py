@@ -6,8 +6,8 @@
         await client.commit()
         reply = await client.collect_response(timeout_s=30)  # Reply: transcript, pcm, metrics…
 
-Frames are parsed and built by the server's own protocol core (``pipeline.protocol``,
-``pipeline.events``), so the wire format has one definition. Server events arrive in
+Frames are parsed and built by the protocol core shared with the server (``realtime.protocol``,
+``realtime.events``), so the wire format has one definition. Server events arrive in
 order through :meth:`RealtimeClient.events` / :meth:`wait_for` / :meth:`collect_response`
 (one consumer at a time). Events answering a call of this client go to that call instead:
 ``session.created`` / ``session.updated`` to ``open`` / ``update_session`` (the session is
@@ -34,11 +34,11 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from pipeline import events as ev
-from pipeline.items import ContentPart, MessageItem, ResponseOptions
-from pipeline.protocol import parse_server_frame
-from pipeline.session_schema import SessionConfig
-from pipeline.wire import ErrorCode, new_id, pcm16_bytes
+from realtime import events as ev
+from realtime.items import ContentPart, MessageItem, ResponseOptions
+from realtime.protocol import parse_server_frame
+from realtime.session_schema import SessionConfig
+from realtime.wire import ErrorCode, new_id, pcm16_bytes
 from voxloop.client_types import (
     Connecting,
     Reply,

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import events as ev
-from pipeline.wire import ErrorCode
+from realtime import events as ev
+from realtime.wire import ErrorCode
 from voxloop.errors import ModelError, Overloaded, ProtocolError, VoxloopError
 
 _EMPTY = np.zeros(0, np.int16)

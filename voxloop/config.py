@@ -55,12 +55,19 @@ class ServerConfig:
     #: missing stage (audio input needs asr + llm, ``response.create`` needs llm) get an
     #: ``unsupported_event_type`` error. ``["llm", "tts"]`` is a text chat server (no ASR).
     stages: tuple[str, ...] = ("asr", "llm", "tts")
+    #: Longest audio delta sent, ms of audio (``response.output_audio.delta`` / ``x.tts.audio.delta``).
+    #: Fewer, larger deltas cost the server less per second of audio (one serialization and one
+    #: socket write each); barge-in is unaffected (the server stops sending at once, the client
+    #: drops what it queued). 20..1000.
+    audio_delta_ms: int = 100
 
     def __post_init__(self) -> None:
         bad = [o for o in self.allowed_origins if o != "*" and not _ORIGIN.fullmatch(o)]
         if bad:
             raise ConfigError(f"server.allowed_origins: {bad} are not origins; write scheme://host[:port] "
                               '(e.g. https://voice.example.com) or "*" for any')
+        if not 20 <= self.audio_delta_ms <= 1000:
+            raise ConfigError(f"server.audio_delta_ms must be 20..1000 ms, got {self.audio_delta_ms}")
         unknown = sorted(set(self.stages) - set(STAGES))
         if unknown:
             raise ConfigError(f"server.stages: unknown stage(s) {unknown}; known: {', '.join(STAGES)}")

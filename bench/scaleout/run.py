@@ -10,7 +10,7 @@ survivor and go on. Measured: sessions per replica, reconnect time (close seen -
 new ``session.created``), requests and errors of the untouched sessions, speak latency
 before/after. Loopback only; bounded in time.
 
-    python bench/scaleout/run.py --sessions 12 --modes kill,term
+    python -m bench.scaleout.run --sessions 12 --modes kill,term
 
 Writes ``bench/results/scaleout-<hardware>-<date>.json``.
 """
@@ -24,13 +24,9 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from bench.common import pct, write_json  # noqa: E402
-from bench.scaleout.topology import Topology  # noqa: E402
+from bench.harness import pct, write_json
+from bench.scaleout.topology import Topology
 
 SENTENCES = ("Hello there.", "The weather is nice today.", "Please hold the line.",
              "Your table is ready.", "Thanks for calling.")

@@ -19,7 +19,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench.harness import ROOT, free_port
 
 HAPROXY_CFG = """\
 global
@@ -60,12 +59,6 @@ backend replicas
     default-server inter {check_ms}ms fall 1 rise 1
 {servers}
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http_get(port: int, path: str, timeout_s: float = 2.0) -> tuple[int, str]:

@@ -18,10 +18,10 @@ from voxloop.config import Config
 def create_engines(cfg: Config) -> list:
     """Engines for the server's TTS worker threads (``tts_engine.factory``).
 
-    One ``CudaTtsEngine`` is shared by ``tts.max_batch`` worker threads: each thread
-    streams one clause at a time, and the engine batches all of them on the GPU.
+    One ``CudaTtsEngine`` serves every session: the server submits clauses to its scheduler
+    directly and receives each GPU step's chunks in bulk (``pipeline.speech.BatchedSpeech``).
     """
     from tts_engine.torch_vits.cuda_engine import CudaTtsEngine
 
     engine = CudaTtsEngine.from_config(cfg)
-    return [engine] * max(1, cfg.tts.max_batch)
+    return [engine]

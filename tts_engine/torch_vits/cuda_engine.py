@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from tts_engine.engine import AudioChunk, SynthesisOptions, check_phoneme_ids, resolve_options
@@ -25,7 +24,7 @@ from tts_engine.onnx_backend import StreamResampler
 from tts_engine.torch_vits.buffers import HostBufferPool
 from tts_engine.torch_vits.gpu_memory import GpuMemory, configure_allocator
 from tts_engine.torch_vits.runner import DTYPES, RunnerOptions, StepRunner
-from tts_engine.torch_vits.scheduler import BatchScheduler, Scales, SpeechRequest
+from tts_engine.torch_vits.scheduler import BatchScheduler, Scales, Sink, SpeechRequest
 from tts_engine.torch_vits.weights import load_vits
 from tts_engine.voice import Voice
 from voxloop.config import Config, GpuConfig
@@ -147,17 +146,28 @@ class CudaTtsEngine:
 
     def synthesize(self, text: str, options: SynthesisOptions | None = None) -> Iterator[AudioChunk]:
         """Speak ``text``: every sentence is queued at once (they share GPU steps) and streamed in order."""
+        requests, rate = self.submit_sentences(self.sentence_ids(text), options)
+        return self._stream(requests, rate)
+
+    def sentence_ids(self, text: str) -> list[list[int]]:
+        """Phoneme ids of each sentence of ``text`` (the CPU text front end; no GPU work)."""
+        return list(self.frontend.sentence_ids(text))
+
+    def submit_sentences(
+        self, sentences: Sequence[Sequence[int]], options: SynthesisOptions | None = None, sink: Sink | None = None
+    ) -> tuple[list[SpeechRequest], int]:
+        """Queue every sentence at once (``clause_index`` = position); returns the requests (native
+        rate) and the output rate the options ask for. With ``sink``, chunks go there in bulk."""
         scales, rate = self._resolve(options)
-        sentences = list(self.frontend.sentence_ids(text))
         requests: list[SpeechRequest] = []
         try:
             for index, ids in enumerate(sentences):
-                requests.append(self.scheduler.submit(ids, scales, clause_index=index))
+                requests.append(self.scheduler.submit(self._check_ids(ids), scales, clause_index=index, sink=sink))
         except BaseException:
             for r in requests:
                 r.cancel()
             raise
-        return self._stream(requests, rate)
+        return requests, rate
 
     def close(self) -> None:
         self.scheduler.close()
@@ -180,16 +190,12 @@ class CudaTtsEngine:
         }
 
     def _stream(self, requests: list[SpeechRequest], rate: int) -> Iterator[AudioChunk]:
-        resampler = StreamResampler(self.sample_rate, rate)
+        resampler = StreamResampler(self.sample_rate, rate, dtype="int16")
         try:
             for n, request in enumerate(requests):
                 last_request = n == len(requests) - 1
                 for chunk in request:
-                    if rate != self.sample_rate:
-                        audio = resampler.process(chunk.pcm.astype(np.float32) / 32767.0, last=last_request and chunk.final)
-                        pcm = np.clip(audio * 32767.0, -32767, 32767).astype(np.int16)
-                        chunk = AudioChunk(pcm, rate, chunk.clause_index, chunk.final)
-                    yield chunk
+                    yield resampler.process_chunk(chunk, last=last_request and chunk.final)
         finally:  # consumer stopped early (barge-in) or finished: free the GPU slots
             for request in requests:
                 request.cancel()

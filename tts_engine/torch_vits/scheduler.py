@@ -10,6 +10,13 @@ hands each request its chunk. A request is finished after its last chunk.
 thread) for ``AudioChunk``s; ``cancel()`` (from any thread) ends it at the next step.
 The waiting line is bounded: ``submit`` raises ``Overloaded`` when it is full.
 
+Delivery in bulk: a request submitted with a ``sink`` is not iterated; instead, once per
+step, each sink is called once (on the scheduler thread) with every outcome that step made
+for its requests: ``[(request, AudioChunk | BaseException | None), ...]`` in order, where an
+exception ends the request with that error and None ends it without one (scheduler closed).
+A server hands a whole step to its event loop with one wake-up this way, instead of one
+thread and one hand-off per chunk. A sink must be quick and must not raise.
+
 Out of GPU memory (``torch.OutOfMemoryError`` in a launch, or ``inject_oom`` in tests):
 the largest batch (``max_batch``) drops to the largest decode bucket <= half the
 failed launch's padded batch, so repeated failures reach 1 in log2 steps. The step's
@@ -44,6 +51,9 @@ log = logging.getLogger(__name__)
 
 _END = object()
 
+#: Receives one step's outcomes for its requests: ``(request, AudioChunk | BaseException | None)``.
+Sink = Callable[[list[tuple["SpeechRequest", object]]], None]
+
 
 @dataclass(frozen=True)
 class Scales:
@@ -73,6 +83,8 @@ class SpeechRequest:
     seq: int = 0
     #: int16 samples of the whole utterance (pooled), filled chunk by chunk; None once finished.
     audio: np.ndarray | None = field(default=None, repr=False)
+    #: Where its outcomes go in bulk (see the module docstring); None: iterate the request.
+    sink: Sink | None = field(default=None, repr=False)
     _chunks: queue.SimpleQueue = field(default_factory=queue.SimpleQueue, repr=False)
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
 
@@ -135,14 +147,18 @@ class BatchScheduler:
         self._seq = itertools.count()
         self._stop = threading.Event()
         self._error: BaseException | None = None
+        self._outcomes: list[tuple[SpeechRequest, object]] = []  # this step's, until _flush
         #: Steps run and their wall time, s (for the benchmark's breakdown).
         self.steps = 0
         self.step_s = 0.0
         self._thread = threading.Thread(target=self._loop, name="tts-gpu-scheduler", daemon=True)
         self._thread.start()
 
-    def submit(self, ids: Sequence[int], scales: Scales | None = None, clause_index: int = 0) -> SpeechRequest:
-        """Queue one clause; Overloaded when the waiting line is full, InvalidInput when too long."""
+    def submit(
+        self, ids: Sequence[int], scales: Scales | None = None, clause_index: int = 0, sink: Sink | None = None
+    ) -> SpeechRequest:
+        """Queue one clause; Overloaded when the waiting line is full, InvalidInput when too long.
+        ``sink``: deliver its chunks in bulk there instead of through iteration."""
         if self._error is not None:
             raise ModelError(f"TTS scheduler stopped: {self._error}")
         if not ids:
@@ -150,7 +166,8 @@ class BatchScheduler:
         longest = max(self.runner.options.phoneme_buckets)
         if len(ids) > longest:
             raise InvalidInput(f"clause of {len(ids)} phoneme ids exceeds the GPU engine's limit of {longest}")
-        request = SpeechRequest(tuple(int(i) for i in ids), scales or Scales(), self.sample_rate, clause_index)
+        request = SpeechRequest(tuple(int(i) for i in ids), scales or Scales(), self.sample_rate, clause_index,
+                                sink=sink)
         request.seq = next(self._seq)
         try:
             self._inbox.put_nowait(request)
@@ -194,6 +211,8 @@ class BatchScheduler:
                 except torch.OutOfMemoryError as exc:
                     self._on_oom(exc)
                     continue
+                finally:
+                    self._flush()
                 self.steps += 1
                 self.step_s += time.perf_counter() - t0
                 self._maybe_regrow()
@@ -203,6 +222,29 @@ class BatchScheduler:
             self._fail_all(ModelError(f"TTS GPU step failed: {exc}"))
         else:
             self._fail_all(None)
+
+    def _post(self, request: SpeechRequest, outcome: object) -> None:
+        """An outcome for ``request``: straight into its queue, or held for its sink until ``_flush``."""
+        if request.sink is None:
+            request._chunks.put(_END if outcome is None else outcome)
+        else:
+            self._outcomes.append((request, outcome))
+
+    def _flush(self) -> None:
+        """Call each sink once with everything this step made for its requests."""
+        if not self._outcomes:
+            return
+        by_sink: dict[Sink, list[tuple[SpeechRequest, object]]] = {}  # equal sinks (bound methods) share a call
+        for request, outcome in self._outcomes:
+            by_sink.setdefault(request.sink, []).append((request, outcome))  # type: ignore[arg-type]
+        self._outcomes = []
+        for sink, outcomes in by_sink.items():
+            try:
+                sink(outcomes)
+            except Exception:  # a broken consumer must not stop the GPU for everyone
+                log.exception("TTS sink failed; its requests are cancelled")
+                for request, _ in outcomes:
+                    request.cancel()
 
     def _fill(self) -> bool:
         """Drop cancelled requests, then take as many submissions as there are free slots.
@@ -313,7 +355,7 @@ class BatchScheduler:
             assert request.audio is not None
             pcm = request.audio[start:end]
             pcm[:] = row[: n * hop]
-            request._chunks.put(AudioChunk(pcm, request.sample_rate, request.clause_index, final))
+            self._post(request, AudioChunk(pcm, request.sample_rate, request.clause_index, final))
             if final:
                 self._release(request)
 
@@ -337,7 +379,7 @@ class BatchScheduler:
         if failed_batch <= 1:  # nothing smaller to try: these requests end, the caller retries later
             for request in self._attempt:
                 self._release(request)
-                request._chunks.put(Overloaded("TTS GPU out of memory", retry_after_ms=self.oom_retry_after_ms))
+                self._post(request, Overloaded("TTS GPU out of memory", retry_after_ms=self.oom_retry_after_ms))
         requeued = [r for r in self._running.values() if r.frames is None]
         for request in requeued:  # their encoder output may be lost: encode them again
             self._release(request)
@@ -366,7 +408,8 @@ class BatchScheduler:
             except queue.Empty:
                 break
         for request in pending:
-            request._chunks.put(error if error is not None else _END)
+            self._post(request, error)
+        self._flush()
         self._running.clear()
         self._waiting.clear()
 

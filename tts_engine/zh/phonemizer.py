@@ -21,7 +21,7 @@ import threading
 import unicodedata
 from pathlib import Path
 
-from tts_engine.frontend import EspeakPhonemizer
+from tts_engine.espeak import EspeakPhonemizer
 from tts_engine.zh import phonemes as ph
 from tts_engine.zh.g2p import HANZI, ChineseG2p, Word
 from tts_engine.zh.lexicon import Lexicon

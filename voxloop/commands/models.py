@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from tts_engine import chunked_voice
 from voxloop import models
 from voxloop.commands import config_from_args
 
@@ -23,8 +24,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     infos = models.resolve_all(cfg)
-    if models.needs_chunked_voice(cfg):
-        infos.append(models.resolve_chunked_voice(cfg))
+    if chunked_voice.needs_chunked_voice(cfg):
+        infos.append(chunked_voice.resolve_chunked_voice(cfg))
     rows = [models.describe(i, with_checksum=not args.no_checksum) for i in infos]
     if args.json:
         print(json.dumps(rows, indent=2))

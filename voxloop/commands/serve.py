@@ -23,7 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     # whisper (CTranslate2) and llama.cpp both use libgomp; spinning idle OpenMP threads
     # steal the 2nd core from whichever stage runs next (measured: processing p50
-    # 551 -> 473 ms, bench/voice_latency.py). Must be set before those libraries load.
+    # 551 -> 473 ms, python -m bench.voice_latency). Must be set before those libraries load.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     bound_c_heap()
     cfg = config_from_args(args)

@@ -20,12 +20,14 @@ Binary fast path (negotiated with ``session.x_binary_audio: true``, see docs/pro
 
 from __future__ import annotations
 
+import binascii
 import dataclasses
 import json
 import struct
+from functools import cache
 from typing import Any
 
-from pipeline.events import (
+from realtime.events import (
     ClientEvent,
     ErrorEvent,
     InputAudioBufferAppend,
@@ -37,8 +39,8 @@ from pipeline.events import (
     parse_server_event,
     serialize,
 )
-from pipeline.session_schema import SessionConfig, apply_session_update
-from pipeline.wire import ErrorCode, ProtocolError, pcm16_bytes, pcm16_from_bytes
+from realtime.session_schema import SessionConfig, apply_session_update
+from realtime.wire import ErrorCode, ProtocolError, pcm16_bytes, pcm16_from_bytes
 from voxloop.config import LimitsConfig
 
 __all__ = [
@@ -46,6 +48,7 @@ __all__ = [
     "RealtimeProtocol",
     "decode_audio_frame",
     "encode_audio_frame",
+    "encode_audio_json",
     "parse_server_frame",
 ]
 
@@ -155,17 +158,35 @@ class RealtimeProtocol:
     # ------------------------------------------------------------------ send
     def send(self, event: ServerEvent) -> str | bytes:
         """The frame for ``event``: bytes for audio deltas on the fast path, else JSON text."""
-        if self.binary_audio and isinstance(event, BINARY_AUDIO_EVENTS):
-            return encode_audio_frame(event)
+        if isinstance(event, BINARY_AUDIO_EVENTS):
+            return encode_audio_frame(event) if self.binary_audio else encode_audio_json(event)
         return serialize(event)
 
 
 # --------------------------------------------------------------------------- audio frames
+# Audio deltas are most of what a server sends (one per ``server.audio_delta_ms`` of speech per
+# listener), so they skip the generic codec: the small header is JSON-encoded alone and the
+# audio is added as bytes (binary frame) or as base64 spliced into the JSON text. Both put
+# ``"type"`` first, like every event, which the hub's compression policy relies on.
+@cache
+def _header_fields(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls) if f.name != "pcm")
+
+
+def _audio_header(event: ResponseOutputAudioDelta | XTtsAudioDelta) -> str:
+    header = {"type": event.type, **{name: getattr(event, name) for name in _header_fields(type(event))}}
+    return json.dumps(header, separators=(",", ":"), ensure_ascii=False)
+
+
+def encode_audio_json(event: ResponseOutputAudioDelta | XTtsAudioDelta) -> str:
+    """The JSON text of an audio delta (same wire form as ``serialize``, built without the codec)."""
+    audio = binascii.b2a_base64(pcm16_bytes(event.pcm), newline=False).decode("ascii")
+    return f'{_audio_header(event)[:-1]},"delta":"{audio}"}}'
+
+
 def encode_audio_frame(event: ResponseOutputAudioDelta | XTtsAudioDelta) -> bytes:
     """``[u16 LE n][n bytes JSON header][PCM16 LE]``; the audio starts at an even offset."""
-    header = event.to_dict()
-    del header["delta"]
-    head = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    head = _audio_header(event).encode("utf-8")
     if len(head) % 2:  # 2 + n even, so an Int16Array view of the audio is aligned
         head += b" "
     return _HEADER_LEN.pack(len(head)) + head + pcm16_bytes(event.pcm)

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pipeline.session_schema import AudioOutput
-from pipeline.wire import WireObject, check, nullable
+from realtime.session_schema import AudioOutput
+from realtime.wire import WireObject, check, nullable
 
 Role = Literal["user", "assistant", "system"]
 ItemStatus = Literal["completed", "incomplete", "in_progress"]

@@ -1,7 +1,7 @@
-"""Server → client events of the Realtime protocol (frozen dataclasses; see pipeline/events.py).
+"""Server → client events of the Realtime protocol (frozen dataclasses; see realtime/events.py).
 
 Audio goes out as ``np.ndarray`` int16 mono at the session output rate (``pcm``), sent as
-base64 ``delta`` or, on the binary fast path, as a binary frame (pipeline/protocol.py).
+base64 ``delta`` or, on the binary fast path, as a binary frame (realtime/protocol.py).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from pipeline.items import ContentPart, ErrorInfo, MessageItem, ResponseObject
-from pipeline.session_schema import SessionConfig
-from pipeline.wire import (
+from realtime.items import ContentPart, ErrorInfo, MessageItem, ResponseObject
+from realtime.session_schema import SessionConfig
+from realtime.wire import (
     ErrorCode,
     PcmEquality,
     ProtocolError,

@@ -1,7 +1,7 @@
 """Realtime protocol events: a closed set of frozen dataclasses, one per event type.
 
-Client → server events (pipeline/client_events.py) derive from :class:`ClientEvent`,
-server → client events (pipeline/server_events.py) from :class:`ServerEvent`. Each class
+Client → server events (realtime/client_events.py) derive from :class:`ClientEvent`,
+server → client events (realtime/server_events.py) from :class:`ServerEvent`. Each class
 has a ``type`` constant (the wire ``"type"``), fields named like the JSON keys,
 ``to_dict()`` and ``from_dict()``. This module is the one to import: it re-exports them
 all, keeps the registries by wire type and parses/serializes messages. GA names of the
@@ -9,7 +9,7 @@ OpenAI Realtime API, our ``x.*`` extensions and the error codes are in docs/prot
 
 Audio fields are ``np.ndarray`` int16 mono (``pcm``); on the wire they are base64 PCM16 LE
 (``audio`` / ``delta``) or, with the binary fast path, raw WebSocket frames (see
-pipeline/protocol.py).
+realtime/protocol.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.client_events import (
+from realtime.client_events import (
     ClientEvent,
     ConversationItemCreate,
     ConversationItemTruncate,
@@ -32,7 +32,7 @@ from pipeline.client_events import (
     XTtsCancel,
     XTtsSpeak,
 )
-from pipeline.items import (
+from realtime.items import (
     ContentPart,
     ErrorInfo,
     MessageItem,
@@ -42,7 +42,7 @@ from pipeline.items import (
     ResponseStatusDetails,
     ResponseUsage,
 )
-from pipeline.server_events import (
+from realtime.server_events import (
     ConversationItemAdded,
     ConversationItemDone,
     ConversationItemTruncated,
@@ -75,7 +75,7 @@ from pipeline.server_events import (
     XTtsDone,
     XTurnMetrics,
 )
-from pipeline.wire import ErrorCode, ProtocolError, event_id_of
+from realtime.wire import ErrorCode, ProtocolError, event_id_of
 
 #: What ``RealtimeProtocol.receive_*`` returns for a bad message: an error ready to send.
 ProtocolErrorEvent = ErrorEvent

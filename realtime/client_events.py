@@ -1,4 +1,4 @@
-"""Client → server events of the Realtime protocol (frozen dataclasses; see pipeline/events.py).
+"""Client → server events of the Realtime protocol (frozen dataclasses; see realtime/events.py).
 
 Audio arrives as ``np.ndarray`` int16 mono (``InputAudioBufferAppend.pcm``) labelled with
 the session input rate it was decoded at (Hz).
@@ -13,9 +13,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from pipeline.items import CLIENT_CONTENT_TYPES, MessageItem, ResponseOptions
-from pipeline.session_schema import validate_session_update
-from pipeline.wire import (
+from realtime.items import CLIENT_CONTENT_TYPES, MessageItem, ResponseOptions
+from realtime.session_schema import validate_session_update
+from realtime.wire import (
     ErrorCode,
     PcmEquality,
     ProtocolError,
@@ -24,7 +24,6 @@ from pipeline.wire import (
     decode_value,
     wire_name,
 )
-from tts_engine.engine import SynthesisOptions
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,13 +159,6 @@ class XTtsSpeak(ClientEvent):
         check(self.noise_scale is None or 0 <= self.noise_scale <= 2, "noise_scale", "must be in 0–2")
         check(self.noise_w is None or 0 <= self.noise_w <= 2, "noise_w", "must be in 0–2")
         check(self.speaker_id is None or self.speaker_id >= 0, "speaker_id", "must be >= 0")
-
-    def synthesis_options(self, sample_rate: int | None = None) -> SynthesisOptions:
-        """TTS settings for this request; ``sample_rate`` (Hz) is the session output rate."""
-        return SynthesisOptions(
-            length_scale=self.length_scale, noise_scale=self.noise_scale, noise_w=self.noise_w,
-            speaker_id=self.speaker_id, sample_rate=sample_rate,
-        )
 
 
 @dataclass(frozen=True, kw_only=True)

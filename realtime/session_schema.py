@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pipeline.wire import (
+from realtime.wire import (
     ErrorCode,
     ProtocolError,
     WireObject,

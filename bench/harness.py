@@ -1,0 +1,257 @@
+"""The benchmarks' harness: closed-loop load, percentiles, hardware names, result files, common arguments.
+
+Every benchmark is a module of this package run from the repository root as
+``python -m bench.<name>``; they share this module and never import each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+SENTENCES = ROOT / "bench" / "tts_sentences.json"
+
+# ---------------------------------------------------------------- hardware names
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown-cpu"
+
+
+def hardware_tag() -> str:
+    """Short file-name-safe hardware name, e.g. ``intel-r-xeon-r-processor-2c``."""
+    slug = re.sub(r"[^a-z0-9]+", "-", cpu_model().lower()).strip("-")
+    return f"{slug[:40]}-{os.cpu_count()}c"
+
+
+def hardware() -> dict[str, object]:
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
+            "machine": platform.machine()}
+
+
+def cpu_name() -> str:
+    """CPU model and core count, e.g. ``Intel(R) Xeon(R) Processor x2``."""
+    return f"{cpu_model()} x{os.cpu_count()}"
+
+
+def gpu_name() -> str:
+    """The CUDA device's name, ``none`` without torch or a GPU."""
+    try:
+        import torch
+
+        return torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
+    except ImportError:
+        return "none"
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def pct(values, q: float) -> float | None:
+    """The q-th percentile of ``values`` (None when empty), rounded to 0.1."""
+    if len(values) == 0:
+        return None
+    return round(float(np.percentile(np.asarray(values, dtype=float), q)), 1)
+
+
+# ---------------------------------------------------------------- the closed loop
+
+
+def load_sentences() -> list[dict]:
+    """The fixed English set of ``bench/tts_sentences.json``: text, frozen espeak-ng ids, audio seconds."""
+    return json.loads(SENTENCES.read_text())["sentences"]
+
+
+def closed_loop(backend, sentences: list[dict], clients: int, duration_s: float, warmup_s: float) -> list[dict]:
+    """Run ``clients`` threads for warm-up + ``duration_s``; records of requests started after warm-up.
+
+    Each client calls ``backend.speak(ids) -> (first-audio s, samples, stall s)`` with the next
+    sentence as soon as the previous one is done; ``backend.sample_rate`` turns samples into seconds.
+    """
+    records: list[dict] = []
+    lock = threading.Lock()
+    t_start = time.perf_counter()
+    t_measure, t_end = t_start + warmup_s, t_start + warmup_s + duration_s
+    errors: list[BaseException] = []
+
+    def client(index: int) -> None:
+        k = 0
+        try:
+            while time.perf_counter() < t_end:
+                sentence = sentences[(index * 13 + k) % len(sentences)]
+                k += 1
+                t0 = time.perf_counter()
+                first, samples, stall = backend.speak(sentence["ids"])
+                t1 = time.perf_counter()
+                if t0 >= t_measure:
+                    with lock:
+                        records.append({"start": t0, "end": t1, "first_s": first, "latency_s": t1 - t0,
+                                        "audio_s": samples / backend.sample_rate, "stall_s": stall})  # fmt: skip
+        except BaseException as exc:  # noqa: BLE001 - reported after the run
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError(f"{len(errors)} client(s) failed: {errors[0]!r}") from errors[0]
+    return records
+
+
+def summarize(records: list[dict], backend, clients: int, hardware: str) -> dict:
+    """One result row of a closed-loop level: QPS, audio s/s, first-audio / latency p50/p99 (ms), RTF, stalls."""
+    t0 = min(r["start"] for r in records)
+    elapsed = max(r["end"] for r in records) - t0
+    first = np.array([r["first_s"] for r in records]) * 1000
+    lat = np.array([r["latency_s"] for r in records]) * 1000
+    audio = np.array([r["audio_s"] for r in records])
+    rtf = lat / 1000 / audio
+    stall = np.array([r["stall_s"] for r in records if r.get("stall_s") is not None]) * 1000
+    peak = backend.peak_vram_mb()
+    return {
+        "backend": backend.name, "hardware": hardware, "concurrency": clients, "requests": len(records),
+        "qps": round(len(records) / elapsed, 2), "audio_seconds_per_second": round(audio.sum() / elapsed, 1),
+        "audio_s_per_request": round(float(audio.mean()), 3),
+        "first_audio_p50_ms": round(float(np.percentile(first, 50)), 2),
+        "first_audio_p99_ms": round(float(np.percentile(first, 99)), 2),
+        "latency_p50_ms": round(float(np.percentile(lat, 50)), 2),
+        "latency_p99_ms": round(float(np.percentile(lat, 99)), 2),
+        "rtf": float(f"{np.percentile(rtf, 50):.3g}"), "rtf_aggregate": float(f"{elapsed / audio.sum():.3g}"),
+        # audio gaps a listener would hear between a clause's chunks (engine mode only)
+        "stall_p99_ms": round(float(np.percentile(stall, 99)), 1) if len(stall) else None,
+        "stalled_pct": round(100 * float(np.mean(stall > 0)), 1) if len(stall) else None,
+        "peak_vram_mb": None if peak is None else round(peak, 1), "elapsed_s": round(elapsed, 2), **backend.info,
+    }  # fmt: skip
+
+
+# ---------------------------------------------------------------- arguments and result files
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--voice``, ``--hardware``, ``--date``, ``--out``: what every result file is named and made from.
+
+    Read them back with ``common_arguments(args)`` (it resolves the default voice).
+    """
+    parser.add_argument("--voice", help="Piper .onnx (default: the configured voice, VOXLOOP_TTS__VOICE_PATH or bundled)")
+    parser.add_argument("--hardware", default=hardware_tag(), help="hardware name in result file names (default: %(default)s)")
+    parser.add_argument("--date", default=dt.date.today().isoformat(), help="date in result file names")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (default: bench/results)")
+
+
+def common_arguments(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill ``args.voice`` with the configured voice when it was not given; returns ``args``."""
+    if args.voice is None:
+        args.voice = default_voice()
+    return args
+
+
+def command_line() -> str:
+    """How this benchmark was started, e.g. ``python -m bench.tts_load --backends onnx``."""
+    argv = list(sys.argv)
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name:
+        argv[0:1] = ["-m", spec.name]
+    return " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *argv])
+
+
+def result_path(name: str, ext: str, out: Path = RESULTS, hardware: str | None = None, date: str | None = None) -> Path:
+    """``<out>/<name>-<hardware>-<date>.<ext>`` (this machine's tag and today by default)."""
+    out.mkdir(parents=True, exist_ok=True)
+    return out / f"{name}-{hardware or hardware_tag()}-{date or dt.date.today().isoformat()}.{ext}"
+
+
+def write_json(name: str, rows: list[dict], extra: dict | None = None, *, path: Path | None = None) -> Path:
+    """``bench/results/<name>-<hardware>-<date>.json`` (or ``path``) with rows plus date, hardware, command."""
+    path = path or result_path(name, "json")
+    doc = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "hardware": hardware(),
+        "command": command_line(),
+        **(extra or {}),
+        "rows": rows,
+    }
+    path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------- a server process
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(port: int, extra: list[str], timeout_s: float = 120.0) -> subprocess.Popen:
+    """``python -m voxloop [extra] --set trace.path=none serve --port PORT``, returned once /ready is 200.
+
+    The server's log goes to a temporary file (a pipe nobody reads would fill and stall it);
+    its tail is in the error when the server exits or is not ready within ``timeout_s``.
+    """
+    cmd = [sys.executable, "-m", "voxloop", *extra, "--set", "trace.path=none", "serve", "--port", str(port)]
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {_tail(log)}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=1) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"server not ready within {timeout_s:g} s: {_tail(log)}")
+
+
+def stop_server(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    """SIGINT (the server drains and exits), then kill if it does not exit within ``timeout_s``."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _tail(log, chars: int = 2000) -> str:
+    log.seek(0)
+    return log.read().decode(errors="replace")[-chars:]
+
+
+def default_voice() -> str:
+    """The bundled Piper voice's path (``voxloop.models``), for scripts run without ``--voice``."""
+    from voxloop import models
+    from voxloop.config import load_config
+
+    return str(models.resolve_voice(load_config()).path)

@@ -1,0 +1,148 @@
+"""The TTS backends of the load benchmarks: each speaks one clause per ``speak(ids)`` call.
+
+``speak`` returns (first-audio delay s, samples, stall s) and blocks until the clause is done, as
+``bench.harness.closed_loop`` expects; ``info`` is merged into every result row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import TYPE_CHECKING
+
+from bench.harness import cpu_name
+
+if TYPE_CHECKING:
+    from voxloop.config import GpuConfig
+
+
+class CudaBackend:
+    """In-process ``CudaTtsEngine``; one request = one clause streamed in chunks."""
+
+    name = "cuda"
+
+    def __init__(self, args: argparse.Namespace, gpu: GpuConfig | None = None) -> None:
+        """``gpu``: the engine's ``GpuConfig`` (default: ``args.allocator``, other fields default)."""
+        import torch
+
+        from tts_engine.torch_vits.cuda_engine import CudaTtsEngine, batch_buckets
+        from tts_engine.torch_vits.runner import RunnerOptions
+        from tts_engine.voice import Voice
+        from voxloop.config import GpuConfig
+
+        self.torch = torch
+        opts = RunnerOptions(
+            chunk_frames=args.chunk_frames, max_frames=args.max_frames, precision=args.precision,
+            tail_chunk_frames=args.tail_chunk_frames, decode_batches=batch_buckets(args.max_batch, fine=not args.coarse),
+            encode_batches=batch_buckets(args.max_batch, fine=False), compile=args.compile,
+            cudnn_benchmark=args.cudnn_benchmark,
+        )  # fmt: skip
+        t0 = time.perf_counter()
+        self.engine = CudaTtsEngine(Voice.load(args.voice), opts, device=args.device, queue_size=4096,
+                                    gpu=gpu or GpuConfig(allocator=args.allocator))  # fmt: skip
+        self.startup_s = time.perf_counter() - t0
+        self.sample_rate = self.engine.sample_rate
+        self.name = f"cuda-{args.precision}" + ("-compiled" if args.compile else "") + ("-cudnnbench" if args.cudnn_benchmark else "")
+        runner = self.engine.runner
+        self.info = {
+            "startup_s": round(self.startup_s, 2), "graph_capture_s": round(runner.capture_s, 2),
+            "graphs": len(runner._encode_steps) + len(runner._decode_steps),
+            "capture_peak_mb": round(runner.capture_peak_mb, 1),
+            "memory_after_capture_mb": round(self.torch.cuda.memory_reserved() / 2**20, 1),
+            "chunk_frames": args.chunk_frames, "tail_chunk_frames": args.tail_chunk_frames, "compile": args.compile,
+            "cudnn_benchmark": args.cudnn_benchmark, "allocator": args.allocator,
+            "decode_batches": len(opts.decode_batches),
+            "precision": args.precision, "max_batch": args.max_batch,
+        }  # fmt: skip
+
+    def speak(self, ids: list[int]) -> tuple[float, int, float]:
+        """Blocks until the clause is spoken; returns (first-audio delay s, samples, stall s)."""
+        return consume(self.engine.submit(ids), self.sample_rate)
+
+    def reset_peak(self) -> None:
+        if self.torch.cuda.is_available():
+            self.torch.cuda.reset_peak_memory_stats()
+
+    def peak_vram_mb(self) -> float:
+        return self.torch.cuda.max_memory_reserved() / 2**20 if self.torch.cuda.is_available() else 0.0
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class OnnxBackend:
+    """The CPU engine's inference path: a pool of 1-thread onnxruntime sessions, whole clause."""
+
+    name = "onnx-cpu"
+
+    def __init__(self, args: argparse.Namespace, workers: int) -> None:
+        from tts_engine.onnx_backend import InferenceScales, OnnxVits, to_int16
+        from tts_engine.voice import Voice
+
+        voice = Voice.load(args.voice)
+        self.sample_rate = voice.sample_rate
+        self.scales = InferenceScales(voice.config.noise_scale, voice.config.length_scale, voice.config.noise_w)
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        self.model = OnnxVits(args.voice, threads=threads, workers=workers)
+        self.to_int16 = to_int16
+        self.info = {"workers": workers, "threads_per_worker": threads, "cpu": cpu_name()}
+
+    def speak(self, ids: list[int]) -> tuple[float, int, float]:
+        t0 = time.perf_counter()
+        pcm = self.to_int16(self.model.infer(ids, self.scales))
+        return time.perf_counter() - t0, len(pcm), 0.0
+
+    def reset_peak(self) -> None:
+        pass
+
+    def peak_vram_mb(self) -> None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class OnnxStreamBackend(OnnxBackend):
+    """The streaming CPU engine: ``OnnxTtsEngine.synthesize_ids`` over the chunked export, chunk by chunk."""
+
+    name = "onnx-stream-cpu"
+
+    def __init__(self, args: argparse.Namespace, workers: int) -> None:
+        from tts_engine.cpu_engine import OnnxTtsEngine
+        from tts_engine.onnx_streaming import ChunkPlan
+        from tts_engine.voice import Voice
+        from tts_engine.chunked_voice import resolve_chunked_voice
+        from voxloop.config import load_config
+
+        cfg = load_config(overrides=[f"tts.voice_path={args.voice}"])
+        plan = ChunkPlan(args.cpu_chunk_frames or cfg.tts.chunk_frames,
+                         args.cpu_tail_chunk_frames or cfg.tts.tail_chunk_frames or ChunkPlan.tail_frames)  # fmt: skip
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        chunked_dir = resolve_chunked_voice(cfg).path  # exports once (needs torch) when missing
+        self.engine = OnnxTtsEngine(Voice.load(args.voice), threads=threads, workers=workers,
+                                    chunked_dir=chunked_dir, chunk_plan=plan)  # fmt: skip
+        self.sample_rate = self.engine.sample_rate
+        self.info = {"workers": workers, "threads_per_worker": threads, "cpu": cpu_name(),
+                     "chunk_frames": plan.first_frames, "tail_chunk_frames": plan.tail_frames}  # fmt: skip
+
+    def speak(self, ids: list[int]) -> tuple[float, int, float]:
+        return consume(self.engine.synthesize_ids(ids), self.sample_rate)
+
+
+def consume(chunks, sample_rate: int) -> tuple[float, int, float]:
+    """Read a clause's chunks: (first-audio delay s, samples, stall s).
+
+    Stall: how long a listener playing from the first chunk's arrival would wait for
+    later chunks (audio gaps), summed over the clause.
+    """
+    t0 = time.perf_counter()
+    first, samples, stall = None, 0, 0.0
+    for chunk in chunks:
+        now = time.perf_counter()
+        if first is None:
+            first = now - t0
+        else:
+            stall += max(0.0, now - (t0 + first + stall + samples / sample_rate))
+        samples += chunk.num_samples
+    return first or 0.0, samples, stall

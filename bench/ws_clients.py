@@ -1,0 +1,158 @@
+"""Closed-loop ``x.tts.speak`` load over the WebSocket API, from several client processes.
+
+What a user's clients do: each session connects as browsers and the ``openai``/``websockets``
+clients do (permessage-deflate offered), asks for audio at ``--rate`` Hz, sends ``x.tts.speak``
+with a ``request_id`` and the next sentence as soon as the previous one's ``x.tts.done``
+arrives, and decodes every audio delta (JSON: parse + base64; binary: the fast path negotiated
+with ``session.x_binary_audio``). Sessions are spread over ``--processes`` processes (spawned,
+so the client's own CPU does not share the server's event loop or one client GIL).
+
+Per request: first audio (send -> first audio delta) and sentence latency (send -> x.tts.done),
+ms. Requests started before ``--warmup`` seconds are not counted. Used by
+``python -m bench.tts_load --mode ws``; runnable alone::
+
+    python -m bench.ws_clients --url ws://127.0.0.1:8765/v1/realtime --clients 50 --duration 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import multiprocessing as mp
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+SENTENCES = Path(__file__).resolve().parent / "tts_sentences.json"
+
+
+def load_texts() -> list[str]:
+    return [s["text"] for s in json.loads(SENTENCES.read_text())["sentences"]]
+
+
+async def _session(url: str, index: int, texts: list[str], fmt: str, rate: int, t_measure: float, t_end: float,
+                   records: list) -> None:
+    import websockets
+
+    async with websockets.connect(url, max_size=None, compression="deflate", open_timeout=60) as ws:
+        created = json.loads(await ws.recv())
+        assert created["type"] == "session.created", created
+        session: dict = {"audio": {"output": {"format": {"type": "audio/pcm", "rate": rate}}}}
+        if fmt == "binary":
+            session["x_binary_audio"] = True
+        await ws.send(json.dumps({"type": "session.update", "session": session}))
+        while (m := json.loads(await ws.recv()))["type"] != "session.updated":
+            if m["type"] == "error":
+                raise RuntimeError(f"session.update refused: {m}")
+        k = 0
+        while time.time() < t_end:
+            text = texts[(index * 13 + k) % len(texts)]
+            rid = f"s{index}-{k}"
+            k += 1
+            t0 = time.time()
+            await ws.send(json.dumps({"type": "x.tts.speak", "request_id": rid, "text": text}))
+            first, samples = None, 0
+            while True:
+                message = await ws.recv()
+                if isinstance(message, bytes):  # binary audio: [u16 n][n bytes header][PCM16]
+                    n = int.from_bytes(message[:2], "little")
+                    samples += (len(message) - 2 - n) // 2
+                    first = first or time.time()
+                    continue
+                m = json.loads(message)
+                kind = m["type"]
+                if kind == "x.tts.audio.delta":
+                    samples += len(base64.b64decode(m["delta"])) // 2
+                    first = first or time.time()
+                elif kind == "x.tts.done" and m["request_id"] == rid:
+                    break
+                elif kind == "error":
+                    raise RuntimeError(f"server error: {m}")
+            t1 = time.time()
+            if m["status"] != "completed" or not samples:
+                raise RuntimeError(f"x.tts.speak ended {m['status']} with {samples} samples")
+            if t0 >= t_measure:
+                records.append((t0, t1, (first or t1) - t0, t1 - t0, samples / rate))
+
+
+def _process(url: str, indices: list[int], fmt: str, rate: int, t_measure: float, t_end: float, out) -> None:
+    texts = load_texts()
+    records: list = []
+
+    async def main() -> None:
+        await asyncio.gather(*(_session(url, i, texts, fmt, rate, t_measure, t_end, records) for i in indices))
+
+    try:
+        asyncio.run(main())
+        out.put(("ok", records))
+    except BaseException as exc:  # noqa: BLE001 - reported by the parent
+        out.put(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def run_load(url: str, clients: int, duration_s: float, warmup_s: float, fmt: str = "json", rate: int = 24000,
+             processes: int | None = None, connect_s: float = 10.0) -> dict:
+    """Run the load; returns a row of figures (ms, QPS) with ``client_processes`` and ``audio_format``."""
+    processes = processes or max(1, -(-clients // 16))  # at least one process per 16 sessions
+    processes = min(processes, clients)
+    t_start = time.time() + connect_s  # sessions connect first; the clock starts together
+    t_measure, t_end = t_start + warmup_s, t_start + warmup_s + duration_s
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_process, args=(url, list(range(p, clients, processes)), fmt, rate,
+                                                t_measure, t_end, out), daemon=True) for p in range(processes)]
+    for p in procs:
+        p.start()
+    records, errors = [], []
+    for _ in procs:
+        status, payload = out.get(timeout=connect_s + warmup_s + duration_s + 300)
+        (records.extend if status == "ok" else errors.append)(payload)
+    for p in procs:
+        p.join(10)
+    row = summarize(records, t_measure, t_end)
+    row.update({"mode": "ws", "audio_format": f"{fmt}/{'base64' if fmt == 'json' else 'pcm16'}@{rate}",
+                "permessage_deflate_offered": True, "concurrency": clients, "client_processes": processes,
+                "errors": len(errors), "error_examples": errors[:3]})
+    return row
+
+
+def summarize(records: list, t_measure: float, t_end: float) -> dict:
+    """QPS over the measured window (requests that started in it) and latency percentiles, ms."""
+    if not records:
+        return {"requests": 0, "qps": 0.0}
+    arr = np.array(records)
+    elapsed = max(arr[:, 1].max(), t_end) - t_measure
+    first, lat, audio = arr[:, 2] * 1000, arr[:, 3] * 1000, arr[:, 4]
+    return {
+        "requests": len(arr), "qps": round(len(arr) / elapsed, 2),
+        "audio_seconds_per_second": round(float(audio.sum()) / elapsed, 1),
+        "audio_s_per_request": round(float(audio.mean()), 3),
+        "first_audio_p50_ms": round(float(np.percentile(first, 50)), 2),
+        "first_audio_p99_ms": round(float(np.percentile(first, 99)), 2),
+        "latency_p50_ms": round(float(np.percentile(lat, 50)), 2),
+        "latency_p99_ms": round(float(np.percentile(lat, 99)), 2),
+        "elapsed_s": round(elapsed, 2),
+    }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", required=True, help="ws://host:port/v1/realtime of a running server")
+    ap.add_argument("--clients", type=int, default=8, help="concurrent sessions")
+    ap.add_argument("--processes", type=int, default=None, help="client processes (default: 1 per 16 sessions)")
+    ap.add_argument("--duration", type=float, default=20.0, help="measured seconds")
+    ap.add_argument("--warmup", type=float, default=3.0, help="seconds before measuring")
+    ap.add_argument("--format", choices=("json", "binary"), default="json", help="audio as JSON/base64 or binary")
+    ap.add_argument("--rate", type=int, default=24000, help="output sample rate asked for, Hz")
+    args = ap.parse_args(argv)
+    row = run_load(args.url, args.clients, args.duration, args.warmup, args.format, args.rate, args.processes)
+    json.dump(row, sys.stdout, indent=1)
+    print()
+    return 1 if row["errors"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

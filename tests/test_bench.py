@@ -1,0 +1,128 @@
+"""bench/ is a package of benchmarks run as ``python -m bench.<name>`` on one harness.
+
+Checks its shape (no ``sys.path`` edits, benchmarks never import each other, every module
+imports) and the harness's closed loop and result files with a fake backend.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import scaled
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+#: Library modules of the package; every other module is a benchmark (it has a ``main``).
+LIBRARIES = {"bench.harness", "bench.tts_backends", "bench.gpu_steps", "bench.scaleout.topology"}
+#: A benchmark may use another's code only when it is that benchmark's own mode.
+MODES = {("bench.tts_load", "bench.tts_load_ws")}
+
+
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+MODULES = sorted(module_name(p) for p in BENCH.rglob("*.py"))
+
+
+def bench_imports(path: Path) -> set[str]:
+    """The ``bench.*`` modules ``path`` imports, at any depth (lazy imports too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("bench"):
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("bench")}
+    return found
+
+
+def test_no_module_edits_sys_path():
+    for path in BENCH.rglob("*.py"):
+        assert "sys.path" not in path.read_text(), f"{path.relative_to(ROOT)} edits sys.path"
+
+
+def test_benchmarks_use_the_harness_not_each_other():
+    for path in BENCH.rglob("*.py"):
+        name = module_name(path)
+        for target in bench_imports(path) - LIBRARIES - {"bench", "bench.scaleout"}:
+            assert (name, target) in MODES, f"{name} imports the benchmark {target}; move shared code to a library"
+
+
+def test_no_import_cycle_between_bench_modules():
+    graph = {module_name(p): bench_imports(p) for p in BENCH.rglob("*.py")}
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        for nxt in graph.get(start, ()):
+            if nxt == goal or (nxt not in seen and reaches(nxt, goal, seen | {nxt})):
+                return True
+        return False
+
+    for name in graph:
+        assert not reaches(name, name, set()), f"{name} is in an import cycle"
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_every_module_imports(name):
+    if name in ("bench.gpu_steps", "bench.tts_gpu_profile", "bench.tts_gpu_experiments"):
+        pytest.importorskip("torch")
+    importlib.import_module(name)
+
+
+def test_benchmarks_run_as_modules():
+    out = subprocess.run([sys.executable, "-m", "bench.tts_load", "--help"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=scaled(60))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    for option in ("--voice", "--hardware", "--date", "--out"):
+        assert option in out.stdout
+
+
+class FakeBackend:
+    """Speaks every clause in 20 ms: first audio after 5 ms, 0.5 s of 1 kHz audio."""
+
+    name, sample_rate, info = "fake", 1000, {"kind": "fake"}
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def speak(self, ids: list[int]) -> tuple[float, int, float]:
+        with self.lock:
+            self.calls += 1
+        time.sleep(0.02)
+        return 0.005, 500, 0.0
+
+    def peak_vram_mb(self) -> None:
+        return None
+
+
+def test_closed_loop_keeps_clients_busy_and_summarizes():
+    from bench.harness import closed_loop, load_sentences, summarize
+
+    backend = FakeBackend()
+    records = closed_loop(backend, load_sentences(), clients=3, duration_s=0.3, warmup_s=0.1)
+    assert backend.calls > len(records) >= 3  # warm-up requests are run but not recorded
+    row = summarize(records, backend, 3, "test-box")
+    assert row["backend"] == "fake" and row["concurrency"] == 3 and row["kind"] == "fake"
+    assert row["first_audio_p50_ms"] == 5.0 and row["audio_s_per_request"] == 0.5
+    assert row["latency_p50_ms"] >= 20 and row["peak_vram_mb"] is None
+
+
+def test_result_files_say_date_hardware_and_command(tmp_path, monkeypatch):
+    from bench import harness
+
+    monkeypatch.setattr(sys, "argv", ["bench/x.py", "--clients", "2"])
+    path = harness.write_json("x", [{"a": 1}], {"note": "n"}, path=harness.result_path("x", "json", tmp_path, "box", "2026-01-02"))
+    assert path.name == "x-box-2026-01-02.json"
+    doc = json.loads(path.read_text())
+    assert doc["rows"] == [{"a": 1}] and doc["note"] == "n" and doc["date"]
+    assert doc["hardware"]["cores"] >= 1 and "--clients 2" in doc["command"]
+    assert harness.pct([1, 2, 3, 4], 50) == 2.5 and harness.pct([], 50) is None

@@ -1,0 +1,170 @@
+"""Imports run one way: the layer table of docs/architecture.md, checked against the whole tree.
+
+Every import of every module of the product's packages counts, lazy ones inside functions
+and type-only ones too. A module may import only from the layers its row allows, and no
+module reaches itself through imports (no cycle). Every module also imports cleanly.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("voxloop", "realtime", "pipeline", "asr", "llm", "tts_engine")
+#: Modules that need an optional heavy package to import: (module prefix, package).
+OPTIONAL = (("tts_engine.torch_vits", "torch"),)
+
+
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+MODULES = {module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def layer_table() -> dict[str, tuple[list[str], set[str]]]:
+    """``{layer: (module prefixes, layers it may import)}`` from docs/architecture.md's table."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text[text.index("## Layers") :]
+    layers: dict[str, tuple[list[str], set[str]]] = {}
+    for line in section.splitlines()[section.splitlines().index("| layer | modules | may import |") + 2 :]:
+        if not line.startswith("|"):
+            break
+        name, modules, allowed = (cell.strip() for cell in line.strip("|").split("|"))
+        layers[name] = (re.findall(r"`([\w.]+)`", modules), {a.strip() for a in allowed.split(",")})
+    return layers
+
+
+LAYERS = layer_table()
+
+
+def layer_of(module: str) -> str:
+    """The layer whose module list matches ``module`` most specifically."""
+    best, best_len = None, -1
+    for name, (prefixes, _) in LAYERS.items():
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
+                best, best_len = name, len(prefix)
+    assert best is not None, f"{module} is in no layer of docs/architecture.md"
+    return best
+
+
+def imports_of(module: str, path: Path) -> dict[str, int]:
+    """Product modules ``module`` imports (``from pkg import mod`` counts as ``pkg.mod``): {name: line}."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: dict[str, int] = {}
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, *([base] if base else [])])
+            submodules = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES]
+            # `from pkg import submodule` is an import of the submodule, not of pkg's own code
+            names = submodules + ([base] if len(submodules) < len(node.names) else [])
+        else:
+            continue
+        for name in names:
+            while name and name not in MODULES:  # `import a.b.c` of a non-module attribute: its module
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                found.setdefault(name, node.lineno)
+    return found
+
+
+GRAPH = {m: imports_of(m, p) for m, p in MODULES.items()}
+
+
+def test_the_table_names_every_package():
+    assert set(LAYERS) == {"base", "engines", "protocol core", "pipeline", "clients", "CLI"}
+    for name, (_, allowed) in LAYERS.items():
+        assert name in allowed and allowed <= set(LAYERS), f"row {name}: unknown layer in {allowed}"
+    for module in MODULES:
+        layer_of(module)
+
+
+def wrong_imports(graph: dict[str, dict[str, int]]) -> list[str]:
+    """``module:line (layer) imports target (layer)`` for every import its layer's row does not allow."""
+    wrong = []
+    for module, targets in graph.items():
+        allowed = LAYERS[layer_of(module)][1]
+        for target, line in targets.items():
+            if layer_of(target) not in allowed:
+                wrong.append(f"{module}:{line} ({layer_of(module)}) imports {target} ({layer_of(target)})")
+    return wrong
+
+
+def import_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_import_goes_up_or_sideways():
+    wrong = wrong_imports(GRAPH)
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_cycle():
+    assert not import_cycles(GRAPH)
+
+
+def test_the_checks_catch_what_the_issue_found():
+    """The two upward imports, the client -> server import and the protocol -> engine type one."""
+    graph = {
+        "voxloop.models": {"tts_engine.onnx_streaming": 277},
+        "voxloop.client": {"pipeline.protocol": 39},
+        "realtime.client_events": {"tts_engine.engine": 27},
+        "tts_engine.frontend": {"tts_engine.zh": 84},
+        "tts_engine.zh": {"tts_engine.frontend": 21},
+    }
+    assert [w.split(" imports ")[0] for w in wrong_imports(graph)] == [
+        "voxloop.models:277 (base)", "voxloop.client:39 (clients)", "realtime.client_events:27 (protocol core)"]
+    assert import_cycles(graph) == [["tts_engine.frontend", "tts_engine.zh"]]
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_every_module_imports(module):
+    for prefix, package in OPTIONAL:
+        if module.startswith(prefix):
+            pytest.importorskip(package)
+    if module.endswith("__main__"):  # runs the program when imported
+        compile(MODULES[module].read_text(), str(MODULES[module]), "exec")
+        return
+    importlib.import_module(module)

@@ -1,0 +1,202 @@
+"""The serving path at scale: bulk hand-off from the batching TTS engine, audio never deflated,
+cheap event ids and audio frames, load metrics.
+
+The batching engine is the real GPU engine (PyTorch VITS + continuous-batching scheduler) run on
+the CPU with the bundled voice; the server is a real hub on port 0 and the clients real
+``websockets`` clients that offer permessage-deflate, as browsers and the openai SDK do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import re
+
+import numpy as np
+import pytest
+import websockets
+from websockets.extensions.permessage_deflate import ClientPerMessageDeflateFactory, PerMessageDeflate
+
+from conftest import scaled
+from realtime import events as ev
+from realtime.events import serialize
+from realtime.protocol import encode_audio_frame, encode_audio_json, parse_server_frame
+from realtime.wire import new_id
+from rt import http_get, url
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.timeout(scaled(300))
+
+SENTENCES = "The quick brown fox jumps over the lazy dog. It was not amused at all."
+
+
+# --------------------------------------------------------------------------- pure parts
+def test_event_ids_are_unique_and_shaped_like_before():
+    ids = [new_id("event") for _ in range(100_000)]
+    assert len(set(ids)) == len(ids)
+    assert all(re.fullmatch(r"event_[0-9a-f]{20}", i) for i in ids[:: 997])
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_audio_fast_path_has_the_codec_wire_form(binary):
+    pcm = (np.arange(2400, dtype=np.int64) * 37 % 65536 - 32768).astype(np.int16)
+    events = [
+        ev.XTtsAudioDelta(request_id='odd "id" \\ é', pcm=pcm),
+        ev.ResponseOutputAudioDelta(response_id="resp_1", item_id="item_2", output_index=1, content_index=0, pcm=pcm),
+    ]
+    for event in events:
+        frame = encode_audio_frame(event) if binary else encode_audio_json(event)
+        assert parse_server_frame(frame) == event
+        if not binary:
+            assert json.loads(frame) == json.loads(serialize(event))
+            assert frame.startswith('{"type":"' + event.type + '"')
+
+
+# --------------------------------------------------------------------------- served
+class _RecordingDeflate(PerMessageDeflate):
+    """Client side of permessage-deflate that notes, per received message, (opcode, RSV1)."""
+
+    seen: list[tuple[int, bool]]
+
+    def decode(self, frame, *, max_size=None):
+        self.seen.append((int(frame.opcode), bool(frame.rsv1)))
+        return super().decode(frame, max_size=max_size)
+
+
+class _RecordingFactory(ClientPerMessageDeflateFactory):
+    def __init__(self, seen: list) -> None:
+        super().__init__(client_max_window_bits=True)  # what the websockets client offers by default
+        self.seen = seen
+
+    def process_response_params(self, params, accepted_extensions):
+        ext = super().process_response_params(params, accepted_extensions)
+        rec = _RecordingDeflate(ext.remote_no_context_takeover, ext.local_no_context_takeover,
+                                ext.remote_max_window_bits, ext.local_max_window_bits, ext.compress_settings)
+        rec.seen = self.seen
+        return rec
+
+
+@pytest.fixture(scope="module")
+def batching_engine(cfg):
+    from tts_engine.torch_vits.cuda_engine import CudaTtsEngine
+    from tts_engine.torch_vits.runner import RunnerOptions
+    from tts_engine.voice import Voice
+    from voxloop import models
+
+    torch.set_num_threads(2)
+    options = RunnerOptions(chunk_frames=32, max_frames=1024, decode_batches=(1, 2, 4, 8),
+                            encode_batches=(1, 2, 4, 8), phoneme_buckets=(64, 128), cuda_graphs=False)
+    engine = CudaTtsEngine(Voice.load(models.resolve_voice(cfg).path), options, device="cpu")
+    yield engine
+    engine.close()
+
+
+async def _start_hub(engine, *overrides: str):
+    from pipeline.engines import Engines
+    from pipeline.hub import Hub
+    from voxloop.config import load_config
+
+    cfg = load_config(None, ["server.port=0", "trace.path=none", "server.stages=tts", *overrides], environ={})
+    hub = Hub(cfg, Engines.from_parts(cfg, None, None, [engine]))
+    await hub.start()
+    return hub
+
+
+async def _speak(ws, request_id: str, rate: int) -> tuple[dict, list[np.ndarray]]:
+    """One ``x.tts.speak`` on a JSON session; its ``x.tts.done`` and audio deltas."""
+    await ws.send(json.dumps({"type": "x.tts.speak", "request_id": request_id, "text": SENTENCES,
+                              "noise_scale": 0, "noise_w": 0}))
+    deltas = []
+    while True:
+        m = json.loads(await asyncio.wait_for(ws.recv(), scaled(120)))
+        assert m["type"] != "error", m
+        if m["type"] == "x.tts.audio.delta" and m["request_id"] == request_id:
+            deltas.append(np.frombuffer(base64.b64decode(m["delta"]), "<i2"))
+        elif m["type"] == "x.tts.done" and m["request_id"] == request_id:
+            return m, deltas
+
+
+async def test_batched_engine_serves_sessions_with_one_handoff_per_step(batching_engine):
+    hub = await _start_hub(batching_engine, "server.audio_delta_ms=200")
+    try:
+        speech = hub.engines.speech
+        assert type(speech).__name__ == "BatchedSpeech"
+        assert hub.engines.tts.name == "tts-text" and len(hub.engines.tts.engines) == 1  # no thread per request
+        steps0 = batching_engine.scheduler.steps
+        seen: list[list] = [[] for _ in range(3)]
+        conns = [await websockets.connect(url(hub), extensions=[_RecordingFactory(s)], compression=None)
+                 for s in seen]
+        try:
+            for ws in conns:
+                assert json.loads(await ws.recv())["type"] == "session.created"
+            results = await asyncio.gather(*(_speak(ws, f"r{i}", 24000) for i, ws in enumerate(conns)))
+        finally:
+            for ws in conns:
+                await ws.close()
+        for done, deltas in results:
+            assert done["status"] == "completed"
+            total = sum(len(d) for d in deltas)
+            assert total > 24000 and done["audio_ms"] == round(1000 * total / 24000)
+            assert max(len(d) for d in deltas) == 24000 * 200 // 1000  # server.audio_delta_ms at 24 kHz
+        # Deterministic settings: the three sessions got the same audio (up to the rounding of
+        # different batch shapes, a few LSB of int16).
+        first = np.concatenate(results[0][1]).astype(np.int32)
+        for _, deltas in results[1:]:
+            other = np.concatenate(deltas).astype(np.int32)
+            assert len(other) == len(first) and np.abs(other - first).max() <= 8
+        # One loop wake-up per scheduler step at most, carrying the chunks of several requests.
+        steps = batching_engine.scheduler.steps - steps0
+        assert 0 < speech.handoffs <= steps
+        assert speech.outcomes > speech.handoffs
+        # permessage-deflate was negotiated, audio arrived uncompressed, other events compressed.
+        for s in seen:
+            assert s, "permessage-deflate was not negotiated"
+        text_frames = [rsv1 for s in seen for op, rsv1 in s if op == 1]
+        assert any(text_frames), "no text event was compressed"
+        status, metrics, _ = await asyncio.to_thread(http_get, hub, "/metrics")
+        assert status == 200
+        for name in ("voxloop_event_loop_lag_seconds_count", "voxloop_outbox_depth_messages_gcount",
+                     'voxloop_stage_queue_depth{stage="tts_gpu"}', 'voxloop_messages_sent_total{kind="audio"}',
+                     'voxloop_bytes_sent_total{kind="event"}'):
+            assert name in metrics, name
+        sent_audio = float(re.search(r'voxloop_messages_sent_total\{kind="audio"\} (\S+)', metrics).group(1))
+        assert sent_audio == sum(len(d) for _, d in results)
+    finally:
+        await hub.stop(grace_s=1)
+
+
+async def test_audio_frames_are_never_deflated_on_a_compressed_connection(batching_engine):
+    """JSON audio deltas and binary audio frames keep RSV1 clear; every text event still parses."""
+    hub = await _start_hub(batching_engine)
+    try:
+        seen: list = []
+        async with websockets.connect(url(hub), extensions=[_RecordingFactory(seen)], compression=None) as ws:
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            audio_rsv1, texts = [], []
+            n = len(seen)
+            _, deltas = await _speak(ws, "json", 24000)
+            # Every message after session.created, in order: (opcode, rsv1).
+            flags = seen[n:]
+            assert len(flags) == len(deltas) + 1  # the deltas and x.tts.done
+            audio_rsv1 = [rsv1 for _, rsv1 in flags[:-1]]
+            assert not any(audio_rsv1)
+            assert flags[-1] == (1, True)  # x.tts.done: text, compressed
+            await ws.send(json.dumps({"type": "session.update", "session": {"x_binary_audio": True}}))
+            texts.append(json.loads(await ws.recv()))
+            assert texts[-1]["type"] == "session.updated"
+            n = len(seen)
+            await ws.send(json.dumps({"type": "x.tts.speak", "request_id": "bin", "text": "Hello there."}))
+            binary = 0
+            while True:
+                m = await asyncio.wait_for(ws.recv(), scaled(60))
+                if isinstance(m, bytes):
+                    binary += 1
+                    continue
+                if json.loads(m)["type"] == "x.tts.done":
+                    break
+            assert binary > 0
+            assert [f for f in seen[n:] if f[0] == 2] == [(2, False)] * binary
+    finally:
+        await hub.stop(grace_s=1)
