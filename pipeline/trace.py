@@ -9,7 +9,6 @@ stage histograms.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import json
 import sys
 import threading
@@ -22,6 +21,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from pipeline.heap import malloc_heap
 
 #: Stage marks in the order a turn passes them.
 STAGES = (
@@ -90,31 +91,13 @@ class _ProcessCollector(Collector):
             yield GaugeMetricFamily("voxloop_asyncio_tasks", "Tasks alive on the server's event loop", value=tasks)
         yield GaugeMetricFamily("voxloop_python_allocated_blocks", "Objects allocated by the Python allocator",
                                 value=sys.getallocatedblocks())  # fmt: skip
-        heap = _malloc_heap()
+        heap = malloc_heap()
         if heap is not None:
             family = GaugeMetricFamily("voxloop_malloc_heap_bytes", "C heap (glibc malloc): in use, free but kept "
                                        "by the process, mmapped chunks", labels=["kind"])  # fmt: skip
             for kind, value in heap.items():
                 family.add_metric([kind], value)
             yield family
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]  # fmt: skip
-
-
-def _malloc_heap() -> dict[str, int] | None:
-    """glibc's heap figures (``mallinfo2``), or None on other C libraries."""
-    try:
-        libc = ctypes.CDLL(None)
-        mallinfo2 = libc.mallinfo2
-    except (OSError, AttributeError):
-        return None
-    mallinfo2.restype = _MallInfo2
-    info = mallinfo2()
-    return {"in_use": info.uordblks, "free": info.fordblks, "mmapped": info.hblkhd}
 
 
 class _TtsMemoryCollector(Collector):

@@ -1,5 +1,6 @@
-"""What keeps the server's memory flat: the C heap settings of ``voxloop serve`` and the
-bound on onnxruntime's arena (measured as this process's RSS, so each check is a delta)."""
+"""What keeps the server's memory flat: the C heap handling of ``voxloop serve``
+(pipeline/heap.py) and the bound on onnxruntime's arena (measured as this process's RSS,
+so each check is a delta)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from pipeline.trace import _malloc_heap
-from voxloop.commands.serve import bound_c_heap
+from pipeline import heap
 
 MIB = 2**20
 
@@ -19,17 +19,18 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * ctypes.CDLL(None).getpagesize()
 
 
-@pytest.mark.skipif(_malloc_heap() is None, reason="needs glibc")
-def test_freed_buffers_leave_the_heap(monkeypatch):
-    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
-    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
-    assert bound_c_heap()
-    before = _malloc_heap()["free"]
-    buffers = [np.ones(256 * 1024) for _ in range(64)]  # 64 blocks of 2 MiB, then freed
-    del buffers
-    assert _malloc_heap()["free"] - before < 4 * MIB
+@pytest.mark.skipif(heap.malloc_heap() is None, reason="needs glibc")
+def test_trim_gives_the_free_heap_back(monkeypatch):
+    blocks = [np.ones(8192) for _ in range(4096)]  # 64 KiB each, below the mmap threshold: 256 MiB of heap
+    keep = blocks[::64]  # a few stay alive, so the heap cannot shrink from its top alone
+    del blocks
+    assert heap.malloc_heap()["free"] > 200 * MIB
+    grown = rss_bytes()
+    assert heap.trim()
+    assert rss_bytes() < grown - 150 * MIB
+    assert len(keep) == 64
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
-    assert not bound_c_heap()  # the operator's own setting wins
+    assert not heap.limit_arenas()  # the operator's own setting wins
 
 
 def test_a_long_sentence_does_not_keep_its_arena():
