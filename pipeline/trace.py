@@ -74,7 +74,6 @@ class Metrics:
         """Export the GPU TTS engine's memory figures (``CudaTtsEngine.memory_report``), read at each scrape."""
         self.registry.register(_TtsMemoryCollector(report))
 
-
     def watch_process(self) -> None:
         """Export what a leak would grow, read at each scrape: tasks on the event loop (the hub
         answers /metrics there), Python allocator blocks, the C heap (glibc). For bench.soak."""
