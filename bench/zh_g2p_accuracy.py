@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from bench.harness import RESULTS, ROOT, write_json
-from tts_engine.zh.evaluation import Case, load_cases, score
+from bench.zh_evaluation import Case, load_cases, score
 
 DEFAULT_SET = ROOT / "tests" / "data" / "zh_polyphones.tsv"
 

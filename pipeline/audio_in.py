@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import soxr
 
+from realtime.wire import ErrorCode
 from voxloop.errors import InvalidInput
 
 ASR_RATE = 16000
@@ -41,7 +42,7 @@ class InputAudio:
                 self._overflow = True
                 error = InvalidInput(
                     f"input audio buffer is full ({self.max_samples / ASR_RATE:g} s); later audio is "
-                    "dropped until commit or clear", code="input_audio_buffer_full")
+                    "dropped until commit or clear", code=ErrorCode.INPUT_AUDIO_BUFFER_FULL)
             pcm16k = pcm16k[:max(room, 0)]
         if len(pcm16k):
             self._chunks.append(pcm16k)

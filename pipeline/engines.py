@@ -57,15 +57,40 @@ class Engines:
             for _ in engine.synthesize("Warm up."):
                 pass
         self.load_s["tts"] = time.monotonic() - t0
+        self._set_asr_llm(*self._load_asr_llm())
+        self._set_tts(tts)
+        log.info("models loaded: %s", {k: round(v, 2) for k, v in self.load_s.items()})
+
+    async def load_front_end(self, engine_socket: str) -> None:
+        """A front-end process (``server.front_ends`` > 1): the voice's text side loads here and the GPU
+        engine is the engine process's, reached at ``engine_socket``; ASR and LLM, if configured, load here."""
+        from pipeline.engine_link import RemoteSpeech, SpeechText
+
+        def load() -> tuple:
+            t0 = time.monotonic()
+            text = SpeechText(self.cfg)
+            text.sentence_ids("Warm up.")
+            self.load_s["tts_text"] = time.monotonic() - t0
+            return (text, *self._load_asr_llm())
+
+        text, asr, llm = await asyncio.get_running_loop().run_in_executor(None, load)
+        worker = ModelWorker("tts-text", [text], queue_size=self.cfg.tts.queue_size)
+        speech = RemoteSpeech(engine_socket, text, worker)
+        await speech.connect()
+        self._set_asr_llm(asr, llm)
+        self.tts, self.speech = worker, speech  # last: ``loaded`` turns True
+        log.info("front end ready: %s", {k: round(v, 2) for k, v in self.load_s.items()})
+
+    def _load_asr_llm(self) -> tuple[Any, Any]:
         asr = self._load_asr() if "asr" in self.stages else None
         llm = self._load_llm() if "llm" in self.stages else None
+        return asr, llm
 
-        self._set_tts(tts)
+    def _set_asr_llm(self, asr: Any, llm: Any) -> None:
         if asr is not None:
             self.asr = ModelWorker("asr", [asr], queue_size=64)
         if llm is not None:
             self.llm = ModelWorker("llm", [llm], queue_size=64)
-        log.info("models loaded: %s", {k: round(v, 2) for k, v in self.load_s.items()})
 
     def _load_asr(self) -> Any:
         cfg = self.cfg

@@ -28,7 +28,7 @@ from http import HTTPStatus
 from pathlib import Path
 from urllib.parse import parse_qs
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
@@ -38,7 +38,7 @@ from pipeline.deflate import AudioPassthroughDeflateFactory
 from pipeline.engines import Engines
 from pipeline.loadwatch import LoopLagMonitor, QueueDepthCollector, SendCounters
 from pipeline.origin import CONFIG_KEY as ORIGINS_KEY, refused_origin
-from pipeline.session import AfterSent, Session, SlowClient
+from pipeline.session import AfterSent, Session
 from pipeline.trace import Metrics, TraceSink
 from realtime.protocol import BINARY_AUDIO_EVENTS, RealtimeProtocol
 from voxloop.config import Config
@@ -60,12 +60,36 @@ def _text(status: int, text: str, extra: dict[str, str] | None = None) -> Respon
     return _response(status, (text + "\n").encode(), "text/plain; charset=utf-8", extra)
 
 
-class Hub:
-    """The server. ``await hub.start()``, then ``await hub.serve_until_signal()`` or ``await hub.stop()``."""
+class SessionCount:
+    """Open sessions: of this process, or of every front-end process when given a shared counter
+    (a ``multiprocessing.Value("i")``), so that ``limits.max_sessions`` holds across front ends."""
 
-    def __init__(self, cfg: Config, engines: Engines) -> None:
+    def __init__(self, shared=None) -> None:  # noqa: ANN001 - multiprocessing.Value
+        self._shared = shared
+        self._local = 0
+
+    def add(self, n: int) -> None:
+        self._local += n
+        if self._shared is not None:
+            with self._shared.get_lock():
+                self._shared.value += n
+
+    @property
+    def value(self) -> int:
+        return self._shared.value if self._shared is not None else self._local
+
+
+class Hub:
+    """The server. ``await hub.start()``, then ``await hub.serve_until_signal()`` or ``await hub.stop()``.
+
+    ``shared_sessions``: a counter shared by several front-end processes on one port (``server.front_ends``).
+    """
+
+    def __init__(self, cfg: Config, engines: Engines, shared_sessions=None) -> None:  # noqa: ANN001
         self.cfg = cfg
         self.engines = engines
+        self.open_sessions = SessionCount(shared_sessions)
+        self._reserved: set[ServerConnection] = set()  # admitted upgrades, until their handler ends
         self.metrics = Metrics()
         self.traces = TraceSink(self.metrics, cfg.trace.path)
         self.metrics.watch_tts_memory(self.tts_memory_report)
@@ -75,7 +99,7 @@ class Hub:
         self._outboxes: dict[str, asyncio.Queue] = {}
         self.sent = SendCounters(self.metrics.registry)
         self.loop_lag = LoopLagMonitor(self.metrics.registry)
-        self.metrics.registry.register(QueueDepthCollector(
+        self.metrics.register(QueueDepthCollector(
             lambda: [q.qsize() for q in list(self._outboxes.values())], self.stage_depths))
         self.web_root = Path(cfg.server.web_root) if cfg.server.web_root else WEB_ROOT
         self.draining = False
@@ -84,17 +108,16 @@ class Hub:
 
     def tts_memory_report(self) -> dict | None:
         """The GPU TTS engine's memory figures once loaded; None for engines without (CPU)."""
-        worker = self.engines.tts
-        report = getattr(worker.engine, "memory_report", None) if worker is not None else None
-        return report() if report is not None else None
+        speech = self.engines.speech
+        return speech.memory_report() if speech is not None else None
 
     def stage_depths(self) -> dict[str, int]:
         """Jobs queued or running per loaded stage; ``tts_gpu``: requests in the GPU scheduler."""
         e = self.engines
         depths = {name: w.pending() for name, w in (("asr", e.asr), ("llm", e.llm), ("tts", e.tts)) if w is not None}
-        scheduler = getattr(e.tts.engine, "scheduler", None) if e.tts is not None else None
-        if scheduler is not None:
-            depths["tts_gpu"] = scheduler.in_flight
+        scheduled = e.speech.scheduled() if e.speech is not None else None
+        if scheduled is not None:
+            depths["tts_gpu"] = scheduled
         return depths
 
     # ------------------------------------------------------------------ lifecycle
@@ -109,11 +132,14 @@ class Hub:
             self.cfg.server.host,
             self.cfg.server.port,
             process_request=self._process_request,
+            process_response=self._process_response,
             # Twice the protocol limit: an oversize message gets an error event, a huge one 1009.
             max_size=2 * self.cfg.limits.max_message_bytes,
             # permessage-deflate is accepted when offered, but audio is sent uncompressed (pipeline.deflate).
             compression=None,
             extensions=[AudioPassthroughDeflateFactory()],
+            # Several front-end processes listen on the same port; the kernel spreads connections.
+            reuse_port=self.cfg.server.front_ends > 1,
             max_queue=64,
             ping_interval=20,
             ping_timeout=20,
@@ -157,22 +183,31 @@ class Hub:
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path, _, query = request.path.partition("?")
         if path in WS_PATHS:
-            return self._admit(request, query)
+            refused = self._admit(request, query)
+            if refused is None:  # the slot is taken now, not when the handler starts (other front ends count too)
+                self.open_sessions.add(1)
+                self._reserved.add(connection)
+            return refused
         if path == "/health":
             return _text(200, "ok")
         if path == "/ready":
             ready, why = self.ready()
             return _text(200 if ready else 503, why)
         if path == "/metrics":
-            return _response(200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST)
+            return _response(200, self.metrics.exposition(), CONTENT_TYPE_LATEST)
         return self._static(path)
+
+    def _process_response(self, connection: ServerConnection, request: Request, response: Response) -> None:
+        if connection in self._reserved and response.status_code != 101:  # the upgrade failed after admission
+            self._reserved.discard(connection)
+            self.open_sessions.add(-1)
 
     def ready(self) -> tuple[bool, str]:
         if self.draining:
             return False, "draining"
         if not self.engines.loaded:
             return False, "models loading"
-        free = self.cfg.limits.max_sessions - len(self.sessions)
+        free = self.cfg.limits.max_sessions - self.open_sessions.value
         if free <= 0:
             return False, "full: 0 session slots free"
         return True, f"ready: {free} session slots free"
@@ -197,7 +232,7 @@ class Hub:
         if not self.engines.loaded:
             self.metrics.rejected.labels(reason="loading").inc()
             return _text(503, "models are still loading, retry later", retry)
-        if self.draining or len(self.sessions) >= self.cfg.limits.max_sessions:
+        if self.draining or self.open_sessions.value >= self.cfg.limits.max_sessions:
             self.metrics.rejected.labels(reason="full").inc()
             return _text(503, "server full, retry later", retry)
         return None
@@ -240,14 +275,15 @@ class Hub:
                         session.handle(event)
         except TimeoutError:
             await ws.close(CLOSE_POLICY, f"session limit of {self.cfg.limits.max_session_minutes:g} min reached")
-        except SlowClient:
-            await ws.close(CLOSE_POLICY, "client is not reading its messages")
         except ConnectionClosed:
             pass
         finally:
             await session.shutdown()
             writer.cancel()
             self.sessions.pop(session_id, None)
+            if ws in self._reserved:
+                self._reserved.discard(ws)
+                self.open_sessions.add(-1)
             self._outboxes.pop(session_id, None)
             self.metrics.sessions.dec()
             self._conn_tasks.discard(task)

@@ -9,7 +9,9 @@ nothing and a speculative one holds its events until committed.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -19,9 +21,11 @@ from pipeline.workers import NORMAL, URGENT
 from realtime import events as ev
 from realtime.items import (
     ContentPart,
+    ErrorInfo,
     MessageItem,
     ResponseObject,
     ResponseStatusDetails,
+    ResponseUsage,
 )
 from tts_engine.engine import SynthesisOptions
 from tts_engine.segmenter import ClauseSegmenter
@@ -39,18 +43,49 @@ class ReplyRequest:
 
 
 def response_object(turn: Turn, status: str = "in_progress", reason: str | None = None,
-                    items: tuple[MessageItem, ...] = ()) -> ResponseObject:
+                    items: tuple[MessageItem, ...] = (), error: ErrorInfo | None = None,
+                    usage: ResponseUsage | None = None) -> ResponseObject:
     details = None
     if status != "in_progress":
-        details = ResponseStatusDetails(type=status, reason=reason)  # type: ignore[arg-type]
+        details = ResponseStatusDetails(type=status, reason=reason, error=error)  # type: ignore[arg-type]
     return ResponseObject(id=turn.response_id, status=status, status_details=details,  # type: ignore[arg-type]
-                          output=items)
+                          output=items, usage=usage)
 
 
 def assistant_item(turn: Turn, text: str, status: str, audio: bool = True) -> MessageItem:
     part = ContentPart(type="output_audio", transcript=text) if audio else ContentPart(type="output_text", text=text)
     return MessageItem(id=turn.item_id, role="assistant", status=status,  # type: ignore[arg-type]
                        object="realtime.item", content=(part,) if text or status != "in_progress" else ())
+
+
+def close_item(turn: Turn, status: str) -> tuple[list[object], MessageItem]:
+    """The events that end the reply's content part and item, and the final item.
+
+    ``status``: ``completed``, or ``incomplete`` for a reply cut short (cancelled, failed,
+    stopped at ``max_output_tokens``); the text is what was sent in deltas.
+    """
+    ids = {"response_id": turn.response_id, "item_id": turn.item_id}
+    text = turn.text_sent.strip()
+    events: list[object]
+    if turn.spoken:
+        events = [ev.ResponseOutputAudioDone(**ids), ev.ResponseOutputAudioTranscriptDone(**ids, transcript=text),
+                  ev.ResponseContentPartDone(**ids, part=ContentPart(type="audio", transcript=text))]
+    else:
+        events = [ev.ResponseOutputTextDone(**ids, text=text),
+                  ev.ResponseContentPartDone(**ids, part=ContentPart(type="text", text=text))]
+    item = assistant_item(turn, text, status, turn.spoken)
+    events += [ev.ResponseOutputItemDone(response_id=turn.response_id, item=item), ev.ConversationItemDone(item=item)]
+    return events, item
+
+
+def response_done(turn: Turn, status: str, reason: str | None = None, items: tuple[MessageItem, ...] = (),
+                  error: ErrorInfo | None = None) -> ev.ResponseDone:
+    """``response.done`` with the final items and, once the LLM reported them, its token counts."""
+    stats = turn.generation
+    usage = None if stats is None else ResponseUsage(
+        input_tokens=stats.prompt_tokens, output_tokens=stats.completion_tokens,
+        total_tokens=stats.prompt_tokens + stats.completion_tokens)
+    return ev.ResponseDone(response=response_object(turn, status, reason, items, error, usage))
 
 
 def split_pcm(pcm: np.ndarray, rate: int, max_ms: int) -> list[np.ndarray]:
@@ -67,14 +102,20 @@ class Responder:
         self.engines = engines
         self.turns = turns
 
-    def _emit(self, turn: Turn, event: object) -> None:
-        self.turns.emit(turn, event)
+    def _emit(self, turn: Turn, event: object) -> bool:
+        return self.turns.emit(turn, event)
 
     async def run(self, turn: Turn, req: ReplyRequest) -> str:
-        """Speak one reply; returns the full reply text. Raises CancelledError when interrupted."""
+        """Speak one reply; returns the full reply text. Raises CancelledError when interrupted.
+
+        The item ends ``incomplete`` when the LLM stopped at the token limit
+        (``turn.generation.finish_reason == "length"``).
+        """
         ids = {"response_id": turn.response_id, "item_id": turn.item_id}
         part_type = "audio" if req.audio else "text"
+        turn.spoken = req.audio
         self._emit(turn, ev.ResponseCreated(response=response_object(turn)))
+        turn.response_started = True
         self._emit(turn, ev.ResponseOutputItemAdded(response_id=turn.response_id,
                                                     item=assistant_item(turn, "", "in_progress", req.audio)))
         self._emit(turn, ev.ConversationItemAdded(item=assistant_item(turn, "", "in_progress", req.audio)))
@@ -87,21 +128,14 @@ class Responder:
                 await self._speak(turn, req, clauses, ids)
             else:
                 await self._write_text(turn, clauses, ids)
-            text = await llm_task
+            await llm_task
         finally:
             llm_task.cancel()
-        text = turn.full_text() if req.audio else text
-        if req.audio:
-            self._emit(turn, ev.ResponseOutputAudioDone(**ids))
-            self._emit(turn, ev.ResponseOutputAudioTranscriptDone(**ids, transcript=text))
-            self._emit(turn, ev.ResponseContentPartDone(**ids, part=ContentPart(type="audio", transcript=text)))
-        else:
-            self._emit(turn, ev.ResponseOutputTextDone(**ids, text=text))
-            self._emit(turn, ev.ResponseContentPartDone(**ids, part=ContentPart(type="text", text=text)))
-        item = assistant_item(turn, text, "completed", req.audio)
-        self._emit(turn, ev.ResponseOutputItemDone(response_id=turn.response_id, item=item))
-        self._emit(turn, ev.ConversationItemDone(item=item))
-        return text
+        stopped_at_limit = getattr(turn.generation, "finish_reason", None) == "length"
+        events, item = close_item(turn, "incomplete" if stopped_at_limit else "completed")
+        for event in events:
+            self._emit(turn, event)
+        return item.content[0].content_text if item.content else ""
 
     async def _generate(self, turn: Turn, req: ReplyRequest, clauses: asyncio.Queue[str | None]) -> str:
         """LLM tokens -> clauses (queue); returns the whole text."""
@@ -109,10 +143,8 @@ class Responder:
         text: list[str] = []
         turn.trace.mark("llm_start")
         try:
-            stream = self.engines.llm.stream(
-                lambda llm: llm.stream(req.messages, cancel=turn.cancel, max_tokens=req.max_tokens),
-                turn.cancel, priority=req.priority,
-            )
+            stream = self.engines.llm.stream(lambda llm: _generation(llm, req, turn),
+                                             turn.cancel, priority=req.priority)
             async for token in stream:
                 turn.trace.mark("llm_first_token")
                 text.append(token)
@@ -133,15 +165,17 @@ class Responder:
 
     async def _write_text(self, turn: Turn, clauses: asyncio.Queue[str | None], ids: dict) -> None:
         while (token := await clauses.get()) is not None:
-            self._emit(turn, ev.ResponseOutputTextDelta(**ids, delta=token))
+            if self._emit(turn, ev.ResponseOutputTextDelta(**ids, delta=token)):
+                turn.text_sent += token
 
     async def _speak(self, turn: Turn, req: ReplyRequest, clauses: asyncio.Queue[str | None], ids: dict) -> None:
         options = SynthesisOptions(sample_rate=req.output_rate)
         index = 0
         while (clause := await clauses.get()) is not None:
             start_ms = turn.audio_sent_ms
-            self._emit(turn, ev.ResponseOutputAudioTranscriptDelta(
-                **ids, delta=(" " if index else "") + clause))
+            delta = (" " if index else "") + clause
+            if self._emit(turn, ev.ResponseOutputAudioTranscriptDelta(**ids, delta=delta)):
+                turn.text_sent += delta
             priority = URGENT if index == 0 else NORMAL
             async for chunk in self.engines.speech.stream(clause, options, turn.cancel, priority):
                 turn.trace.mark("tts_first_audio")
@@ -151,3 +185,10 @@ class Responder:
             turn.clauses.append(SpokenClause(clause, start_ms, turn.audio_sent_ms))
             index += 1
 
+
+
+def _generation(llm: Any, req: ReplyRequest, turn: Turn) -> Iterator[str]:
+    """The LLM's text deltas (runs on the LLM worker); once they end, how the generation
+    ended goes to ``turn.generation`` (the engine's ``last_stats``: finish reason, tokens)."""
+    yield from llm.stream(req.messages, cancel=turn.cancel, max_tokens=req.max_tokens)
+    turn.generation = getattr(llm, "last_stats", None)

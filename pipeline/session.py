@@ -30,7 +30,7 @@ from asr.vad import Pause, Resume, SpeechEnd, SpeechStart, VoiceActivityDetector
 from pipeline.audio_in import ASR_RATE, InputAudio
 from pipeline.engines import Engines
 from pipeline.history import History
-from pipeline.respond import ReplyRequest, Responder, assistant_item, response_object
+from pipeline.respond import ReplyRequest, Responder, close_item, response_done
 from pipeline.stages import missing_stage_error
 from pipeline.trace import Metrics, TraceSink, TurnTrace
 from pipeline.tts_requests import TtsRequests
@@ -46,10 +46,6 @@ from voxloop.errors import InvalidInput, VoxloopError
 log = logging.getLogger(__name__)
 #: Shortest push-to-talk commit that is transcribed, ms.
 MIN_COMMIT_MS = 100
-
-
-class SlowClient(Exception):
-    """The client does not read: its outbox is full."""
 
 
 @dataclass(frozen=True)
@@ -304,7 +300,7 @@ class Session:
 
     async def _voice_turn(self, turn: Turn, audio: np.ndarray) -> None:
         item = str(turn.info["user_item_id"])
-        previous = self.history.last_item_id()
+        previous = turn.info["previous_item_id"] = self.history.last_item_id()
         self.turns.emit(turn, ev.ConversationItemAdded(item=self._user_message(item, "in_progress"),
                                                        previous_item_id=previous))
         try:
@@ -349,23 +345,24 @@ class Session:
         wants_audio = session.output_modalities == ("audio",) if audio is None else audio
         req = ReplyRequest(messages, max_tokens, session.output_rate, audio=wants_audio)
         text = await self.responder.run(turn, req)
-        turn.info["reply_text"] = text
         # A speculative turn may finish before the user has; history changes wait for the commit.
         await turn.released.wait()
         if pending_user is not None:
             self._add_user_message(turn)
         if add_to_history and text:
             turn.info["history_index"] = self.history.add("assistant", text, turn.item_id)
-        self._finish(turn, "completed")
+        self._finish(turn, "incomplete" if getattr(turn.generation, "finish_reason", None) == "length"
+                     else "completed")
 
-    def _finish(self, turn: Turn, status: str) -> None:
+    def _finish(self, turn: Turn, status: str, error: ErrorInfo | None = None) -> None:
+        """End ``turn``; a started response ends with ``response.done`` carrying ``status``
+        (completed | incomplete | failed) and its final item."""
         if not self.turns.is_current(turn):
             return
-        if status in ("completed", "failed") and "llm_start" in turn.trace.t:
-            text = turn.info.get("reply_text")
-            items = (assistant_item(turn, text, "completed"),) if text else ()
-            done = ev.ResponseDone(response=response_object(turn, status, items=items))
-            self.turns.emit(turn, done)
+        if turn.response_started:
+            item = close_item(turn, "completed" if status == "completed" else "incomplete")[1]
+            reason = "max_output_tokens" if status == "incomplete" else None
+            self.turns.emit(turn, response_done(turn, status, reason, (item,), error))
         self.turns.finish(turn, status)
         self._last_turn = turn
         turn.trace.mark("done")
@@ -382,11 +379,29 @@ class Session:
         self._send(AfterSent(record))
 
     def _fail(self, turn: Turn, exc: BaseException) -> None:
-        self._error(exc)
-        if turn.committed:
-            self._finish(turn, "failed")
-        else:
+        """A model failed mid-turn: end what the client saw in final states, carrying the error.
+
+        ASR: ``input_audio_transcription.failed`` and the user item done (no response is made).
+        LLM or TTS: the reply's item ends ``incomplete`` and ``response.done`` is ``failed``
+        with ``status_details.error``. No separate ``error`` event (as in the GA API).
+        A speculative turn just stops; the committed turn after it tries again.
+        """
+        if not turn.committed:
             self.turns.interrupt("failed", turn)
+            return
+        if not isinstance(exc, VoxloopError):
+            log.exception("%s: internal error", self.id, exc_info=exc)
+        error = ev.error_info(exc)
+        self.metrics.errors.labels(code=error.code).inc()
+        if "user_text" not in turn.info and "user_item_id" in turn.info:
+            item = str(turn.info["user_item_id"])
+            self.turns.emit(turn, ev.InputAudioTranscriptionFailed(item_id=item, error=error))
+            self.turns.emit(turn, ev.ConversationItemDone(item=self._user_message(item, "completed"),
+                                                          previous_item_id=turn.info.get("previous_item_id")))
+        elif turn.response_started:
+            for event in close_item(turn, "incomplete")[0]:
+                self.turns.emit(turn, event)
+        self._finish(turn, "failed", error)
 
     def _interrupt(self, reason: str, by_voice: bool = True) -> Turn | None:
         """Barge-in / cancel: stop the current turn, tell the client, keep only heard text.
@@ -409,8 +424,11 @@ class Session:
         heard = turn.heard_text()
         if heard:
             turn.info["history_index"] = self.history.add("assistant", heard, turn.item_id)
-        if "llm_start" in turn.trace.t:
-            self._send(ev.ResponseDone(response=response_object(turn, "cancelled", reason)))
+        if turn.response_started:  # its events are dropped from now on: these go out directly
+            events, item = close_item(turn, "incomplete")
+            for event in events:
+                self._send(event)
+            self._send(response_done(turn, "cancelled", reason, (item,)))
         turn.trace.mark("done")
         self._record(turn, "cancelled")
         return turn
@@ -512,8 +530,7 @@ class Session:
             self.tts_requests.start(event, self.protocol.session.output_rate)
         except VoxloopError as exc:  # every request ends with x.tts.done, refused ones too
             self._error(exc, event.event_id)
-            self._send(ev.XTtsDone(request_id=event.request_id, status="failed",
-                                   error=ErrorInfo(type="server_error", code=exc.code, message=exc.message)))
+            self._send(ev.XTtsDone(request_id=event.request_id, status="failed", error=ev.error_info(exc)))
 
     def _on_tts_cancel(self, event: ev.XTtsCancel) -> None:
         self.tts_requests.cancel(event.request_id)

@@ -33,6 +33,14 @@ class SpeechStage(Protocol):
         """Audio of ``text`` in order; stops early when ``cancel`` is set or the consumer stops."""
         ...
 
+    def memory_report(self) -> dict | None:
+        """The GPU engine's memory figures (``CudaTtsEngine.memory_report``); None without a GPU engine."""
+        ...
+
+    def scheduled(self) -> int | None:
+        """Requests inside the GPU scheduler; None without one."""
+        ...
+
 
 class ThreadedSpeech:
     """One worker thread per stream runs the engine's generator (CPU engines)."""
@@ -43,6 +51,12 @@ class ThreadedSpeech:
     def stream(self, text: str, options: SynthesisOptions, cancel: threading.Event,
                priority: int = NORMAL) -> AsyncIterator[AudioChunk]:
         return self.worker.stream(lambda tts: tts.synthesize(text, options), cancel, priority=priority)
+
+    def memory_report(self) -> dict | None:
+        return None
+
+    def scheduled(self) -> int | None:
+        return None
 
 
 class BatchedSpeech:
@@ -56,6 +70,12 @@ class BatchedSpeech:
         #: Scheduler hand-offs (event-loop wake-ups) and the outcomes they carried.
         self.handoffs = 0
         self.outcomes = 0
+
+    def memory_report(self) -> dict | None:
+        return self.engine.memory_report()
+
+    def scheduled(self) -> int | None:
+        return self.engine.scheduler.in_flight
 
     def _sink(self, outcomes: list) -> None:
         """Scheduler thread: one wake-up of the loop for the whole step."""

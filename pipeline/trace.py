@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import threading
 import time
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -49,7 +50,17 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.sessions = Gauge("voxloop_sessions_active", "Open WebSocket sessions", registry=r)
+        # Several front-end processes (server.front_ends > 1): prometheus_client keeps every value in
+        # a file of PROMETHEUS_MULTIPROC_DIR and a scrape of any front end sums them all; collectors
+        # that read live objects (queue depths, GPU memory) report the scraped process.
+        self._multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        self._exposed = CollectorRegistry() if self._multiprocess else r
+        if self._multiprocess:
+            from prometheus_client.multiprocess import MultiProcessCollector
+
+            MultiProcessCollector(self._exposed)
+        self.sessions = Gauge("voxloop_sessions_active", "Open WebSocket sessions", registry=r,
+                              multiprocess_mode="livesum")
         self.sessions_total = Counter("voxloop_sessions", "Sessions accepted", registry=r)
         self.rejected = Counter("voxloop_sessions_rejected", "Upgrades refused", ["reason"], registry=r)
         self.turns = Counter("voxloop_turns", "Turns by outcome", ["status"], registry=r)
@@ -72,12 +83,20 @@ class Metrics:
 
     def watch_tts_memory(self, report: Callable[[], dict[str, Any] | None]) -> None:
         """Export the GPU TTS engine's memory figures (``CudaTtsEngine.memory_report``), read at each scrape."""
-        self.registry.register(_TtsMemoryCollector(report))
+        self.register(_TtsMemoryCollector(report))
+
+    def register(self, collector: Collector) -> None:
+        """A collector read at each scrape (live objects of this process)."""
+        self._exposed.register(collector)
+
+    def exposition(self) -> bytes:
+        """The ``/metrics`` text: every metric (of every front-end process) and the live collectors."""
+        return generate_latest(self._exposed)
 
     def watch_process(self) -> None:
         """Export what a leak would grow, read at each scrape: tasks on the event loop (the hub
         answers /metrics there), Python allocator blocks, the C heap (glibc). For bench.soak."""
-        self.registry.register(_ProcessCollector())
+        self.register(_ProcessCollector())
 
 
 class _ProcessCollector(Collector):

@@ -16,7 +16,7 @@ from pipeline.respond import split_pcm
 from pipeline.trace import Metrics
 from pipeline.workers import NORMAL
 from realtime import events as ev
-from realtime.items import ErrorInfo
+from realtime.wire import ErrorCode
 from tts_engine.engine import SynthesisOptions
 from voxloop.errors import InvalidInput, Overloaded, VoxloopError
 
@@ -41,7 +41,7 @@ class TtsRequests:
 
     def start(self, event: ev.XTtsSpeak, output_rate: int) -> None:
         if event.request_id in self._active:
-            raise InvalidInput(f"request {event.request_id} is already in progress", code="duplicate_request_id")
+            raise InvalidInput(f"request {event.request_id} is already in progress", code=ErrorCode.DUPLICATE_REQUEST_ID)
         if len(self._active) >= MAX_CONCURRENT:
             raise Overloaded(f"at most {MAX_CONCURRENT} x.tts.speak requests per session at once")
         cancel = threading.Event()
@@ -64,8 +64,7 @@ class TtsRequests:
         except asyncio.CancelledError:
             status = "cancelled"
         except VoxloopError as exc:
-            status, error = "failed", ErrorInfo(type="invalid_request_error" if isinstance(exc, InvalidInput)
-                                                else "server_error", code=exc.code, message=exc.message)
+            status, error = "failed", ev.error_info(exc)
             if isinstance(exc, Overloaded):
                 self._send(ev.ErrorEvent.from_exception(exc, event.event_id))
         finally:
@@ -76,7 +75,7 @@ class TtsRequests:
     def cancel(self, request_id: str) -> None:
         entry = self._active.get(request_id)
         if entry is None:
-            raise InvalidInput(f"no x.tts.speak request {request_id} in progress", code="request_not_found")
+            raise InvalidInput(f"no x.tts.speak request {request_id} in progress", code=ErrorCode.REQUEST_NOT_FOUND)
         entry[0].set()
 
     def cancel_all(self) -> None:

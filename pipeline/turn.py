@@ -60,6 +60,15 @@ class Turn:
     utterance: int | None = None
     #: Session bookkeeping (user item id and text, history index); not traced.
     info: dict[str, Any] = field(default_factory=dict)
+    #: ``response.created`` was emitted: the response must end with ``response.done``.
+    response_started: bool = False
+    #: The reply is spoken (False: a text-only reply).
+    spoken: bool = True
+    #: Reply text sent so far in transcript or text deltas.
+    text_sent: str = ""
+    #: How the LLM's generation ended, once it has (``finish_reason``, ``prompt_tokens``,
+    #: ``completion_tokens``; e.g. ``llm.chat.GenerationStats``). None while running or unknown.
+    generation: Any = None
 
     def heard_ms(self, now: float | None = None) -> float:
         """How much of the reply the user has heard: reported, else estimated from wall time."""
@@ -116,10 +125,6 @@ class TurnControl:
             turn.released.set()
         self.current = turn
         return turn
-
-    @property
-    def next_id(self) -> int:
-        return self._next_id + 1
 
     def is_current(self, turn: Turn | int) -> bool:
         tid = turn if isinstance(turn, int) else turn.turn_id

@@ -74,6 +74,7 @@ from realtime.server_events import (
     XTtsAudioDelta,
     XTtsDone,
     XTurnMetrics,
+    error_info,
 )
 from realtime.wire import ErrorCode, ProtocolError, event_id_of
 
@@ -83,7 +84,7 @@ ProtocolErrorEvent = ErrorEvent
 __all__ = [
     "CLIENT_EVENTS", "SERVER_EVENTS", "UNSUPPORTED_CLIENT_EVENTS",
     "ClientEvent", "ServerEvent", "ErrorCode", "ProtocolError", "ProtocolErrorEvent",
-    "parse_client_event", "parse_server_event", "serialize",
+    "error_info", "parse_client_event", "parse_server_event", "serialize",
     # client events
     "SessionUpdate", "InputAudioBufferAppend", "InputAudioBufferCommit", "InputAudioBufferClear",
     "ResponseCreate", "ResponseCancel", "ConversationItemCreate", "ConversationItemTruncate",

@@ -244,15 +244,22 @@ class ErrorEvent(ServerEvent):
         """The error event for ``exc``: protocol/input errors are the client's, others the server's."""
         if isinstance(exc, ProtocolError):
             client_event_id = client_event_id or exc.event_id
-        param = getattr(exc, "param", None)
-        if isinstance(exc, VoxloopError):
-            code, message = exc.code, exc.message
-        else:
-            code, message = ErrorCode.INTERNAL_ERROR, "internal server error"
-        kind = "invalid_request_error" if isinstance(exc, InvalidInput) else "server_error"
+        info = error_info(exc)
         retry = exc.retry_after_ms if isinstance(exc, Overloaded) else None
-        return cls(error=ErrorDetail(type=kind, code=code, message=message, param=param,
-                                     event_id=client_event_id, retry_after_ms=retry))
+        return cls(error=ErrorDetail(type=info.type, code=info.code, message=info.message,
+                                     param=getattr(exc, "param", None), event_id=client_event_id,
+                                     retry_after_ms=retry))
+
+
+def error_info(exc: BaseException) -> ErrorInfo:
+    """``{type, code, message}`` of ``exc``: ``invalid_request_error`` for the client's input
+    (``InvalidInput``), else ``server_error``; an unexpected exception says nothing more."""
+    if isinstance(exc, VoxloopError):
+        code, message = exc.code, exc.message
+    else:
+        code, message = ErrorCode.INTERNAL_ERROR, "internal server error"
+    kind = "invalid_request_error" if isinstance(exc, InvalidInput) else "server_error"
+    return ErrorInfo(type=kind, code=code, message=message)
 
 
 @dataclass(frozen=True, kw_only=True)

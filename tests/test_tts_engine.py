@@ -141,14 +141,22 @@ def test_emoji_and_control_chars_still_speak_the_words(engine):
 
 
 def test_20000_chars_stream_the_first_sentence_quickly(engine):
-    text = ("The quick brown fox jumps over the lazy dog near the river bank. " * 400)[:20_000]
+    sentence = "The quick brown fox jumps over the lazy dog near the river bank. "
+    start = time.perf_counter()
+    one = engine.synthesize(sentence)
+    next(one)
+    one.close()
+    alone = time.perf_counter() - start
+    text = (sentence * 400)[:20_000]
     start = time.perf_counter()
     chunks = engine.synthesize(text)
     first = next(chunks)
     elapsed = time.perf_counter() - start
     chunks.close()  # the caller may stop early; the rest is never computed
     assert first.clause_index == 0 and first.num_samples > engine.sample_rate  # > 1 s of speech
-    assert elapsed < scaled(3.0)
+    # About the time of that sentence alone (measured just before, under the same load),
+    # not of 400 sentences: the rest of the text waits until it is read.
+    assert elapsed < 3 * alone + scaled(0.5), (elapsed, alone)
 
 
 def test_text_over_the_limit_is_rejected(engine, cfg):

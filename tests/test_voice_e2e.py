@@ -132,13 +132,15 @@ async def test_short_pause_does_not_split_the_turn(engines, hub):
                                  say(engines, "What color is the sky?"), silence(1500)])
         await stream(ws, speech, speed=1.0)
         _, msgs = await until(ws, "x.turn.metrics", timeout=60)
-        try:  # nothing else may follow: one utterance, one reply
-            extra = [m["type"] for m in [await recv(ws, 2.0) for _ in range(3)]]
+        extra = []  # nothing else may follow: one utterance, one reply
+        try:
+            while True:
+                extra.append((await recv(ws, 3.0))["type"])
         except TimeoutError:
-            extra = []
-    assert "response.created" not in extra
-    created = [m for m in msgs if m["type"] == "response.created"]
-    assert len(created) == 1
+            pass
+    assert extra == []
+    assert [m["type"] for m in msgs].count("input_audio_buffer.committed") == 1
+    assert [m["type"] for m in msgs].count("response.created") == 1
     heard = next(m for m in msgs if m["type"] == "conversation.item.input_audio_transcription.completed")
     assert "hello" in words(heard["transcript"]) and "sky" in words(heard["transcript"])
 
@@ -158,24 +160,27 @@ async def test_barge_in_cancels_and_keeps_only_heard_text(engines, hub):
         first, _ = await ask_for_long_story(ws)
         await ws.send(json.dumps({"type": "x.playback", "item_id": first["item_id"], "audio_end_ms": 400}))
         interruption = np.concatenate([say(engines, "Stop, wait a moment please."), silence(1200)])
-        t_speech = time.monotonic()
         sender = asyncio.create_task(stream(ws, interruption))
         done, msgs = await until(ws, "response.done", timeout=30)
-        t_done = time.monotonic()
         assert done["response"]["status"] == "cancelled"
         assert done["response"]["status_details"]["reason"] == "turn_detected"
-        started = [m for m in msgs if m["type"] == "input_audio_buffer.speech_started"]
-        assert started
-        # Cancelled within barge_in_min_ms + VAD start + 100 ms of the speech (paced at real time).
-        cfg = engines.cfg
-        budget = (cfg.vad.barge_in_min_ms + cfg.vad.start_frames * cfg.vad.frame_ms + 150 + 100) / 1000
-        assert t_done - t_speech < scaled(budget + 0.3), t_done - t_speech
+        # Cancelled while the user still talks (after barge_in_min_ms of speech), not at its end.
+        kinds = [m["type"] for m in msgs]
+        assert "input_audio_buffer.speech_started" in kinds and "input_audio_buffer.speech_stopped" not in kinds
         await sender
         # The interruption itself is answered, as its own turn.
         heard, _ = await until(ws, "conversation.item.input_audio_transcription.completed", timeout=60)
         assert "stop" in words(heard["transcript"])
         nxt, _ = await until(ws, "response.done", timeout=60)
-        assert nxt["response"]["status"] == "completed" and nxt["response"]["id"] != done["response"]["id"]
+        # (incomplete: the reply may run into the token limit of this long-story session)
+        assert nxt["response"]["status"] in ("completed", "incomplete") and nxt["response"]["id"] != done["response"]["id"]
+        # History keeps only the heard start of the story (<= 400 ms reported played), then the new turn.
+        said = words(done["response"]["output"][0]["content"][0]["transcript"])
+        history = next(iter(hub.sessions.values())).history.snapshot()
+        story = [m for m in history if m.item_id == first["item_id"]]
+        assert not story or (said.startswith(words(story[0].content))
+                             and len(story[0].content.split()) < len(said.split())), (story, said)
+        assert [m.role for m in history][-2:] == ["user", "assistant"] and "stop" in words(history[-2].content)
 
 
 async def test_barge_in_history_truncation(engines, hub):
@@ -195,6 +200,23 @@ async def test_barge_in_history_truncation(engines, hub):
         assert 1 <= len(assistant[-1].content.split()) <= 6, assistant[-1].content
         assert len(said.split()) > len(assistant[-1].content.split())
         assert said.strip().startswith(assistant[-1].content.split()[0])
+
+
+async def test_token_limit_gives_an_incomplete_response(engines, hub):
+    async with websockets.connect(url(hub)) as ws:
+        await recv(ws)
+        await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": 5}}))
+        await until(ws, "session.updated")
+        for m in user_text("Tell me a long story about a brave dragon and a little village."):
+            await ws.send(m)
+        done, msgs = await until(ws, "response.done", timeout=60)
+    response = done["response"]
+    assert response["status"] == "incomplete", response
+    assert response["status_details"] == {"type": "incomplete", "reason": "max_output_tokens"}
+    assert response["usage"]["output_tokens"] == 5 and response["usage"]["input_tokens"] > 5
+    assert response["output"][0]["status"] == "incomplete"
+    spoken = next(m for m in msgs if m["type"] == "response.output_audio_transcript.done")["transcript"]
+    assert response["output"][0]["content"][0]["transcript"] == spoken and 1 <= len(spoken.split()) <= 5
 
 
 async def test_push_to_talk_text_input_and_two_sessions(engines, hub):

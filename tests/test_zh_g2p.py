@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pypinyin import Style, lazy_pinyin
 
-from tts_engine.zh.evaluation import load_cases, score, syllable_errors
+from bench.zh_evaluation import load_cases, score, syllable_errors
 from tts_engine.zh.g2p import ChineseG2p
 from tts_engine.zh.lexicon import Lexicon
 from tts_engine.zh.normalize import normalize_zh

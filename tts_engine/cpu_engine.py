@@ -81,9 +81,7 @@ class OnnxTtsEngine:
             from tts_engine.zh import configure
 
             configure(tts.zh_lexicon_path)
-        defaults = SynthesisOptions(
-            length_scale=tts.length_scale, noise_scale=tts.noise_scale, noise_w=tts.noise_w, speaker_id=tts.speaker_id
-        )
+        defaults = SynthesisOptions.from_config(tts)
         chunked_dir = None
         if tts.streaming and voice.config.num_speakers > 1:
             log.warning("tts.streaming: %s has %d speakers; speaking whole sentences", onnx_path.name,

@@ -28,6 +28,12 @@ class SynthesisOptions:
     #: Output rate, Hz; None is the voice's native rate (resampled with soxr otherwise).
     sample_rate: int | None = None
 
+    @classmethod
+    def from_config(cls, tts) -> SynthesisOptions:  # noqa: ANN001 - voxloop.config.TtsConfig
+        """An engine's defaults from ``cfg.tts`` (scales and speaker; None keeps the voice's own)."""
+        return cls(length_scale=tts.length_scale, noise_scale=tts.noise_scale, noise_w=tts.noise_w,
+                   speaker_id=tts.speaker_id)
+
 
 @dataclass(frozen=True)
 class AudioChunk:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tts_engine.espeak import EspeakPhonemizer
-from tts_engine.voice import BOS, EOS, PAD, VoiceConfig
+from tts_engine.voice import VoiceConfig, phoneme_ids
 from voxloop.errors import InvalidInput, ModelError
 
 log = logging.getLogger(__name__)
@@ -46,18 +46,7 @@ def interspersed_ids(
     phonemes: Sequence[str], id_map: Mapping[str, Sequence[int]]
 ) -> tuple[list[int], list[str]]:
     """Piper's encoding: BOS, PAD, then each phoneme followed by PAD, then EOS."""
-    pad = id_map[PAD]
-    ids = [*id_map[BOS], *pad]
-    skipped = []
-    for phoneme in phonemes:
-        phoneme_ids = id_map.get(phoneme)
-        if phoneme_ids is None:
-            skipped.append(phoneme)
-            continue
-        ids.extend(phoneme_ids)
-        ids.extend(pad)
-    ids.extend(id_map[EOS])
-    return ids, skipped
+    return phoneme_ids(phonemes, id_map)
 
 
 @dataclass(frozen=True)

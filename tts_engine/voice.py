@@ -11,7 +11,7 @@ defaults match Piper's when a key is absent.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,29 @@ DEFAULT_HOP_LENGTH = 256
 PHONEME_TYPES = ("espeak", "text", "pinyin", "hebrew", "japanese", "thai")
 #: Special symbols of the id map: padding, beginning and end of sentence.
 PAD, BOS, EOS = "_", "^", "$"
+
+
+def phoneme_ids(
+    phonemes: Sequence[str], id_map: Mapping[str, Sequence[int]], pad_after: Container[str] | None = None
+) -> tuple[list[int], list[str]]:
+    """Piper's id layout: BOS, each phoneme's ids, EOS; (ids, phonemes ``id_map`` lacks, skipped).
+
+    PAD follows BOS and every phoneme when ``pad_after`` is None (espeak and text voices), else
+    only the phonemes in ``pad_after`` (pinyin voices: each tone and pause).
+    """
+    pad = id_map[PAD]
+    ids = [*id_map[BOS], *(pad if pad_after is None else ())]
+    skipped = []
+    for phoneme in phonemes:
+        ids_of = id_map.get(phoneme)
+        if ids_of is None:
+            skipped.append(phoneme)
+            continue
+        ids.extend(ids_of)
+        if pad_after is None or phoneme in pad_after:
+            ids.extend(pad)
+    ids.extend(id_map[EOS])
+    return ids, skipped
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,8 @@ class Reply:
     sample_rate: int
     #: completed | cancelled | failed | incomplete, or no_response (the user's transcript was empty).
     status: str
-    #: Why it was cancelled/incomplete: turn_detected (barge-in), client_cancelled, max_output_tokens…
+    #: Why it was cancelled/incomplete: turn_detected (barge-in), client_cancelled, max_output_tokens…;
+    #: for a failed response the error code (model_error…).
     reason: str | None = None
     user_transcript: str | None = None
     user_item_id: str | None = None
@@ -196,6 +197,8 @@ class ReplyBuilder:
         self.status, self.done_at = response.status, now
         details = response.status_details
         self.reason = details.reason if details else None
+        if details is not None and details.error is not None and self.reason is None:
+            self.reason = details.error.code  # failed: e.g. model_error
         if self.transcript is None and response.output:
             self.transcript = response.output[0].text
             self.item_id = self.item_id or response.output[0].id

@@ -60,12 +60,20 @@ class ServerConfig:
     #: socket write each); barge-in is unaffected (the server stops sending at once, the client
     #: drops what it queued). 20..1000.
     audio_delta_ms: int = 100
+    #: WebSocket front-end processes. 1: one process does everything. N > 1 (``tts.backend =
+    #: "cuda"``, Linux): this process owns the GPU engine and starts N front ends that share the
+    #: port (SO_REUSEPORT) and each run sessions, text front end, resampling and JSON; they send
+    #: TTS work to the engine process and get each GPU step's audio back in one message.
+    #: ``limits.max_sessions`` counts across them; ``/metrics`` of any of them sums all of them.
+    front_ends: int = 1
 
     def __post_init__(self) -> None:
         bad = [o for o in self.allowed_origins if o != "*" and not _ORIGIN.fullmatch(o)]
         if bad:
             raise ConfigError(f"server.allowed_origins: {bad} are not origins; write scheme://host[:port] "
                               '(e.g. https://voice.example.com) or "*" for any')
+        if not 1 <= self.front_ends <= 64:
+            raise ConfigError(f"server.front_ends must be 1..64, got {self.front_ends}")
         if not 20 <= self.audio_delta_ms <= 1000:
             raise ConfigError(f"server.audio_delta_ms must be 20..1000 ms, got {self.audio_delta_ms}")
         unknown = sorted(set(self.stages) - set(STAGES))
@@ -169,8 +177,11 @@ class TtsConfig:
     onnx_workers: int = 1
     #: Precision on GPU: "fp32", "bf16", "fp16", "int8".
     precision: str = "bf16"
+    #: Device of the "cuda" backend (PyTorch VITS): "cuda", "cuda:N", or "cpu" (eager, no CUDA
+    #: graphs: slow, for tests and for trying the GPU serving path on a machine without one).
+    device: str = "cuda"
     #: CPU (onnx): speak each sentence in decoder chunks, first audio after the first chunk instead of
-    #: the whole sentence, for ~12% more CPU per sentence; runs the voice exported once as chunked
+    #: the whole sentence, for ~20% more CPU per sentence; runs the voice exported once as chunked
     #: ONNX, which needs PyTorch (``voxloop models`` exports it). GPU (cuda) always streams.
     streaming: bool = False
     #: First decoder chunk of a clause, latent frames (one frame = hop samples: 64 = 0.74 s at 22050 Hz).

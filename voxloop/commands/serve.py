@@ -25,12 +25,19 @@ def run(args: argparse.Namespace) -> int:
     # 551 -> 473 ms, python -m bench.voice_latency). Must be set before those libraries load.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from pipeline import heap
+    from pipeline.origin import exposure_warning
 
     heap.limit_arenas()  # before the model threads start (pipeline/heap.py)
     cfg = config_from_args(args)
     changes = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     if changes:
         cfg = cfg.replace("server", **changes)
+    if (warning := exposure_warning(cfg.server.host, cfg.server.auth_token)) is not None:
+        log.warning("%s", warning)
+    if cfg.server.front_ends > 1:
+        from pipeline.front_ends import serve_front_ends
+
+        return serve_front_ends(cfg)
     asyncio.run(_serve(cfg))
     return 0
 
@@ -39,13 +46,10 @@ async def _serve(cfg) -> None:
     from pipeline import heap
     from pipeline.engines import Engines
     from pipeline.hub import Hub
-    from pipeline.origin import exposure_warning
 
     engines = Engines(cfg)
     hub = Hub(cfg, engines)
     await hub.start()  # /health answers while models load; /ready turns 200 after
-    if (warning := exposure_warning(cfg.server.host, cfg.server.auth_token)) is not None:
-        log.warning("%s", warning)
     loader = asyncio.create_task(engines.load())
     serving = asyncio.create_task(hub.serve_until_signal())
     trimmer = asyncio.create_task(heap.trim_when_idle(lambda: len(hub.sessions)))
