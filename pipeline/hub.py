@@ -9,7 +9,8 @@ HTTP routes (answered during the opening handshake, no upgrade):
 WebSocket: ``/v1/realtime`` (also ``/realtime``, as the openai SDK builds ``{base}/realtime``).
 
 Admission: over ``limits.max_sessions`` the upgrade gets HTTP 503 + ``Retry-After``;
-a wrong bearer token 401; a browser Origin not in ``server.allowed_origins`` 403.
+a wrong bearer token 401; a browser Origin that is not loopback, the server's own page or in
+``server.allowed_origins`` 403 (pipeline/origin.py).
 Per connection: a reader task (frames -> protocol core -> session) and a writer task
 (bounded queue -> protocol core -> frames). A client that stops reading fills the
 queue and is closed with 1008. Speech knows nothing of this module.
@@ -36,6 +37,7 @@ from websockets.http11 import Request, Response
 from pipeline.deflate import AudioPassthroughDeflateFactory
 from pipeline.engines import Engines
 from pipeline.loadwatch import LoopLagMonitor, QueueDepthCollector, SendCounters
+from pipeline.origin import CONFIG_KEY as ORIGINS_KEY, refused_origin
 from pipeline.session import AfterSent, Session
 from pipeline.trace import Metrics, TraceSink
 from realtime.protocol import BINARY_AUDIO_EVENTS, RealtimeProtocol
@@ -94,6 +96,7 @@ class Hub:
         self.metrics.watch_llm(self.llm_report)
         self.traces.gpu_report = self.tts_memory_report
         self.sessions: dict[str, Session] = {}
+        self.metrics.watch_process()
         self._outboxes: dict[str, asyncio.Queue] = {}
         self.sent = SendCounters(self.metrics.registry)
         self.loop_lag = LoopLagMonitor(self.metrics.registry)
@@ -227,11 +230,11 @@ class Hub:
                                       or (offered is not None and hmac.compare_digest(offered, token))):
             self.metrics.rejected.labels(reason="auth").inc()
             return _text(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
-        origin = request.headers.get("Origin")
-        allowed = self.cfg.server.allowed_origins
-        if origin is not None and allowed and origin not in allowed:
+        origin = refused_origin(request.headers, self.cfg.server)
+        if origin is not None:
             self.metrics.rejected.labels(reason="origin").inc()
-            return _text(403, f"origin {origin} is not allowed")
+            log.warning("refused a WebSocket from origin %r: add it to %s to allow it", origin, ORIGINS_KEY)
+            return _text(403, f"origin {origin} is not allowed (server setting {ORIGINS_KEY})")
         retry = {"Retry-After": str(self.cfg.limits.retry_after_s)}
         if not self.engines.loaded:
             self.metrics.rejected.labels(reason="loading").inc()

@@ -8,8 +8,10 @@ stage histograms.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +22,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from pipeline.heap import malloc_heap
 
 #: Stage marks in the order a turn passes them.
 STAGES = (
@@ -93,6 +97,12 @@ class Metrics:
         """Export the batched LLM's figures (``BatchedChat.report``, this process's), read at each scrape."""
         self.register(_LlmCollector(report))
 
+    def watch_process(self) -> None:
+        """Export what a leak would grow, read at each scrape: tasks on the event loop (the hub
+        answers /metrics there), Python allocator blocks, the C heap (glibc). For bench.soak."""
+        self.register(_ProcessCollector())
+
+
 
 class _LlmCollector(Collector):
     """The LLM's fixed memory, sequences, batch of the last step and token counters."""
@@ -127,6 +137,25 @@ class _LlmCollector(Collector):
         tokens.add_metric(["prompt"], r["prompt_tokens_evaluated"])
         tokens.add_metric(["all"], r["evaluated_tokens"])
         yield tokens
+
+
+class _ProcessCollector(Collector):
+    def collect(self) -> Iterator[Metric]:
+        try:
+            tasks = len(asyncio.all_tasks())
+        except RuntimeError:  # scraped off the event loop (a test calling generate_latest)
+            tasks = None
+        if tasks is not None:
+            yield GaugeMetricFamily("voxloop_asyncio_tasks", "Tasks alive on the server's event loop", value=tasks)
+        yield GaugeMetricFamily("voxloop_python_allocated_blocks", "Objects allocated by the Python allocator",
+                                value=sys.getallocatedblocks())  # fmt: skip
+        heap = malloc_heap()
+        if heap is not None:
+            family = GaugeMetricFamily("voxloop_malloc_heap_bytes", "C heap (glibc malloc): in use, free but kept "
+                                       "by the process, mmapped chunks", labels=["kind"])  # fmt: skip
+            for kind, value in heap.items():
+                family.add_metric([kind], value)
+            yield family
 
 
 class _TtsMemoryCollector(Collector):

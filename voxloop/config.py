@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 import types
 import typing
@@ -26,6 +27,8 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 ENV_PREFIX = "VOXLOOP_"
 #: The model stages a server can run (``server.stages``).
 STAGES = ("asr", "llm", "tts")
+#: What ``server.allowed_origins`` entries look like (besides ``*``): no path, query or user.
+_ORIGIN = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[^\s/?#@:\[\]]+)(:\d{1,5})?", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,11 @@ class ServerConfig:
     shutdown_grace_s: float = 10.0
     #: Optional bearer token required in ``Authorization: Bearer …``; None disables auth.
     auth_token: str | None = None
-    #: Allowed ``Origin`` headers for browsers; empty tuple allows any origin.
+    #: Browser origins allowed beyond the default (the server's own page and loopback pages:
+    #: ``http(s)://localhost``, ``127.0.0.1``, ``[::1]``, any port), each ``scheme://host[:port]``;
+    #: ``"*"`` allows every web page the user visits to use this server (cross-site WebSocket
+    #: hijacking), so pair it with ``auth_token``. Clients without an ``Origin`` header (not
+    #: browsers) are never affected. See pipeline/origin.py.
     allowed_origins: tuple[str, ...] = ()
     #: Directory served at ``/``; None means the bundled ``web_client/``.
     web_root: str | None = None
@@ -61,6 +68,10 @@ class ServerConfig:
     front_ends: int = 1
 
     def __post_init__(self) -> None:
+        bad = [o for o in self.allowed_origins if o != "*" and not _ORIGIN.fullmatch(o)]
+        if bad:
+            raise ConfigError(f"server.allowed_origins: {bad} are not origins; write scheme://host[:port] "
+                              '(e.g. https://voice.example.com) or "*" for any')
         if not 1 <= self.front_ends <= 64:
             raise ConfigError(f"server.front_ends must be 1..64, got {self.front_ends}")
         if not 20 <= self.audio_delta_ms <= 1000:

@@ -24,6 +24,10 @@ def run(args: argparse.Namespace) -> int:
     # steal the 2nd core from whichever stage runs next (measured: processing p50
     # 551 -> 473 ms, python -m bench.voice_latency). Must be set before those libraries load.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from pipeline import heap
+    from pipeline.origin import exposure_warning
+
+    heap.limit_arenas()  # before the model threads start (pipeline/heap.py)
     cfg = config_from_args(args)
     changes = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     if changes:
@@ -33,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
         from voxloop.models import cache_dir
 
         arrange_cublas(cache_dir(cfg))  # may restart this process once with LD_LIBRARY_PATH set
+    if (warning := exposure_warning(cfg.server.host, cfg.server.auth_token)) is not None:
+        log.warning("%s", warning)
     if cfg.server.front_ends > 1:
         from pipeline.front_ends import serve_front_ends
 
@@ -42,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(cfg) -> None:
+    from pipeline import heap
     from pipeline.engines import Engines
     from pipeline.hub import Hub
 
@@ -50,10 +57,13 @@ async def _serve(cfg) -> None:
     await hub.start()  # /health answers while models load; /ready turns 200 after
     loader = asyncio.create_task(engines.load())
     serving = asyncio.create_task(hub.serve_until_signal())
+    trimmer = asyncio.create_task(heap.trim_when_idle(lambda: len(hub.sessions)))
     await asyncio.wait({loader, serving}, return_when=asyncio.FIRST_COMPLETED)
     if loader.done() and loader.exception() is not None:
         serving.cancel()
+        trimmer.cancel()
         await hub.stop(grace_s=0)
         raise loader.exception()  # a VoxloopError (e.g. ModelError) becomes a clear CLI error
     await serving
+    trimmer.cancel()
     log.info("stopped")
