@@ -6,12 +6,12 @@ and every compliant peer reads such a message as is. This extension uses that fr
 
 * audio is sent uncompressed: binary frames (the fast path carries only audio) and the JSON
   audio deltas, recognised by their first bytes (every event is serialized with ``"type"``
-  first, see ``realtime.protocol``). Deflating a 100 ms JSON audio delta costs ≈ 0.24 ms of CPU
-  (≈ 2.4 ms per second of speech sent, i.e. one core per ≈ 400 listeners) and only takes back
+  first, see ``realtime.protocol``). Deflating a 100 ms JSON audio delta costs ≈ 0.17 ms of CPU
+  (≈ 1.7 ms per second of speech sent, i.e. one core per ≈ 600 listeners) and only takes back
   most of base64's overhead (to 0.66 of the JSON, ≈ 0.88 of the PCM); at 50 clients on an H200
   it was half the event loop's time;
 * every other text event (session objects, transcripts, errors) is compressed, with the
-  context kept between messages as negotiated: ≈ 7 µs each, to about a third of their size.
+  context kept between messages as negotiated: ≈ 4 µs each, to about a third of their size.
   Figures: ``python -m bench.ws_serialize`` (bench/results/ws_serialize-*.json).
 
 Skipped messages do not enter the compressor, so its window stays valid for the next
