@@ -100,7 +100,7 @@ def _load_engine(cfg: Config, engine_socket: str):  # noqa: ANN202 - (engine, En
     from tts_engine.factory import create_engines
 
     t0 = time.monotonic()
-    (engine,) = {id(e): e for e in create_engines(cfg)}.values()
+    (engine,) = create_engines(cfg)  # the cuda backend: one engine object serves everything
     for _ in engine.synthesize("Warm up."):
         pass
     host = EngineHost(engine, engine_socket)

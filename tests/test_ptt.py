@@ -162,14 +162,21 @@ async def test_live_push_to_talk_with_barge_in(tts_engines):
                     assert time.monotonic() < deadline, "".join(lines)
                     await asyncio.sleep(0.02)
 
+            def mic_s() -> float:  # seconds of microphone audio captured so far (the fake mic's own clock:
+                return audio.mic_pos / audio.rates["input"]  # on a loaded machine it lags the wall clock)
+
+            async def talk(seconds: float) -> None:
+                start = mic_s()
+                await until(lambda: mic_s() - start >= seconds, 10)
+
             async def keys():
                 yield "start"
-                await asyncio.sleep(1.0)
+                await talk(1.0)
                 yield "stop"  # turn 1: ~1 s of microphone audio
                 await until(lambda: live.playback.position()[2] >= 600, 20)
                 yield "start"  # talk over the reply after ~0.6 s of it played
                 assert live.playback.queued_ms == 0
-                await asyncio.sleep(0.5)
+                await talk(0.5)
                 yield "stop"
                 await until(lambda: "".join(lines).count("latency:") >= 2 and live.playback.position()[3], 20)
                 await asyncio.sleep(0.4)  # the final x.playback goes out
