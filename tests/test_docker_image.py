@@ -155,7 +155,9 @@ async def test_docker_stop_drains_turn_and_exits_0(harness, container):
     stopped_s = time.monotonic() - t0
     await c.close()
     state = harness.state(name)
-    assert reply.status == "completed", "the turn in flight was not allowed to finish"
+    # Finished, not cancelled: "completed", or "incomplete" at the 40-token limit (max_output_tokens).
+    assert reply.status == "completed" or (reply.status, reply.reason) == ("incomplete", "max_output_tokens"), \
+        f"the turn in flight was not allowed to finish: {reply.status} ({reply.reason})"
     assert closed.value.close_code == 1001, closed.value
     assert state["Status"] == "exited" and state["ExitCode"] == 0, (state, harness.logs(name))
     assert stopped_s < GRACE_S + 5, f"stop took {stopped_s:.1f} s (grace {GRACE_S} s)"
