@@ -49,17 +49,6 @@ def frame(message: Any) -> bytes:
     return _LEN.pack(len(body)) + body
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
-    parts, got = [], 0
-    while got < n:
-        part = sock.recv(n - got)
-        if not part:
-            return None
-        parts.append(part)
-        got += len(part)
-    return b"".join(parts)
-
-
 # --------------------------------------------------------------------------- engine process
 class EngineHost:
     """Serves a batching engine (``submit_sentences(..., sink=)``) to front ends on a Unix socket."""
@@ -129,10 +118,11 @@ class _FrontEndLink:
             self._out.put(("step", items))
 
     def _read(self) -> None:
+        reader = self.conn.makefile("rb")  # read(n) returns n bytes, or fewer at end of stream
         try:
-            while (head := _recv_exact(self.conn, _LEN.size)) is not None:
-                body = _recv_exact(self.conn, _LEN.unpack(head)[0])
-                if body is None:
+            while len(head := reader.read(_LEN.size)) == _LEN.size:
+                size = _LEN.unpack(head)[0]
+                if len(body := reader.read(size)) < size:
                     break
                 self._handle(pickle.loads(body))
         except OSError:

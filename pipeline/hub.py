@@ -97,11 +97,10 @@ class Hub:
         self.traces.gpu_report = self.tts_memory_report
         self.sessions: dict[str, Session] = {}
         self.metrics.watch_process()
-        self._outboxes: dict[str, asyncio.Queue] = {}
         self.sent = SendCounters(self.metrics.registry)
         self.loop_lag = LoopLagMonitor(self.metrics.registry)
         self.metrics.register(QueueDepthCollector(
-            lambda: [q.qsize() for q in list(self._outboxes.values())], self.stage_depths))
+            lambda: [s.outbox.qsize() for s in list(self.sessions.values())], self.stage_depths))
         self.web_root = Path(cfg.server.web_root) if cfg.server.web_root else WEB_ROOT
         self.draining = False
         self._server: Server | None = None
@@ -205,7 +204,12 @@ class Hub:
         return self._static(path)
 
     def _process_response(self, connection: ServerConnection, request: Request, response: Response) -> None:
-        if connection in self._reserved and response.status_code != 101:  # the upgrade failed after admission
+        if response.status_code != 101:  # the upgrade failed after admission
+            self._release_slot(connection)
+
+    def _release_slot(self, connection: ServerConnection) -> None:
+        """Give back the session slot taken when ``connection`` was admitted (once)."""
+        if connection in self._reserved:
             self._reserved.discard(connection)
             self.open_sessions.add(-1)
 
@@ -266,7 +270,6 @@ class Hub:
         session = Session(session_id, self.cfg, self.engines, outbox, self.metrics, self.traces,
                           close=lambda code, reason: ws.close(code, reason))
         self.sessions[session_id] = session
-        self._outboxes[session_id] = outbox
         self.metrics.sessions.inc()
         self.metrics.sessions_total.inc()
         writer = asyncio.create_task(self._write(ws, protocol, outbox, session.on_sent),
@@ -288,10 +291,7 @@ class Hub:
             await session.shutdown()
             writer.cancel()
             self.sessions.pop(session_id, None)
-            if ws in self._reserved:
-                self._reserved.discard(ws)
-                self.open_sessions.add(-1)
-            self._outboxes.pop(session_id, None)
+            self._release_slot(ws)
             self.metrics.sessions.dec()
             self._conn_tasks.discard(task)
 

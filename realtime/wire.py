@@ -86,7 +86,7 @@ MAX_SAFE_INT = 2**53 - 1
 #: 8 random hex digits per process (read once from the OS) then a 12-hex-digit counter: ids are unique
 #: within a process by construction and across processes (front ends) with overwhelming probability,
 #: and making one costs no system call (the hot path makes one per audio delta).
-_ID_TAG = os.urandom(4).hex()
+_ID_TAG = ""  # set by _new_id_tag() below
 _ID_COUNTER = itertools.count(int.from_bytes(os.urandom(3), "big"))
 
 
@@ -95,12 +95,13 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{_ID_TAG}{next(_ID_COUNTER) & 0xFFFFFFFFFFFF:012x}"
 
 
-def _reseed_ids_after_fork() -> None:
+def _new_id_tag() -> None:
     global _ID_TAG
     _ID_TAG = os.urandom(4).hex()
 
 
-os.register_at_fork(after_in_child=_reseed_ids_after_fork)
+_new_id_tag()
+os.register_at_fork(after_in_child=_new_id_tag)  # a forked process gets its own tag
 
 
 def event_id_of(data: Mapping[str, Any]) -> str | None:
