@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.asr_stage import BatchingAsr
 from pipeline.llm_worker import BatchedLlm, SerialLlm
 from pipeline.speech import BatchedSpeech, SpeechStage, ThreadedSpeech
 from pipeline.workers import ModelWorker
@@ -31,8 +32,10 @@ class Engines:
     """
 
     cfg: Config
-    asr: ModelWorker | None = None
-    llm: BatchedLlm | SerialLlm | None = None
+    #: ``BatchingAsr``, or ``RemoteAsr`` in a front end whose engine process runs the ASR.
+    asr: Any = None
+    #: ``BatchedLlm``/``SerialLlm``, or ``RemoteLlm`` in a front end whose engine process runs the LLM.
+    llm: Any = None
     tts: ModelWorker | None = None
     #: How sessions get audio (``pipeline.speech``): batched hand-off for engines that batch.
     speech: SpeechStage | None = None
@@ -64,36 +67,48 @@ class Engines:
 
     async def load_front_end(self, engine_socket: str) -> None:
         """A front-end process (``server.front_ends`` > 1): the voice's text side loads here and the GPU
-        engine is the engine process's, reached at ``engine_socket``; ASR and LLM, if configured, load here."""
-        from pipeline.engine_link import RemoteSpeech, SpeechText
+        engine is the engine process's, reached at ``engine_socket``; so are the ASR and LLM when the
+        engine process runs them (``engine_link.engine_stages``), else they load here."""
+        from pipeline.engine_link import EngineClient, RemoteAsr, RemoteLlm, RemoteSpeech, SpeechText, engine_stages
+
+        remote = engine_stages(self.cfg)
 
         def load() -> tuple:
             t0 = time.monotonic()
             text = SpeechText(self.cfg)
             text.sentence_ids("Warm up.")
             self.load_s["tts_text"] = time.monotonic() - t0
-            return (text, *self._load_asr_llm())
+            asr = self.load_asr_model() if "asr" in self.stages and "asr" not in remote else None
+            llm = self.load_llm_model() if "llm" in self.stages and "llm" not in remote else None
+            return text, asr, llm
 
         text, asr, llm = await asyncio.get_running_loop().run_in_executor(None, load)
+        link = EngineClient(engine_socket)
         worker = ModelWorker("tts-text", [text], queue_size=self.cfg.tts.queue_size)
-        speech = RemoteSpeech(engine_socket, text, worker)
-        await speech.connect()
+        speech = RemoteSpeech(link, text, worker)
+        remote_asr = RemoteAsr(link) if "asr" in remote else None
+        remote_llm = RemoteLlm(link) if "llm" in remote else None
+        await link.connect()
         self._set_asr_llm(asr, llm)
+        self.asr = remote_asr or self.asr
+        self.llm = remote_llm or self.llm
         self.tts, self.speech = worker, speech  # last: ``loaded`` turns True
-        log.info("front end ready: %s", {k: round(v, 2) for k, v in self.load_s.items()})
+        log.info("front end ready (engine process runs %s): %s", ", ".join(("tts", *remote)),
+                 {k: round(v, 2) for k, v in self.load_s.items()})
 
     def _load_asr_llm(self) -> tuple[Any, Any]:
-        asr = self._load_asr() if "asr" in self.stages else None
-        llm = self._load_llm() if "llm" in self.stages else None
+        asr = self.load_asr_model() if "asr" in self.stages else None
+        llm = self.load_llm_model() if "llm" in self.stages else None
         return asr, llm
 
     def _set_asr_llm(self, asr: Any, llm: Any) -> None:
         if asr is not None:
-            self.asr = ModelWorker("asr", [asr], queue_size=64)
+            self.asr = BatchingAsr(asr, max_batch=self.cfg.asr.max_batch)
         if llm is not None:
             self.llm = BatchedLlm(llm)
 
-    def _load_asr(self) -> Any:
+    def load_asr_model(self) -> Any:
+        """The ``Transcriber`` of ``cfg.asr``, warmed up (seconds)."""
         cfg = self.cfg
         t0 = time.monotonic()
         from asr.transcriber import Transcriber
@@ -107,7 +122,8 @@ class Engines:
         self.load_s["asr"] = time.monotonic() - t0
         return asr
 
-    def _load_llm(self) -> Any:
+    def load_llm_model(self) -> Any:
+        """The ``BatchedChat`` of ``cfg.llm``, its system prompt evaluated and warmed up (seconds)."""
         t0 = time.monotonic()
         from llm.batched import BatchedChat, ReplyOptions
 
@@ -137,7 +153,7 @@ class Engines:
         ``stream(messages, cancel, max_tokens)`` answers one conversation at a time.
         """
         e = cls(cfg)
-        e.asr = None if asr is None else ModelWorker("asr", [asr])
+        e.asr = None if asr is None else BatchingAsr(asr, max_batch=cfg.asr.max_batch)
         if llm is not None:
             e.llm = BatchedLlm(llm) if hasattr(llm, "step") else SerialLlm(llm)
         e._set_tts(tts)
