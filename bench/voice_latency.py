@@ -192,6 +192,8 @@ async def talker(level: Level, speech: dict[str, np.ndarray], index: int, t0: fl
     await asyncio.sleep(max(0.0, t0 + level.ramp_s * (index + rng.random()) / level.talkers - time.monotonic()))
     try:
         async with RealtimeClient.connect(level.url, binary_audio=level.binary) as client:
+            if client.session.x_binary_audio != level.binary:
+                raise RuntimeError(f"session.x_binary_audio is {client.session.x_binary_audio}")
             deflate = bool(client._ws.protocol.extensions)  # negotiated (see _offer_deflate)
             mic = Mic(client)
             try:
