@@ -1,10 +1,11 @@
 """The link between WebSocket front-end processes and the process that owns the GPU.
 
 With ``server.front_ends = N > 1`` (see ``pipeline/front_ends.py``) one *engine process* owns the
-GPU: the batching TTS engine, and the ASR and LLM when they run on the GPU (``engine_stages``:
-one CUDA context, so their kernels are not time-sliced against other processes' and every
-session's work batches together). N *front-end* processes run the sessions. Each front end keeps
-one Unix stream socket to the engine process; messages are length-prefixed pickles (both ends are
+GPU's PyTorch side: the batching TTS engine, and the ASR when it runs on the GPU; the LLM, when it
+runs on the GPU, has an *LLM process* of its own (``engine_stages``; a CUDA build of llama.cpp and
+PyTorch crashed in one process). Either way every session's utterances and replies batch
+together. N *front-end* processes run the sessions. Each front end keeps one Unix stream socket
+to the engine process (and one to the LLM process); messages are length-prefixed pickles (both ends are
 our own processes, started together; the socket lives in a private directory, mode 0700):
 
 front end -> engine
@@ -78,7 +79,8 @@ class EngineHost:
     """Serves the engine process's stages to front ends on a Unix socket.
 
     ``tts``: a batching engine (``submit_sentences(..., sink=)``); ``asr``: a ``BatchingAsr``;
-    ``llm``: a ``BatchedLlm`` (its thread runs the steps). ``asr``/``llm`` None: front ends run their own.
+    ``llm``: a ``BatchedLlm`` (its thread runs the steps). None: not served here (the LLM process
+    serves only ``llm``).
     """
 
     def __init__(self, tts: Any, path: str, asr: Any = None, llm: Any = None) -> None:
@@ -106,7 +108,8 @@ class EngineHost:
 
     def report(self) -> dict:
         memory = getattr(self.engine, "memory_report", None)
-        return {"tts_memory": memory() if memory else None, "tts_in_flight": self.engine.scheduler.in_flight,
+        return {"tts_memory": memory() if memory else None,
+                "tts_in_flight": self.engine.scheduler.in_flight if self.engine is not None else None,
                 "llm": self.llm.report() if self.llm is not None else None,
                 "asr": self.asr.report() if self.asr is not None else None}
 
@@ -214,6 +217,8 @@ class _FrontEndLink:
 
     def _on_speak(self, key: int, sentences: list, options: SynthesisOptions) -> None:
         try:
+            if self.engine is None:
+                raise ModelError("this process runs no TTS")
             requests, _ = self.engine.submit_sentences(sentences, options, sink=self.sink)
         except Exception as exc:  # noqa: BLE001 - Overloaded / InvalidInput go back to the session
             self._out.put(("step", [(key, exc)]))

@@ -65,10 +65,11 @@ class Engines:
         self._set_tts(tts)
         log.info("models loaded: %s", {k: round(v, 2) for k, v in self.load_s.items()})
 
-    async def load_front_end(self, engine_socket: str) -> None:
+    async def load_front_end(self, engine_socket: str, llm_socket: str | None = None) -> None:
         """A front-end process (``server.front_ends`` > 1): the voice's text side loads here and the GPU
-        engine is the engine process's, reached at ``engine_socket``; so are the ASR and LLM when the
-        engine process runs them (``engine_link.engine_stages``), else they load here."""
+        engine is the engine process's, reached at ``engine_socket``; so is the ASR when the engine
+        process runs it, and the LLM is the LLM process's at ``llm_socket``
+        (``engine_link.engine_stages``); else they load here."""
         from pipeline.engine_link import EngineClient, RemoteAsr, RemoteLlm, RemoteSpeech, SpeechText, engine_stages
 
         remote = engine_stages(self.cfg)
@@ -87,8 +88,11 @@ class Engines:
         worker = ModelWorker("tts-text", [text], queue_size=self.cfg.tts.queue_size)
         speech = RemoteSpeech(link, text, worker)
         remote_asr = RemoteAsr(link) if "asr" in remote else None
-        remote_llm = RemoteLlm(link) if "llm" in remote else None
+        llm_link = EngineClient(llm_socket) if "llm" in remote and llm_socket else None
+        remote_llm = RemoteLlm(llm_link) if llm_link is not None else None
         await link.connect()
+        if llm_link is not None:
+            await llm_link.connect()
         self._set_asr_llm(asr, llm)
         self.asr = remote_asr or self.asr
         self.llm = remote_llm or self.llm

@@ -65,31 +65,40 @@ def serve_front_ends(cfg: Config) -> int:
     ctx = mp.get_context("spawn")
     shared = ctx.Value("i", 0)
     loaded = ctx.Value("i", 0)
-    procs = [ctx.Process(target=run_front_end, args=(cfg, engine_socket, shared, loaded, i),
+    from pipeline.engine_link import engine_stages
+
+    # The LLM of engine_stages runs in a process of its own: a CUDA build of llama.cpp and PyTorch
+    # in one process crashed on a CUDA 13 host (free(): invalid pointer), whichever loaded first.
+    llm_socket = os.path.join(workdir, "llm.sock") if "llm" in engine_stages(cfg) else None
+    procs = [ctx.Process(target=run_front_end, args=(cfg, engine_socket, llm_socket, shared, loaded, i),
                          name=f"voxloop-front-end-{i}")
              for i in range(n)]
+    helpers = [] if llm_socket is None else [ctx.Process(target=run_llm_process, args=(cfg, llm_socket),
+                                                         name="voxloop-llm")]
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     engine = host = None
     try:
-        for p in procs:
+        for p in procs + helpers:
             p.start()
-        log.info("voxloop: %d front ends on port %d, loading the engine", n, cfg.server.port)
+        log.info("voxloop: %d front ends on port %d%s, loading the engine", n, cfg.server.port,
+                 ", an LLM process" if llm_socket else "")
         engine, host = _load_engine(cfg, engine_socket)
         reserved.close()
         while not stop.wait(0.5):
-            for p in procs:
+            for p in procs + helpers:
                 if p.exitcode is not None and not getattr(p, "_reported", False):
-                    log.error("front end %s exited with code %s", p.name, p.exitcode)
+                    log.error("%s exited with code %s", p.name, p.exitcode)
                     p._reported = True  # type: ignore[attr-defined]
             if all(p.exitcode is not None for p in procs):
                 return 1
         log.info("signal received: draining %d front ends", n)
-        return _stop_front_ends(procs, cfg.server.shutdown_grace_s)
+        code = _stop_front_ends(procs, cfg.server.shutdown_grace_s)
+        return max(code, _stop_front_ends(helpers, 0))  # the LLM process after the front ends drained
     finally:
         reserved.close()
-        for p in procs:
+        for p in procs + helpers:
             if p.is_alive():
                 p.kill()
         if host is not None:
@@ -112,9 +121,8 @@ def _load_engine(cfg: Config, engine_socket: str):  # noqa: ANN202 - (Engines, E
     for _ in tts.synthesize("Warm up."):
         pass
     engines = Engines(cfg)
-    stages = engine_stages(cfg)
-    engines._set_asr_llm(engines.load_asr_model() if "asr" in stages else None,
-                         engines.load_llm_model() if "llm" in stages else None)
+    stages = tuple(s for s in engine_stages(cfg) if s != "llm")  # the LLM has its own process
+    engines._set_asr_llm(engines.load_asr_model() if "asr" in stages else None, None)
     host = EngineHost(tts, engine_socket, asr=engines.asr, llm=engines.llm)
     engines.tts = tts
     log.info("engine process (%s) loaded in %.1f s, serving front ends at %s", ", ".join(("tts", *stages)),
@@ -134,16 +142,41 @@ def _stop_front_ends(procs: list, grace_s: float) -> int:
     return 0 if all(c == 0 for c in codes) else 1
 
 
-def run_front_end(cfg: Config, engine_socket: str, shared, loaded, index: int) -> None:  # noqa: ANN001
+def run_llm_process(cfg: Config, llm_socket: str) -> None:
+    """Entry point of the LLM process (``engine_stages`` has "llm"): one ``BatchedChat`` for every
+    front end's conversations, served like the engine process's stages (``EngineHost``)."""
+    try:  # before numpy: a CUDA build of llama.cpp loaded after numpy crashed loading the model
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        pass  # BatchedChat says what to install
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s llm %(levelname)s %(name)s: %(message)s")
+    from pipeline.engine_link import EngineHost
+    from pipeline.engines import Engines
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    engines = Engines(cfg)
+    engines._set_asr_llm(None, engines.load_llm_model())
+    host = EngineHost(None, llm_socket, llm=engines.llm)
+    parent = os.getppid()
+    while not stop.wait(0.5) and os.getppid() == parent:  # ends with the engine process
+        pass
+    host.close()
+    engines.llm.close()
+
+
+def run_front_end(cfg: Config, engine_socket: str, llm_socket: str | None, shared, loaded,  # noqa: ANN001
+                  index: int) -> None:
     """Entry point of one front-end process."""
     import asyncio
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s front-end-{index} %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    asyncio.run(_front_end(cfg, engine_socket, shared, loaded))
+    asyncio.run(_front_end(cfg, engine_socket, llm_socket, shared, loaded))
 
 
-async def _front_end(cfg: Config, engine_socket: str, shared, loaded) -> None:  # noqa: ANN001
+async def _front_end(cfg: Config, engine_socket: str, llm_socket: str | None, shared, loaded) -> None:  # noqa: ANN001
     import asyncio
 
     from pipeline.engines import Engines
@@ -154,7 +187,7 @@ async def _front_end(cfg: Config, engine_socket: str, shared, loaded) -> None:  
     await hub.start()
 
     async def load() -> None:
-        await engines.load_front_end(engine_socket)
+        await engines.load_front_end(engine_socket, llm_socket)
         with loaded.get_lock():
             loaded.value += 1
 

@@ -96,8 +96,11 @@ async def _speak(ws, rid: str) -> int:
 async def one_session_per_front_end(proc, port: int) -> list:  # noqa: ANN001
     """A session on each of the two front ends (the kernel picks the front end per connection:
     extra connections to a front end already covered are closed; 40 tries leave odds of 2**-39)."""
-    # The front ends are the spawned children (multiprocessing also starts its resource tracker).
-    fronts = [c for c in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+    # The front ends are the spawned children listening on the port (multiprocessing also starts its
+    # resource tracker; with the LLM in engine_stages, the LLM process is spawned too).
+    fronts = [c for c in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(c.cmdline())
+              and any(conn.status == psutil.CONN_LISTEN and conn.laddr.port == port
+                      for conn in c.net_connections("tcp"))]
     assert len(fronts) == 2
     conns, served_by = [], set()
     for _ in range(40):
@@ -174,6 +177,8 @@ async def test_the_engine_process_transcribes_and_answers_for_both_front_ends(vo
     from piper_speech import RATE, PiperSpeech
 
     proc, port = voice_server
+    spawned = [c for c in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+    assert len(spawned) == 3  # two front ends and the LLM process
     question = PiperSpeech(cfg).say("What is the capital of France?")
     pcm = soxr.resample(question, RATE, 24000).astype("int16")
     conns = await one_session_per_front_end(proc, port)
