@@ -48,7 +48,7 @@ import numpy as np
 
 from pipeline.workers import NORMAL, ModelWorker
 from tts_engine.engine import AudioChunk, SynthesisOptions, resolve_options
-from tts_engine.onnx_backend import StreamResampler
+from tts_engine.resample import StreamResampler
 from voxloop.errors import Cancelled, ModelError
 
 log = logging.getLogger(__name__)

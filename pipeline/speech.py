@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from pipeline.workers import NORMAL, ModelWorker
 from tts_engine.engine import AudioChunk, SynthesisOptions
-from tts_engine.onnx_backend import StreamResampler
+from tts_engine.resample import StreamResampler
 
 
 class SpeechStage(Protocol):

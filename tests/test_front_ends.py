@@ -204,3 +204,13 @@ async def test_the_engine_process_transcribes_and_answers_for_both_front_ends(vo
         for ws in conns:
             await ws.close()
         stop(proc)
+
+
+def test_the_llm_process_loads_no_onnxruntime_or_torch():
+    """The LLM process imports what it serves with only: a CUDA build of llama.cpp crashed when
+    onnxruntime or PyTorch loaded after it in one process (H200 host, CUDA 13)."""
+    code = ("import sys, pipeline.front_ends, pipeline.engine_link, pipeline.engines, llm.batched; "
+            "print(sorted(m for m in ('onnxruntime', 'torch', 'ctranslate2', 'faster_whisper') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=scaled(120))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -26,7 +26,8 @@ import numpy as np
 
 from tts_engine.engine import AudioChunk, SynthesisOptions, check_phoneme_ids, resolve_options
 from tts_engine.frontend import TextFrontend
-from tts_engine.onnx_backend import InferenceScales, OnnxVits, StreamResampler, to_int16
+from tts_engine.onnx_backend import InferenceScales, OnnxVits, to_int16
+from tts_engine.resample import StreamResampler
 from tts_engine.onnx_streaming import ChunkedOnnxVits, ChunkPlan
 from tts_engine.voice import Voice
 from voxloop.config import Config

@@ -5,9 +5,8 @@
 (noise_scale, length_scale, noise_w), ``sid`` [1] int64 for multi-speaker voices;
 output float32 audio in [-1, 1] at the voice's rate.
 
-``to_int16`` converts like Piper (clip to ±32767, truncate); ``StreamResampler``
-resamples one request's audio with a streaming soxr resampler so that the joins
-between clauses carry no discontinuity.
+``to_int16`` converts like Piper (clip to ±32767, truncate); resampling is
+``tts_engine.resample.StreamResampler`` (re-exported here).
 """
 
 from __future__ import annotations
@@ -21,9 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-import soxr
 
-from tts_engine.engine import AudioChunk
+from tts_engine.resample import StreamResampler  # noqa: F401 - re-exported
 from voxloop.errors import ConfigError, ModelError
 
 log = logging.getLogger(__name__)
@@ -128,32 +126,3 @@ def to_int16(audio: np.ndarray) -> np.ndarray:
     return np.clip(audio * _MAX_WAV_VALUE, -_MAX_WAV_VALUE, _MAX_WAV_VALUE).astype(np.int16)
 
 
-class StreamResampler:
-    """Resamples one request's float32 audio, chunk after chunk, with soxr (HQ).
-
-    Pass-through when the rates are equal. Call ``process(audio, last=True)`` with the
-    final chunk to flush the filter's delay; the output then has
-    ``round(total_in * out_rate / in_rate)`` samples.
-    """
-
-    def __init__(self, in_rate: int, out_rate: int, dtype: str = "float32") -> None:
-        """``dtype``: "float32" for ``process``, "int16" for ``process_chunk`` (no float round trip)."""
-        self.in_rate = in_rate
-        self.out_rate = out_rate
-        self._stream = (
-            None if in_rate == out_rate else soxr.ResampleStream(in_rate, out_rate, 1, dtype=dtype, quality="HQ")
-        )
-
-    def process(self, audio: np.ndarray, last: bool = False) -> np.ndarray:
-        """Float32 samples at ``in_rate`` -> float32 samples at ``out_rate``."""
-        audio = np.asarray(audio, dtype=np.float32)
-        if self._stream is None:
-            return audio
-        return self._stream.resample_chunk(audio, last=last)
-
-    def process_chunk(self, chunk: AudioChunk, last: bool = False) -> AudioChunk:
-        """An int16 chunk at ``in_rate`` -> the same chunk at ``out_rate`` (needs ``dtype="int16"``)."""
-        if self._stream is None:
-            return chunk
-        pcm = self._stream.resample_chunk(chunk.pcm, last=last)
-        return AudioChunk(pcm, self.out_rate, chunk.clause_index, chunk.final)

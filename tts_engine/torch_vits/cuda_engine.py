@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from tts_engine.engine import AudioChunk, SynthesisOptions, check_phoneme_ids, resolve_options
-from tts_engine.onnx_backend import StreamResampler
+from tts_engine.resample import StreamResampler
 from tts_engine.torch_vits.buffers import HostBufferPool
 from tts_engine.torch_vits.gpu_memory import GpuMemory, configure_allocator
 from tts_engine.torch_vits.runner import DTYPES, RunnerOptions, StepRunner
