@@ -4,7 +4,9 @@ For audio deltas (JSON/base64 and binary, 100 and 200 ms at 24 kHz of real speec
 voice) and for the text events of a typical voice turn, measures on this machine, per message:
 
 * serialization: the generic codec (``realtime.events.serialize``, what audio used before) vs the
-  fast path (``realtime.protocol.RealtimeProtocol.send``);
+  fast path (``realtime.protocol.RealtimeProtocol.send``: a JSON header with binascii base64 spliced
+  in) vs orjson and msgspec encoding the same event dict (base64 by binascii for both; the
+  ``dev`` extra installs them for this comparison only);
 * permessage-deflate as websockets' server negotiates it by default (window 2^12, memLevel 5,
   context kept): µs per message and the compressed size / original size.
 
@@ -68,6 +70,26 @@ def _time(fn, repeat: int) -> float:
     return float(np.median(per))
 
 
+def _library_us(events: list, repeat: int) -> dict[str, float]:
+    """µs per audio delta for orjson and msgspec building the same JSON text (base64 included)."""
+    import binascii
+
+    import orjson
+    from msgspec import json as msgspec_json
+
+    from realtime.wire import pcm16_bytes
+
+    def as_dict(e) -> dict:  # noqa: ANN001
+        return {"type": e.type, "request_id": e.request_id,
+                "delta": binascii.b2a_base64(pcm16_bytes(e.pcm), newline=False).decode("ascii")}
+
+    encoder = msgspec_json.Encoder()
+    return {"orjson_serialize_us": round(_time(lambda: [orjson.dumps(as_dict(e)) for e in events], repeat)
+                                         / len(events), 1),
+            "msgspec_serialize_us": round(_time(lambda: [encoder.encode(as_dict(e)) for e in events], repeat)
+                                          / len(events), 1)}
+
+
 def _deflate(frames: list[bytes], repeat: int) -> tuple[float, float]:
     """µs per message and compressed/original size, websockets' server settings, context kept."""
     def run() -> int:
@@ -103,9 +125,10 @@ def main(argv: list[str] | None = None) -> int:
             codec_us = _time(lambda: [serialize(e) for e in events], args.repeat) / len(events) if fmt == "json" else None
             fast_us = _time(lambda p=proto: [p.send(e) for e in events], args.repeat) / len(events)
             deflate_us, ratio = _deflate(raw, args.repeat)
+            libs = _library_us(events, args.repeat) if fmt == "json" else {}
             rows.append({"message": f"audio delta {delta_ms} ms @24 kHz", "format": fmt, "bytes": len(raw[0]),
                          "codec_serialize_us": None if codec_us is None else round(codec_us, 1),
-                         "serialize_us": round(fast_us, 1), "deflate_us": round(deflate_us, 1),
+                         "serialize_us": round(fast_us, 1), **libs, "deflate_us": round(deflate_us, 1),
                          "deflated_size_ratio": round(ratio, 3),
                          "deflate_cpu_ms_per_audio_second": round(deflate_us * per_second / 1000, 3)})
     text = [serialize(e).encode() for e in _turn_events()]
