@@ -444,6 +444,24 @@ def result_file(args: argparse.Namespace) -> Path:
     return args.out / f"voice_latency-{args.hardware}-{args.date}{'-' + args.label if args.label else ''}.json"
 
 
+def wait_ready(ws_url: str, timeout_s: float) -> None:
+    """Wait until the running server's ``/ready`` answers 200 (a GPU server loads for minutes)."""
+    import urllib.request
+
+    url = metrics_url(ws_url).rsplit("/", 1)[0] + "/ready"
+    deadline = time.monotonic() + timeout_s
+    why = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError as exc:
+            why = str(exc)
+        time.sleep(1)
+    raise SystemExit(f"{url} not ready within {timeout_s:g} s ({why})")
+
+
 def measure(args: argparse.Namespace) -> tuple[list[dict], list[dict], dict]:
     """Run every level; (summary rows, turn rows, what was measured)."""
     turns_per_level = args.turns * len(args.concurrency) if len(args.turns) == 1 else args.turns
@@ -454,6 +472,8 @@ def measure(args: argparse.Namespace) -> tuple[list[dict], list[dict], dict]:
         config = ["--config", str(args.server_config)] if args.server_config else []
         server = start_server(port, [*config, *args.server_arg])
         url = f"ws://127.0.0.1:{port}/v1/realtime"
+    else:
+        wait_ready(url, args.ready_timeout_s)
     audio_format = "binary/pcm16@24000" if args.audio_format == "binary" else "json/base64@24000"
     summary, all_rows = [], []
     try:
@@ -498,6 +518,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deflate", action=argparse.BooleanOptionalAction, default=True,
                    help="offer permessage-deflate, as browsers do")
     p.add_argument("--url", help="ws://host:port/v1/realtime of a running server instead of starting one")
+    p.add_argument("--ready-timeout-s", type=float, default=600.0,
+                   help="with --url: wait this long for the server's /ready before the first level")
     p.add_argument("--server-config", type=Path,
                    help="the server's TOML config: given to the server started here, recorded with --url")
     p.add_argument("--server-arg", action="append", default=[], help="extra args before `serve`, e.g. --set=x.y=z")
