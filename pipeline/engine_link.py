@@ -388,19 +388,37 @@ class SpeechText:
         return resolve_options(options, self.defaults, self.voice).sample_rate
 
 
-class RemoteSpeech:
+class _Streams:
+    """A remote stage's open streams: one queue per request key, fed by the link's messages."""
+
+    def __init__(self, link: EngineClient, kind: str, lost: tuple) -> None:
+        self.link = link
+        self._queues: dict[int, asyncio.Queue] = {}
+        self._keys = itertools.count()
+        self._lost_item = lost  # what every open stream gets, after its key, when the engine goes away
+        link.handlers[kind] = self._on_step
+        link.on_lost.append(self._lost)
+
+    def _on_step(self, message: tuple) -> None:
+        for item in message[1]:
+            q = self._queues.get(item[0])
+            if q is not None:
+                q.put_nowait(item)
+
+    def _lost(self) -> None:
+        for key, q in list(self._queues.items()):
+            q.put_nowait((key, *self._lost_item))
+
+
+class RemoteSpeech(_Streams):
     """``SpeechStage`` of a front end: phonemize here, synthesize in the engine process, resample here."""
 
     def __init__(self, link: EngineClient, text: SpeechText, text_worker: ModelWorker) -> None:
-        self.link = link
+        super().__init__(link, "step", (ModelError("the engine process went away"),))
         self.text = text
         self.text_worker = text_worker
         self.engine = text  # read by the hub for facts like the sample rate
-        self._queues: dict[int, asyncio.Queue] = {}
-        self._keys = itertools.count()
         self.handoffs = 0
-        link.handlers["step"] = self._on_step
-        link.on_lost.append(self._lost)
 
     def memory_report(self) -> dict | None:
         return self.link.report.get("tts_memory")
@@ -410,14 +428,7 @@ class RemoteSpeech:
 
     def _on_step(self, message: tuple) -> None:
         self.handoffs += 1
-        for item in message[1]:
-            q = self._queues.get(item[0])
-            if q is not None:
-                q.put_nowait(item)
-
-    def _lost(self) -> None:
-        for key, q in list(self._queues.items()):
-            q.put_nowait((key, ModelError("the engine process went away")))
+        super()._on_step(message)
 
     async def stream(self, text: str, options: SynthesisOptions, cancel: threading.Event,
                      priority: int = NORMAL) -> AsyncIterator[AudioChunk]:
@@ -516,16 +527,12 @@ class RemoteAsr:
         pass
 
 
-class RemoteLlm:
-    """``BatchedLlm``'s interface in a front end: replies are generated in the engine process, in one
+class RemoteLlm(_Streams):
+    """``BatchedLlm``'s interface in a front end: replies are generated in the LLM process, in one
     batch with every other front end's conversations; each step's tokens arrive in one message."""
 
     def __init__(self, link: EngineClient) -> None:
-        self.link = link
-        self._queues: dict[int, asyncio.Queue] = {}
-        self._keys = itertools.count()
-        link.handlers["llm"] = self._on_step
-        link.on_lost.append(self._lost)
+        super().__init__(link, "llm", ("", None, ModelError("the LLM process went away")))
 
     async def stream(self, session: Hashable, messages: list[dict], max_tokens: int,
                      cancel: threading.Event, priority: int = NORMAL,
@@ -555,16 +562,6 @@ class RemoteLlm:
             self._queues.pop(key, None)
             if not done and self.link.connected:
                 self.link.send(("llm_cancel", key))
-
-    def _on_step(self, message: tuple) -> None:
-        for item in message[1]:
-            q = self._queues.get(item[0])
-            if q is not None:
-                q.put_nowait(item)
-
-    def _lost(self) -> None:
-        for key, q in list(self._queues.items()):
-            q.put_nowait((key, "", None, ModelError("the engine process went away")))
 
     def release(self, session: Hashable) -> None:
         if self.link.connected:

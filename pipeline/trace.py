@@ -108,16 +108,25 @@ class Metrics:
 
 
 
-class _LlmCollector(Collector):
-    """The LLM's fixed memory, sequences, batch of the last step and token counters."""
+class _ReportCollector(Collector):
+    """Metric families made from a stage's report, read at each scrape (none while it is None)."""
 
     def __init__(self, report: Callable[[], dict[str, int] | None]) -> None:
         self.report = report
 
     def collect(self) -> Iterator[Metric]:
         r = self.report()
-        if not r:
-            return
+        if r:
+            yield from self.families(r)
+
+    def families(self, r: dict[str, int]) -> Iterator[Metric]:
+        raise NotImplementedError
+
+
+class _LlmCollector(_ReportCollector):
+    """The LLM's fixed memory, sequences, batch of the last step and token counters."""
+
+    def families(self, r: dict[str, int]) -> Iterator[Metric]:
         memory = GaugeMetricFamily("voxloop_llm_memory_bytes", "LLM memory fixed at start-up, bytes",
                                    labels=["kind"])
         memory.add_metric(["weights"], r["weights_bytes"])
@@ -143,16 +152,10 @@ class _LlmCollector(Collector):
         yield tokens
 
 
-class _AsrCollector(Collector):
+class _AsrCollector(_ReportCollector):
     """Batched ASR calls and the utterances they carried (their ratio is the mean batch size)."""
 
-    def __init__(self, report: Callable[[], dict[str, int] | None]) -> None:
-        self.report = report
-
-    def collect(self) -> Iterator[Metric]:
-        r = self.report()
-        if not r:
-            return
+    def families(self, r: dict[str, int]) -> Iterator[Metric]:
         yield CounterMetricFamily("voxloop_asr_calls", "Model calls of the ASR (one batch each)", value=r["calls"])
         yield CounterMetricFamily("voxloop_asr_utterances", "Utterances transcribed", value=r["utterances"])
 
