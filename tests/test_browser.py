@@ -40,11 +40,17 @@ def fake_microphone_wav(cfg, path: Path) -> dict[str, float]:
     speech = PiperSpeech(cfg)
     gap = lambda s: np.zeros(int(RATE * s), np.int16)  # noqa: E731
     first, second = speech.say(FIRST), speech.say(SECOND)
-    parts = [gap(0.5), first, gap(5.0), second, gap(15.0)]  # Chromium loops the file: long tail
+    # The pause is the reply's budget to start and be heard before the second question talks
+    # over it: end of speech, ASR, the first clause from the LLM and TTS, > 0.8 s of playback,
+    # then audio queued ahead of playback. On a 2-core machine at load average 9-14 the first
+    # audio came 4.4-5.3 s after the end of speech: a 5 s pause let the second question cancel
+    # a reply that had sent no audio yet. The story is far longer than the pause.
+    pause_s = scaled(10.0)
+    parts = [gap(0.5), first, gap(pause_s), second, gap(15.0)]  # Chromium loops the file: long tail
     pcm = soxr.resample(np.concatenate(parts), RATE, WAV_RATE)
     write_wav(path, pcm, WAV_RATE)
     first_end = 0.5 + len(first) / RATE
-    return {"first_end": first_end, "second_start": first_end + 5.0}
+    return {"first_end": first_end, "second_start": first_end + pause_s}
 
 
 def chromium_args(wav: Path) -> list[str]:

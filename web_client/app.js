@@ -126,19 +126,20 @@ function onPlayer(msg) {
   }
 }
 
-/** Stop the assistant now (the user talks over it): empty the queue, say what was heard. */
+/** Stop the assistant now (the user talks over it): empty the queue, say what was heard.
+ * Harmless when nothing plays. The worklet says what it emptied: counters.queueMs is its
+ * last report, stale by up to 250 ms and 0 while audio just pushed has not started. */
 async function bargeIn() {
   if (!state.player) return;
-  const queuedBefore = counters.queueMs;
   if (state.activeResponse) state.dropped.add(state.activeResponse);
-  const { item, playedMs } = await state.player.clear();
-  if (!item && !queuedBefore) return;
+  const { item, playedMs, droppedMs } = await state.player.clear();
+  if (!item && !droppedMs) return;
   if (item) {
     state.dropped.add(state.itemResponses.get(item));
     connection.send({ type: "conversation.item.truncate", item_id: item, content_index: 0, audio_end_ms: Math.round(playedMs) });
   }
   counters.bargeIns += 1;
-  counters.lastBargeIn = { queueMsBefore: queuedBefore, playedMs, queueMsAfter: counters.queueMs, item };
+  counters.lastBargeIn = { queueMsBefore: droppedMs, playedMs, queueMsAfter: counters.queueMs, item };
   transcript.markInterrupted(state.itemResponses.get(item));
 }
 
@@ -164,7 +165,7 @@ function onEvent(e) {
       break;
     case "input_audio_buffer.speech_started":
       transcript.user(e.item_id, "");
-      if (state.activeResponse || counters.queueMs > 0) bargeIn();
+      bargeIn();
       break;
     case "input_audio_buffer.committed":
       transcript.user(e.item_id, "");
@@ -211,7 +212,7 @@ function onResponseDone(response) {
   if (text.trim()) counters.assistantTranscripts.push(text);
   const details = response.status_details;
   if (response.status === "failed" && details && details.error) onError(details.error);
-  if (response.status === "cancelled" && !state.dropped.has(response.id) && counters.queueMs > 0) bargeIn();
+  if (response.status === "cancelled" && !state.dropped.has(response.id)) bargeIn();
   else if (item && state.player) state.player.end(item);
 }
 

@@ -94,7 +94,7 @@ export class Player {
     this.node.port.postMessage({ type: "end", item });
   }
 
-  /** Empty the queue now; resolves to {item, playedMs} of what was interrupted. */
+  /** Empty the queue now; resolves to {item, playedMs, droppedMs} of what was interrupted. */
   clear() {
     return new Promise((resolve) => {
       this.waiting.push(resolve);

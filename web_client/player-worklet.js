@@ -1,6 +1,7 @@
 // Playback worklet: a queue of PCM16 chunks (session output rate) played at the
 // AudioContext rate. Messages in: {type: "push", item, pcm}, {type: "clear"}, {type: "end", item}.
-// Messages out: "played" every ~250 ms while playing, "cleared" (answer to clear),
+// Messages out: "played" every ~250 ms while playing, "cleared" (answer to clear, with
+// droppedMs: the audio it emptied, exact, as every push posted before the clear is queued),
 // "finished" when an ended item has played to its last sample. Positions are ms of the
 // item's audio played (what x.playback / conversation.item.truncate report).
 
@@ -31,10 +32,10 @@ class PlayerProcessor extends AudioWorkletProcessor {
     return Math.max(0, this.ms(n));
   }
 
-  report(type) {
+  report(type, extra = {}) {
     this.port.postMessage({
       type, item: this.item, playedMs: this.ms(this.played),
-      queuedMs: this.queuedMs(), totalPlayedMs: this.ms(this.totalPlayed),
+      queuedMs: this.queuedMs(), totalPlayedMs: this.ms(this.totalPlayed), ...extra,
     });
   }
 
@@ -45,9 +46,10 @@ class PlayerProcessor extends AudioWorkletProcessor {
       for (let i = 0; i < pcm.length; i++) data[i] = pcm[i] / 32768;
       this.queue.push({ item: msg.item, data });
     } else if (msg.type === "clear") {
+      const droppedMs = this.queuedMs();
       this.queue = [];
       this.pos = 0;
-      this.report("cleared");
+      this.report("cleared", { droppedMs });
       this.item = null;
       this.played = 0;
     } else if (msg.type === "end") {
