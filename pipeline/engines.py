@@ -34,6 +34,8 @@ class Engines:
     asr: ModelWorker | None = None
     llm: BatchedLlm | SerialLlm | None = None
     tts: ModelWorker | None = None
+    #: The end-of-turn model (``semantic_vad``), loaded with ASR; None: semantic_vad waits for silence.
+    turn: ModelWorker | None = None
     #: How sessions get audio (``pipeline.speech``): batched hand-off for engines that batch.
     speech: SpeechStage | None = None
     load_s: dict[str, float] = field(default_factory=dict)
@@ -83,12 +85,15 @@ class Engines:
         log.info("front end ready: %s", {k: round(v, 2) for k, v in self.load_s.items()})
 
     def _load_asr_llm(self) -> tuple[Any, Any]:
-        asr = self._load_asr() if "asr" in self.stages else None
+        """ASR (with the end-of-turn model beside it) and LLM; blocking."""
+        asr = (self._load_asr(), self._load_turn()) if "asr" in self.stages else None
         llm = self._load_llm() if "llm" in self.stages else None
         return asr, llm
 
     def _set_asr_llm(self, asr: Any, llm: Any) -> None:
         if asr is not None:
+            asr, turn = asr
+            self.turn = ModelWorker("turn", [turn], queue_size=64)
             self.asr = ModelWorker("asr", [asr], queue_size=64)
         if llm is not None:
             self.llm = BatchedLlm(llm)
@@ -107,6 +112,15 @@ class Engines:
         self.load_s["asr"] = time.monotonic() - t0
         return asr
 
+    def _load_turn(self) -> Any:
+        t0 = time.monotonic()
+        from asr.end_of_turn import EndOfTurnModel
+
+        model = EndOfTurnModel.from_config(self.cfg)
+        model.warmup()
+        self.load_s["turn"] = time.monotonic() - t0
+        return model
+
     def _load_llm(self) -> Any:
         t0 = time.monotonic()
         from llm.batched import BatchedChat, ReplyOptions
@@ -124,20 +138,22 @@ class Engines:
         await asyncio.get_running_loop().run_in_executor(None, self.load_sync)
 
     def close(self) -> None:
-        for w in (self.asr, self.llm, self.tts):
+        for w in (self.asr, self.turn, self.llm, self.tts):
             if w is not None:
                 w.close()
 
     @classmethod
-    def from_parts(cls, cfg: Config, asr: Any, llm: Any, tts: list[Any]) -> "Engines":
+    def from_parts(cls, cfg: Config, asr: Any, llm: Any, tts: list[Any], turn: Any = None) -> "Engines":
         """Engines around ready-made engine objects (tests inject fakes for orchestration).
 
-        ``asr``/``llm`` None: that stage is absent (match ``cfg.server.stages``). An ``llm`` with
+        ``asr``/``llm`` None: that stage is absent (match ``cfg.server.stages``); ``turn`` (an object with
+        ``score(pcm16k) -> probability``) None: no end-of-turn model. An ``llm`` with
         ``submit``/``step`` (a ``BatchedChat``) gets its batching thread; one with
         ``stream(messages, cancel, max_tokens)`` answers one conversation at a time.
         """
         e = cls(cfg)
         e.asr = None if asr is None else ModelWorker("asr", [asr])
+        e.turn = None if turn is None else ModelWorker("turn", [turn])
         if llm is not None:
             e.llm = BatchedLlm(llm) if hasattr(llm, "step") else SerialLlm(llm)
         e._set_tts(tts)

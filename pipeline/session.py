@@ -1,17 +1,15 @@
 """One session per connection: conversation history, session settings, VAD, the current turn.
 
 Client events come in (already validated by the protocol core); server events go
-out through a bounded outbox. Speech flow (server VAD):
+out through a bounded outbox. Speech flow (server_vad / semantic_vad):
 
-  audio -> 16 kHz (soxr) -> VoiceActivityDetector
-    SpeechStart -> speech_started; barge-in if the assistant is audible and speech lasts
-    Pause       -> speculative turn: ASR + LLM + TTS start, events held back
-    Resume      -> the speculative turn is dropped silently
-    SpeechEnd   -> speech_stopped + committed; the speculative turn (if any) is released,
-                   else a turn starts now
+  audio -> 16 kHz (soxr) -> VoiceActivityDetector -> TurnTaking (pipeline/turn_taking.py, pure)
+    -> decisions, performed here: start a speculative turn (ASR + LLM + TTS, events held back),
+       commit it (speech_stopped + committed, held events flow), drop it, score the end of turn
+       on the ``turn`` worker, barge in, pause / resume the reply.
 
 Push-to-talk (``turn_detection: null``): audio accumulates until ``input_audio_buffer.commit``.
-All interruption goes through ``TurnControl`` (pipeline/turn.py).
+Turns are stopped through ``TurnControl`` (pipeline/turn.py).
 """
 
 from __future__ import annotations
@@ -35,7 +33,11 @@ from pipeline.stages import missing_stage_error
 from pipeline.trace import Metrics, TraceSink, TurnTrace
 from pipeline.tts_requests import TtsRequests
 from pipeline.turn import Turn, TurnControl
-from pipeline.workers import BACKGROUND, NORMAL
+from pipeline.turn_taking import (
+    BargeIn, Commit, Decision, Discard, DropTurn, PauseReply, Policy, ResumeReply, Score, StartTurn, Transcribe,
+    TurnTaking,
+)
+from pipeline.workers import BACKGROUND, NORMAL, URGENT
 from realtime import events as ev
 from realtime.items import ContentPart, ErrorInfo, MessageItem
 from realtime.session_schema import default_session
@@ -74,10 +76,13 @@ class Session:
         self.protocol: Any = None
         self.audio_in = InputAudio(cfg.limits.max_utterance_s)
         self._vad: VoiceActivityDetector | None = None
+        self._taking: TurnTaking | None = None
         self._utterance = 0
         self._user_item: str | None = None
-        self._speech_start_ms = 0
         self._speech_start_at: float | None = None  # monotonic time of the utterance's speech start
+        self._speech_end_ms = 0  # stream time where the utterance's speech last ended
+        self._turn_audio: np.ndarray | None = None  # the utterance up to its last pause or end
+        self._side_tasks: set[asyncio.Task] = set()  # end-of-turn scores, transcripts over a paused reply
         self._last_turn: Turn | None = None
         self._partial_task: asyncio.Task | None = None
         self._partial_text = ""
@@ -131,6 +136,8 @@ class Session:
         self.tts_requests.cancel_all()
         if self._partial_task is not None:
             self._partial_task.cancel()
+        for task in self._side_tasks:
+            task.cancel()
         if self.engines.llm is not None:
             self.engines.llm.release(self.id)  # frees the conversation's KV sequence
 
@@ -155,16 +162,26 @@ class Session:
         self._send(ev.SessionUpdated(session=self.protocol.session))
 
     def _configure(self) -> None:
-        """(Re)build the VAD from the session's turn detection (None: push-to-talk)."""
+        """(Re)build the VAD and the turn-taking policy from the session's turn detection (None: push-to-talk)."""
         td = self.protocol.session.audio.input.turn_detection
         if td is None:
-            self._vad = None
+            self._vad = self._taking = None
             return
+        vad, turn = self.cfg.vad, self.cfg.turn
+        if td.type == "semantic_vad":
+            policy = Policy.semantic_vad(td.eagerness or "auto", td.silence_duration_ms, vad.barge_in_min_ms,
+                                         turn.max_silence_ms, turn.pause_on_speech, turn.pause_max_speech_ms)
+            if self.engines.turn is None:  # no end-of-turn model on this server: silence alone
+                policy = dataclasses.replace(policy, semantic=False)
+        else:
+            policy = Policy(silence_ms=td.silence_duration_ms, barge_in_min_ms=vad.barge_in_min_ms)
         vad_cfg = dataclasses.replace(
-            self.cfg.vad, silence_duration_ms=td.silence_duration_ms,
+            vad, silence_duration_ms=policy.vad_silence_ms,
             prefix_padding_ms=td.prefix_padding_ms, aggressiveness=td.x_aggressiveness)
-        if self._vad is None or self._vad.config != vad_cfg:
+        if self._vad is None or self._taking is None or self._vad.config != vad_cfg:
             self._vad = VoiceActivityDetector(vad_cfg, ASR_RATE, self.cfg.limits.max_utterance_s)
+            self._taking = TurnTaking(policy)  # a new stream clock
+        self._taking.policy = policy
 
     # ------------------------------------------------------------------ audio in
     def _on_append(self, event: ev.InputAudioBufferAppend) -> None:
@@ -176,60 +193,149 @@ class Session:
             return
         for vad_event in self._vad.feed(pcm):
             self._on_vad(vad_event)
-        self._check_barge_in()
+        if self._vad is not None and self._taking is not None:
+            self._perform(self._taking.tick(self._vad.stream_ms, self._assistant_audible()))
         self._maybe_partial()
 
     def _on_vad(self, event: Any) -> None:
-        now = time.monotonic()
+        vad, taking = self._vad, self._taking
+        assert vad is not None and taking is not None
+        audible = self._assistant_audible()
         if isinstance(event, SpeechStart):
+            decisions = taking.speech_started(event.t_ms, audible)
+            pause = [d for d in decisions if isinstance(d, PauseReply)]
+            self._perform([d for d in decisions if not isinstance(d, PauseReply)])  # about the last utterance
             self._utterance += 1
             self._user_item = new_id("item")
-            self._speech_start_ms = event.t_ms
-            self._speech_start_at = now - (self._vad.stream_ms - event.t_ms) / 1000
+            self._speech_start_at = time.monotonic() - (vad.stream_ms - event.t_ms) / 1000
             self._partial_text = ""
             self._next_partial_ms = event.t_ms + self.cfg.asr.partial_interval_ms
+            self._perform(pause)  # before speech_started: the client keeps the paused audio (docs/protocol.md)
             self._send(ev.InputAudioBufferSpeechStarted(audio_start_ms=event.t_ms, item_id=self._user_item))
         elif isinstance(event, Pause):
-            if not self._assistant_audible():
-                self._start_voice_turn(event.audio, committed=False, speech_end_ms=event.t_ms)
+            self._turn_audio, self._speech_end_ms = event.audio, event.t_ms
+            self._perform(taking.paused(event.t_ms, audible))
         elif isinstance(event, Resume):
-            turn = self.turns.current
-            if turn is not None and not turn.committed and turn.utterance == self._utterance:
-                self.turns.interrupt("speech_resumed")
-                self.traces.record(turn.trace, "discarded")
+            self._perform(taking.resumed(event.t_ms))
         elif isinstance(event, SpeechEnd):
-            self._on_speech_end(event, now)
+            self._turn_audio, self._speech_end_ms = event.audio, event.t_ms
+            self._perform(taking.speech_ended(event.t_ms, event.forced, audible))
 
-    def _on_speech_end(self, event: SpeechEnd, now: float) -> None:
+    def _assistant_audible(self) -> bool:
+        turn = self._reply_turn()
+        return turn is not None and turn.still_audible()
+
+    def _reply_turn(self) -> Turn | None:
+        """The committed reply the user may be hearing (running, or finished but still playing)."""
+        turn = self.turns.current or self._last_turn
+        return turn if turn is not None and turn.committed else None
+
+    # ------------------------------------------------------------------ turn-taking decisions
+    def _perform(self, decisions: list[Decision]) -> None:
+        for decision in decisions:
+            _DECISIONS[type(decision)](self, decision)
+
+    def _do_start(self, d: StartTurn) -> None:
+        if self._turn_audio is not None:
+            self._start_voice_turn(self._turn_audio, committed=not d.speculative)
+
+    def _do_commit(self, d: Commit) -> None:
+        now = time.monotonic()
+        speech_end_at = self._end_utterance(d.end_utterance, now)
         item = self._user_item or new_id("item")
-        self._send(ev.InputAudioBufferSpeechStopped(audio_end_ms=event.t_ms, item_id=item))
-        speech_ms = event.t_ms - self._speech_start_ms
-        if self._assistant_audible() and speech_ms < self.cfg.vad.barge_in_min_ms:
-            return  # a cough or "mm" over the assistant: not a turn
-        speech_end_at = now - (self._vad.stream_ms - event.t_ms) / 1000
         self._send(ev.InputAudioBufferCommitted(item_id=item))
-        turn = self.turns.current
-        if turn is not None and not turn.committed and turn.utterance == self._utterance:
+        turn = self._speculative_turn()
+        if turn is not None:
             turn.trace.mark("speech_end", speech_end_at)
             turn.trace.mark("vad_end", now)
             turn.trace.info["speculative"] = True
             self.turns.commit(turn)
-            if turn.info.get("user_text") is not None:
+            if turn.user_text is not None:
                 self._add_user_message(turn)
-            return
-        self._start_voice_turn(event.audio, committed=True, speech_end_ms=event.t_ms,
-                               speech_end_at=speech_end_at, vad_end_at=now)
+        elif self._turn_audio is not None:
+            self._start_voice_turn(self._turn_audio, committed=True, speech_end_at=speech_end_at, vad_end_at=now)
 
-    def _assistant_audible(self) -> bool:
-        turn = self.turns.current or self._last_turn
-        return turn is not None and turn.committed and turn.still_audible()
+    def _do_discard(self, d: Discard) -> None:
+        self._end_utterance(d.end_utterance, time.monotonic())
+        self._do_drop(DropTurn(d.utterance))
 
-    def _check_barge_in(self) -> None:
-        vad = self._vad
-        if vad is None or not vad.in_speech or not self._assistant_audible():
+    def _do_drop(self, d: DropTurn) -> None:
+        turn = self._speculative_turn()
+        if turn is not None:
+            self.turns.interrupt("speech_resumed")
+            self.traces.record(turn.trace, "discarded")
+
+    def _end_utterance(self, reset_vad: bool, now: float) -> float:
+        """``speech_stopped`` for the utterance (the VAD's too, if it still runs); returns when speech ended."""
+        assert self._vad is not None
+        if reset_vad:
+            self._vad.reset()
+        self._send(ev.InputAudioBufferSpeechStopped(audio_end_ms=self._speech_end_ms,
+                                                    item_id=self._user_item or new_id("item")))
+        return now - (self._vad.stream_ms - self._speech_end_ms) / 1000
+
+    def _speculative_turn(self) -> Turn | None:
+        turn = self.turns.current
+        if turn is not None and not turn.committed and turn.utterance == self._utterance:
+            return turn
+        return None
+
+    def _do_score(self, d: Score) -> None:
+        audio, worker = self._turn_audio, self.engines.turn
+        if audio is not None and worker is not None:
+            self._side_task(self._score(worker, audio, d.utterance))
+
+    async def _score(self, worker: Any, audio: np.ndarray, utterance: int) -> None:
+        t0 = time.monotonic()
+        try:
+            probability = await worker.submit(lambda model: model.score(audio), priority=URGENT)
+        except VoxloopError as exc:
+            log.warning("%s: end-of-turn score failed (%s); waiting for silence", self.id, exc)
             return
-        if vad.stream_ms - self._speech_start_ms >= self.cfg.vad.barge_in_min_ms:
-            self._interrupt("turn_detected")
+        turn = self._speculative_turn()
+        if turn is not None:
+            turn.trace.info.update(end_of_turn=round(probability, 3),
+                                   end_of_turn_ms=round(1000 * (time.monotonic() - t0), 1))
+        if self._vad is not None and self._taking is not None:
+            self._perform(self._taking.scored(utterance, probability, self._vad.stream_ms,
+                                              self._assistant_audible()))
+
+    def _do_transcribe(self, d: Transcribe) -> None:
+        if self._turn_audio is not None:
+            self._side_task(self._transcribe_burst(self._turn_audio, d.utterance))
+
+    async def _transcribe_burst(self, audio: np.ndarray, utterance: int) -> None:
+        """Words of speech over the paused reply (a cough has none)."""
+        language = self._language()
+        try:
+            result = await self.engines.asr.submit(lambda asr: asr.transcribe(audio, language), priority=URGENT)
+            text = result.text.strip()
+        except VoxloopError:
+            text = "?"  # unknown words: an interruption (the reply is cancelled, as without pausing)
+        if self._taking is not None:
+            self._perform(self._taking.transcribed(utterance, text))
+
+    def _side_task(self, coro: Awaitable[None]) -> None:
+        task = asyncio.create_task(coro)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+        task.add_done_callback(self._task_done)
+
+    def _do_barge_in(self, d: BargeIn) -> None:
+        self._interrupt("turn_detected")
+
+    def _do_pause(self, d: PauseReply) -> None:
+        turn = self._reply_turn()
+        if turn is not None:
+            heard = turn.pause_playback()
+            self._send(ev.XOutputAudioBufferPaused(response_id=turn.response_id, item_id=turn.item_id,
+                                                   audio_end_ms=round(heard)))
+
+    def _do_resume(self, d: ResumeReply) -> None:
+        turn = self._reply_turn()
+        if turn is not None and turn.paused_at is not None:
+            turn.resume_playback()
+            self._send(ev.XOutputAudioBufferResumed(response_id=turn.response_id, item_id=turn.item_id))
 
     # ------------------------------------------------------------------ partial transcripts
     def _maybe_partial(self) -> None:
@@ -272,7 +378,7 @@ class Session:
         turn = self.turns.begin(new_id("resp"), new_id("item"), trace, committed, utterance)
         return turn
 
-    def _start_voice_turn(self, audio: np.ndarray, committed: bool, speech_end_ms: int,
+    def _start_voice_turn(self, audio: np.ndarray, committed: bool,
                           speech_end_at: float | None = None, vad_end_at: float | None = None) -> None:
         self._interrupt("turn_detected")
         mode = "server_vad" if self._vad is not None else "push_to_talk"
@@ -283,7 +389,7 @@ class Session:
             turn.trace.mark("speech_end", speech_end_at)
         if vad_end_at is not None:
             turn.trace.mark("vad_end", vad_end_at)
-        turn.info["user_item_id"] = self._user_item or new_id("item")
+        turn.user_item_id = self._user_item or new_id("item")
         turn.trace.info["audio_ms"] = round(1000 * len(audio) / ASR_RATE)
         self._spawn(turn, self._voice_turn(turn, audio))
 
@@ -301,8 +407,8 @@ class Session:
                            content=(ContentPart(type="input_audio", transcript=transcript),))
 
     async def _voice_turn(self, turn: Turn, audio: np.ndarray) -> None:
-        item = str(turn.info["user_item_id"])
-        previous = turn.info["previous_item_id"] = self.history.last_item_id()
+        item = turn.user_item_id or new_id("item")
+        previous = turn.previous_item_id = self.history.last_item_id()
         self.turns.emit(turn, ev.ConversationItemAdded(item=self._user_message(item, "in_progress"),
                                                        previous_item_id=previous))
         try:
@@ -313,7 +419,7 @@ class Session:
                                                    priority=priority, cancel=turn.cancel)
             turn.trace.mark("asr_final")
             text = result.text.strip()
-            turn.info["user_text"] = text
+            turn.user_text = text
             self.turns.emit(turn, ev.InputAudioTranscriptionCompleted(
                 item_id=item, transcript=text, usage=ev.TranscriptionUsage(seconds=len(audio) / ASR_RATE)))
             self.turns.emit(turn, ev.ConversationItemDone(item=self._user_message(item, "completed", text),
@@ -331,10 +437,10 @@ class Session:
             self._fail(turn, exc)
 
     def _add_user_message(self, turn: Turn) -> None:
-        if turn.info.get("user_added"):
+        if turn.user_added or turn.user_text is None or turn.user_item_id is None:
             return
-        turn.info["user_added"] = True
-        self.history.add("user", str(turn.info["user_text"]), str(turn.info["user_item_id"]))
+        turn.user_added = True
+        self.history.add("user", turn.user_text, turn.user_item_id)
 
     async def _reply(self, turn: Turn, pending_user: str | None = None, instructions: str | None = None,
                      audio: bool | None = None, add_to_history: bool = True) -> None:
@@ -352,7 +458,7 @@ class Session:
         if pending_user is not None:
             self._add_user_message(turn)
         if add_to_history and text:
-            turn.info["history_index"] = self.history.add("assistant", text, turn.item_id)
+            turn.history_index = self.history.add("assistant", text, turn.item_id)
         self._finish(turn, "incomplete" if getattr(turn.generation, "finish_reason", None) == "length"
                      else "completed")
 
@@ -395,11 +501,11 @@ class Session:
             log.exception("%s: internal error", self.id, exc_info=exc)
         error = ev.error_info(exc)
         self.metrics.errors.labels(code=error.code).inc()
-        if "user_text" not in turn.info and "user_item_id" in turn.info:
-            item = str(turn.info["user_item_id"])
+        if turn.user_text is None and turn.user_item_id is not None:
+            item = turn.user_item_id
             self.turns.emit(turn, ev.InputAudioTranscriptionFailed(item_id=item, error=error))
             self.turns.emit(turn, ev.ConversationItemDone(item=self._user_message(item, "completed"),
-                                                          previous_item_id=turn.info.get("previous_item_id")))
+                                                          previous_item_id=turn.previous_item_id))
         elif turn.response_started:
             for event in close_item(turn, "incomplete")[0]:
                 self.turns.emit(turn, event)
@@ -417,15 +523,17 @@ class Session:
             if by_voice and last is not None and last.still_audible():
                 self._truncate_history(last, last.heard_ms())
                 last.played_ms = last.heard_ms()  # no longer audible: the client stops playback
+                self._reply_ended()
             return None
         if not turn.committed:
             self.traces.record(turn.trace, "discarded")
             return turn
+        self._reply_ended()
         self._last_turn = turn
         turn.played_ms = turn.heard_ms()  # frozen: the client stops playback on speech_started
         heard = turn.heard_text()
         if heard:
-            turn.info["history_index"] = self.history.add("assistant", heard, turn.item_id)
+            turn.history_index = self.history.add("assistant", heard, turn.item_id)
         if turn.response_started:  # its events are dropped from now on: these go out directly
             events, item = close_item(turn, "incomplete")
             for event in events:
@@ -435,16 +543,20 @@ class Session:
         self._record(turn, "cancelled")
         return turn
 
+    def _reply_ended(self) -> None:
+        if self._taking is not None:
+            self._taking.reply_ended()
+
     def _truncate_history(self, turn: Turn, heard_ms: float) -> None:
-        index = turn.info.get("history_index")
-        if isinstance(index, int):
-            self.history.truncate(index, turn.item_id, turn.heard_text(heard_ms))
+        if turn.history_index is not None:
+            self.history.truncate(turn.history_index, turn.item_id, turn.heard_text(heard_ms))
 
     # ------------------------------------------------------------------ client events
     def _on_commit(self, event: ev.InputAudioBufferCommit) -> None:
-        if self._vad is not None:
+        if self._vad is not None and self._taking is not None:
             audio = self._vad.utterance_so_far()
             self._vad.reset()
+            self._perform(self._taking.cleared())
         else:
             audio = self.audio_in.take()
         if audio is None or len(audio) < ASR_RATE * MIN_COMMIT_MS // 1000:
@@ -453,12 +565,13 @@ class Session:
         self._utterance += 1
         self._user_item = new_id("item")
         self._send(ev.InputAudioBufferCommitted(item_id=self._user_item))
-        self._start_voice_turn(audio, committed=True, speech_end_ms=0, vad_end_at=time.monotonic())
+        self._start_voice_turn(audio, committed=True, vad_end_at=time.monotonic())
 
     def _on_clear(self, event: ev.InputAudioBufferClear) -> None:
         self.audio_in.clear()
-        if self._vad is not None:
+        if self._vad is not None and self._taking is not None:
             self._vad.reset()
+            self._perform(self._taking.cleared())
         self._send(ev.InputAudioBufferCleared())
 
     def _on_item_create(self, event: ev.ConversationItemCreate) -> None:
@@ -550,4 +663,16 @@ _HANDLERS: dict[type, Callable[[Session, Any], None]] = {
     ev.XPlayback: Session._on_playback,
     ev.XTtsSpeak: Session._on_tts_speak,
     ev.XTtsCancel: Session._on_tts_cancel,
+}
+
+_DECISIONS: dict[type, Callable[[Session, Any], None]] = {
+    StartTurn: Session._do_start,
+    Commit: Session._do_commit,
+    DropTurn: Session._do_drop,
+    Discard: Session._do_discard,
+    Score: Session._do_score,
+    Transcribe: Session._do_transcribe,
+    BargeIn: Session._do_barge_in,
+    PauseReply: Session._do_pause,
+    ResumeReply: Session._do_resume,
 }

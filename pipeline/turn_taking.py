@@ -202,7 +202,7 @@ class TurnTaking:
         self._speculating = False
         self._deadline_ms = None
         self._interrupted = False
-        if audible and self._pauses_replies and not self.reply_paused:
+        if audible and self._pauses_replies and not self.reply_paused and not out:
             self._paused_by, self._transcript = self.utterance, None
             out.append(PauseReply())
         return out
@@ -279,6 +279,15 @@ class TurnTaking:
         if self._waiting_words or self.state == PAUSED:
             return self._settle(utterance, vad_ended=self._waiting_words)
         return []
+
+    def cleared(self) -> list[Decision]:
+        """The client committed or cleared the input buffer: the utterance in progress is gone."""
+        out: list[Decision] = [ResumeReply()] if self.reply_paused else []
+        self.state = IDLE
+        self._speculating = False
+        self._deadline_ms = None
+        self._paused_by, self._waiting_words = None, False
+        return out
 
     def reply_ended(self) -> None:
         """The reply was cancelled or finished playing: nothing is paused any more."""

@@ -71,6 +71,8 @@ from realtime.server_events import (
     SessionCreated,
     SessionUpdated,
     TranscriptionUsage,
+    XOutputAudioBufferPaused,
+    XOutputAudioBufferResumed,
     XTtsAudioDelta,
     XTtsDone,
     XTurnMetrics,
@@ -97,7 +99,8 @@ __all__ = [
     "ResponseOutputItemDone", "ResponseContentPartAdded", "ResponseContentPartDone",
     "ResponseOutputAudioDelta", "ResponseOutputAudioDone", "ResponseOutputAudioTranscriptDelta",
     "ResponseOutputAudioTranscriptDone", "ResponseOutputTextDelta", "ResponseOutputTextDone",
-    "ErrorEvent", "XTurnMetrics", "XTtsAudioDelta", "XTtsDone",
+    "ErrorEvent", "XTurnMetrics", "XTtsAudioDelta", "XTtsDone", "XOutputAudioBufferPaused",
+    "XOutputAudioBufferResumed",
     # nested objects
     "ContentPart", "ErrorDetail", "ErrorInfo", "MessageItem", "ResponseAudio", "ResponseObject",
     "ResponseOptions", "ResponseStatusDetails", "ResponseUsage", "TranscriptionUsage",
