@@ -9,12 +9,14 @@ stream, at real-time pace in 20 ms frames with silence in between (an open micro
 - the questions of ``bench/voice_questions.txt`` (" | " is a 300 ms pause);
 - cough-like bursts during a playing reply, and a spoken interruption.
 
-Per turn: ``voice_to_voice`` = first reply audio received - the last speech sample sent (the true
-end of speech, client clock). A turn is *split* when the server committed more than once for it,
-or a reply began before the speech ended; *missed* when no reply came within the timeout. Per
-burst over a reply: ``resumed`` (paused, then resumed: pause length), ``cancelled`` (the reply was
-cut), ``stopped`` (``server_vad`` has no pause: a client stops playback at ``speech_started``),
-``unaffected`` (no speech detected). Replies are "played" at wall-clock pace with ``x.playback``.
+Per turn: ``voice_to_voice`` = first audio of the turn's (last) reply received - the last speech
+sample sent (the true end of speech, client clock). A turn is *split* when the server committed
+more than once for it, or a reply began before the speech ended; *missed* when no reply came
+within the timeout. A turn is over when its replies are done and nothing happened for
+``QUIET_S``; its reply is then reported played (``x.playback`` finished) without waiting it out.
+Per burst over a playing reply: ``resumed`` (paused, then resumed: pause length), ``cut`` (the
+reply was cancelled or cleared; ``server_vad`` has no pause, so a client stops playback at
+``speech_started``), ``paused`` (never resolved), ``unaffected`` (no speech detected).
 
 Writes bench/results/turn_taking-<hardware>-<date>.json (+ .png).
 
@@ -42,6 +44,7 @@ MODES = {"server_vad": {"type": "server_vad", "silence_duration_ms": 500},
 SHORT = "Answer in one short sentence."
 LONG = "Tell a long story of at least ten sentences."
 INTERRUPTION = "Stop. What is the capital of France?"
+QUIET_S = 1.2  # a turn is over when nothing happened for this long (and its reply is done)
 
 
 # --------------------------------------------------------------------------- the set
@@ -60,6 +63,26 @@ def build_set(cfg, coughs: int) -> tuple[list[dict], list[np.ndarray], np.ndarra
             turns.append({"name": f"question-{i}", "kind": "question" if len(parts) == 1 else "paused_question",
                           "pcm": pcm})
     return turns, [c.pcm for c in clips if c.kind == "cough"], _trim(ts.say(INTERRUPTION))
+
+
+def end_of_turn_cost(cfg, turns: list[dict], calls: int = 40) -> dict:
+    """ms per ``EndOfTurnModel.score`` call (one thread, as the server runs it): features and ONNX apart."""
+    from asr.end_of_turn import EndOfTurnModel, window
+
+    model = EndOfTurnModel.from_config(cfg)
+    model.warmup()
+    feats, total = [], []
+    for i in range(calls):
+        pcm = turns[i % len(turns)]["pcm"]
+        t0 = time.perf_counter()
+        model._features(window(pcm))
+        t1 = time.perf_counter()
+        model.score(pcm)
+        t2 = time.perf_counter()
+        feats.append(1000 * (t1 - t0))
+        total.append(1000 * (t2 - t1))
+    return {"calls": calls, "threads": cfg.turn.threads, "score_p50_ms": pct(total, 50), "score_p90_ms": pct(total, 90),
+            "features_p50_ms": pct(feats, 50), "load_average": os.getloadavg()}
 
 
 # --------------------------------------------------------------------------- one talker
@@ -122,42 +145,53 @@ class Talker:
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
-async def play(talker: Talker, since: int, timeout_s: float) -> dict:
-    """Wait for the reply to end and "play" it: x.playback at wall-clock pace, then finished."""
-    _, done = await talker.until(since, lambda e: e.type == "response.done", timeout_s)
-    audio = [e for _, e in talker.events[since:] if e.type == "response.output_audio.delta"
-             and e.response_id == done.response.id]
-    if audio:
-        audio_ms = 1000 * sum(len(e.pcm) for e in audio) / talker.client.session.output_rate
-        first = next(t for t, e in talker.events[since:] if e is audio[0])
-        await asyncio.sleep(max(0.0, first + audio_ms / 1000 - time.monotonic()))
-        await talker.client.report_playback(audio[0].item_id, audio_ms, finished=True)
-    return {"status": done.response.status}
+async def settle(talker: Talker, since: int, speech_end: float, timeout_s: float) -> list[str]:
+    """Wait until the turn is over: a response exists, none is running, and nothing happened for a while
+    (a split turn's second commit may follow its first reply). Returns the response ids, in order."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = time.monotonic()
+        created = [e.response.id for _, e in talker.since(since, "response.created")]
+        done = {e.response.id for _, e in talker.since(since, "response.done")}
+        last = max([t for t, e in talker.events[since:] if e.type != "response.output_audio.delta"], default=0.0)
+        if created and set(created) <= done and now - last > QUIET_S and now - speech_end > QUIET_S + 1.0:
+            return created
+        if now > deadline:
+            raise TimeoutError
+        await asyncio.sleep(0.05)
 
 
 async def one_turn(talker: Talker, turn: dict, timeout_s: float) -> dict:
     since = len(talker.events)
-    end_future = talker.say(turn["pcm"])
+    speech_end = await talker.say(turn["pcm"])
     row = {"name": turn["name"], "kind": turn["kind"], "missed": False, "split": False}
     try:
-        first_at, _ = await talker.until(since, lambda e: e.type == "response.output_audio.delta", timeout_s)
-        speech_end = await end_future
-        row["voice_to_voice_ms"] = round(1000 * (first_at - speech_end), 1)
-        row.update(await play(talker, since, timeout_s))
+        responses = await settle(talker, since, speech_end, timeout_s)
     except TimeoutError:
-        row.update(missed=True)
-        await end_future
+        responses = []
+        row["missed"] = True
     commits = talker.since(since, "input_audio_buffer.committed")
     created = talker.since(since, "response.created")
     row["commits"] = len(commits)
-    row["split"] = len(commits) > 1 or any(t < end_future.result() for t, _ in created)
+    row["split"] = len(commits) > 1 or any(t < speech_end for t, _ in created)
+    if responses:
+        rid = responses[-1]
+        audio = [(t, e) for t, e in talker.events[since:] if e.type == "response.output_audio.delta"
+                 and e.response_id == rid]
+        done = next(e for _, e in talker.since(since, "response.done") if e.response.id == rid)
+        row["status"] = done.response.status
+        if audio:
+            row["voice_to_voice_ms"] = round(1000 * (audio[0][0] - speech_end), 1)
+            audio_ms = 1000 * sum(len(e.pcm) for _, e in audio) / talker.client.session.output_rate
+            await talker.client.report_playback(audio[0][1].item_id, audio_ms, finished=True)
+        else:
+            row["missed"] = True
     transcripts = [e.transcript for _, e in talker.since(since, "conversation.item.input_audio_transcription.completed")]
     row["user_transcript"] = " / ".join(transcripts)
     metrics = [e.metrics for _, e in talker.since(since, "x.turn.metrics")]
     if metrics:
         row["end_of_turn"] = metrics[-1].get("end_of_turn")
         row["end_of_turn_ms"] = metrics[-1].get("end_of_turn_ms")
-    await asyncio.sleep(0.6)
     return row
 
 
@@ -173,25 +207,28 @@ async def over_reply(talker: Talker, sound: np.ndarray, kind: str, timeout_s: fl
     speech_end = talker.say(sound)
     await speech_end
     await asyncio.sleep(2.5)  # long enough for a pause to be resolved
-    names = [e.type for _, e in talker.events[mark:]]
+    started = talker.since(mark, "input_audio_buffer.speech_started")
     paused = talker.since(mark, "x.output_audio_buffer.paused")
     resumed = talker.since(mark, "x.output_audio_buffer.resumed")
-    cancelled = [(t, e) for t, e in talker.since(mark, "response.done")
-                 if e.response.id == rid and e.response.status == "cancelled"]
-    if cancelled:
-        outcome = "cancelled"
-    elif paused and resumed:
+    cut = talker.since(mark, "x.output_audio_buffer.cleared") + [
+        (t, e) for t, e in talker.since(mark, "response.done") if e.response.id == rid and e.response.status == "cancelled"]
+    if resumed:
         outcome = "resumed"
-    elif "input_audio_buffer.speech_started" in names:
-        outcome = "stopped" if not paused else "paused"
+    elif cut or (started and not paused):  # without a pause a client stops playback at speech_started
+        outcome = "cut"
+    elif paused:
+        outcome = "paused"  # never resolved: a bug
     else:
         outcome = "unaffected"
     row = {"kind": kind, "outcome": outcome, "sound_ms": round(1000 * len(sound) / RATE)}
-    if paused and resumed:
+    if resumed:
         row["paused_ms"] = round(1000 * (resumed[0][0] - paused[0][0]), 1)
-    if cancelled and talker.speech_start:
-        row["cancel_after_speech_start_ms"] = round(1000 * (cancelled[0][0] - talker.speech_start), 1)
-    if not cancelled:
+    stop = (paused or started)[:1]
+    if stop and talker.speech_start:  # playback stops at the pause (semantic_vad) or speech_started
+        row["stop_after_speech_start_ms"] = round(1000 * (stop[0][0] - talker.speech_start), 1)
+    if cut and talker.speech_start:
+        row["cut_after_speech_start_ms"] = round(1000 * (min(t for t, _ in cut) - talker.speech_start), 1)
+    if not any(e.response.id == rid for _, e in talker.since(since, "response.done")):
         await talker.client.cancel_response(rid)
     await asyncio.sleep(1.0)
     return row
@@ -235,11 +272,13 @@ def summarize(mode: str, talkers: int, rows: list[dict], bursts: list[dict]) -> 
     eot = [r["end_of_turn_ms"] for r in rows if r.get("end_of_turn_ms") is not None]
     out["end_of_turn_call_p50_ms"], out["end_of_turn_call_p90_ms"] = pct(eot, 50), pct(eot, 90)
     coughs = [b for b in bursts if b["kind"].startswith("cough")]
-    for outcome in ("resumed", "cancelled", "stopped", "paused", "unaffected"):
+    for outcome in ("resumed", "cut", "paused", "unaffected"):
         out[f"cough_{outcome}"] = sum(b["outcome"] == outcome for b in coughs)
     out["cough_paused_max_ms"] = max((b.get("paused_ms", 0) for b in coughs), default=None)
     spoken = [b for b in bursts if b["kind"] == "interruption"]
-    out["interruption_cancelled"] = sum(b["outcome"] == "cancelled" for b in spoken)
+    out["interruption_cut"] = sum(b["outcome"] == "cut" for b in spoken)
+    out["interruption_cut_after_ms"] = [b.get("cut_after_speech_start_ms") for b in spoken]
+    out["interruption_stop_after_ms"] = [b.get("stop_after_speech_start_ms") for b in spoken]
     out["interruption_trials"] = len(spoken)
     return out
 
@@ -296,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     turns, coughs, interruption = build_set(load_config(), args.coughs)
     turns = turns[:args.limit] if args.limit else turns
+    cost = end_of_turn_cost(load_config(), turns)
+    print("end-of-turn model, one call:", cost, flush=True)
     server, url = None, args.url
     if url is None:
         port = free_port()
@@ -313,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server is not None:
             stop_server(server)
-    path = write_json(args.name, summary, {"turns": all_rows, "bursts": all_bursts, "server_args": args.server_arg,
+    path = write_json(args.name, summary, {"end_of_turn_cost": cost, "turns": all_rows, "bursts": all_bursts, "server_args": args.server_arg,
                                            "load_average_after": os.getloadavg()})
     plot(summary, all_rows, path.with_suffix(".png"))
     print(f"wrote {path} and {path.with_suffix('.png').name}")

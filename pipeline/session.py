@@ -322,6 +322,10 @@ class Session:
         task.add_done_callback(self._task_done)
 
     def _do_barge_in(self, d: BargeIn) -> None:
+        paused = self._reply_turn()
+        if paused is not None and paused.paused_at is not None:  # the client holds its audio: drop it
+            self._send(ev.XOutputAudioBufferCleared(response_id=paused.response_id, item_id=paused.item_id,
+                                                    audio_end_ms=round(paused.heard_ms())))
         self._interrupt("turn_detected")
 
     def _do_pause(self, d: PauseReply) -> None:

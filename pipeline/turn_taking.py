@@ -13,9 +13,10 @@ Modes (``Policy``):
   (``Commit``) or dropped if speech resumes (``DropTurn``). Speech over the assistant for
   ``barge_in_min_ms`` cancels the reply (``BargeIn``); shorter speech is no turn (``Discard``).
 - ``semantic_vad``: at the short pause the end-of-turn model scores the audio (``Score``)
-  while the speculative turn runs. A score ``>= complete`` commits at once; a score
-  ``< incomplete`` waits up to ``max_silence_ms`` of silence; in between, up to the
-  silence stop. Before the score arrives the turn waits (up to ``max_silence_ms``).
+  while the speculative turn runs. A score ``>= complete`` commits at once; a lower one
+  waits for silence: from the silence stop (just under ``complete``) up to
+  ``max_silence_ms`` (at ``incomplete`` and below), in proportion (``Policy.wait_ms``).
+  Before the score arrives the turn waits (up to ``max_silence_ms``).
 - ``pause_on_speech`` (``semantic_vad``): speech over the assistant first pauses the
   reply (``PauseReply``); its audio is transcribed at the short pause (``Transcribe``).
   If the speech ends shorter than ``barge_in_min_ms`` or its transcript has no words (a
@@ -74,7 +75,7 @@ class Policy:
     semantic: bool = False
     #: Score at or above: the turn is complete at the short pause.
     complete: float = 0.9
-    #: Score below: the user is not done; wait up to ``max_silence_ms``.
+    #: Score at or below: the user is not done; wait up to ``max_silence_ms``.
     incomplete: float = 0.3
     #: Longest silence waited while the model says the user is not done.
     max_silence_ms: int = 2000
@@ -91,6 +92,14 @@ class Policy:
                    complete=t.complete, incomplete=t.incomplete,
                    max_silence_ms=max(silence_ms, round(max_silence_ms * t.max_silence_scale)),
                    pause_on_speech=pause_on_speech, pause_max_speech_ms=pause_max_speech_ms)
+
+    def wait_ms(self, probability: float) -> float:
+        """Silence to wait after a score under ``complete``: ``silence_ms`` just under it, growing
+        linearly to ``max_silence_ms`` at ``incomplete`` (a pause mid-sentence is often longer
+        than the silence stop, and the model is not sure of every ending)."""
+        span = max(self.complete - self.incomplete, 1e-6)
+        unsure = min(max((self.complete - probability) / span, 0.0), 1.0)
+        return self.silence_ms + (self.max_silence_ms - self.silence_ms) * unsure
 
     @property
     def vad_silence_ms(self) -> int:
@@ -267,8 +276,7 @@ class TurnTaking:
         p = self.policy
         if probability >= p.complete:
             return self._end_of_turn(audible, vad_ended=False)
-        wait = p.max_silence_ms if probability < p.incomplete else p.silence_ms
-        self._deadline_ms = self._speech_end_ms + wait
+        self._deadline_ms = self._speech_end_ms + p.wait_ms(probability)
         return self.tick(now_ms, audible)
 
     def transcribed(self, utterance: int, text: str) -> list[Decision]:

@@ -71,6 +71,7 @@ from realtime.server_events import (
     SessionCreated,
     SessionUpdated,
     TranscriptionUsage,
+    XOutputAudioBufferCleared,
     XOutputAudioBufferPaused,
     XOutputAudioBufferResumed,
     XTtsAudioDelta,
@@ -100,7 +101,7 @@ __all__ = [
     "ResponseOutputAudioDelta", "ResponseOutputAudioDone", "ResponseOutputAudioTranscriptDelta",
     "ResponseOutputAudioTranscriptDone", "ResponseOutputTextDelta", "ResponseOutputTextDone",
     "ErrorEvent", "XTurnMetrics", "XTtsAudioDelta", "XTtsDone", "XOutputAudioBufferPaused",
-    "XOutputAudioBufferResumed",
+    "XOutputAudioBufferResumed", "XOutputAudioBufferCleared",
     # nested objects
     "ContentPart", "ErrorDetail", "ErrorInfo", "MessageItem", "ResponseAudio", "ResponseObject",
     "ResponseOptions", "ResponseStatusDetails", "ResponseUsage", "TranscriptionUsage",

@@ -296,6 +296,19 @@ class XOutputAudioBufferResumed(ServerEvent):
     item_id: str
 
 
+@dataclass(frozen=True, kw_only=True)
+class XOutputAudioBufferCleared(ServerEvent):
+    """Extension: the speech over the paused reply was a real interruption: drop its buffered audio.
+
+    ``audio_end_ms``: what the history keeps as heard.
+    """
+
+    type: ClassVar[str] = "x.output_audio_buffer.cleared"
+    response_id: str
+    item_id: str
+    audio_end_ms: int = 0
+
+
 @dataclass(frozen=True, kw_only=True, eq=False)
 class XTtsAudioDelta(PcmEquality, ServerEvent):
     """Extension: audio of an ``x.tts.speak`` request, int16 mono at the session output rate."""

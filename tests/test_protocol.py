@@ -139,6 +139,8 @@ SERVER_SAMPLES: dict[str, dict[str, Any]] = {
                                                         "first_audio_ms": 812.25, "status": "completed"}},
     "x.output_audio_buffer.paused": {"type": "x.output_audio_buffer.paused", "event_id": "event_40",
                                      "response_id": "resp_1", "item_id": "item_1", "audio_end_ms": 1240},
+    "x.output_audio_buffer.cleared": {"type": "x.output_audio_buffer.cleared", "event_id": "event_42",
+                                      "response_id": "resp_1", "item_id": "item_1", "audio_end_ms": 1240},
     "x.output_audio_buffer.resumed": {"type": "x.output_audio_buffer.resumed", "event_id": "event_41",
                                       "response_id": "resp_1", "item_id": "item_1"},
     "x.tts.audio.delta": {"type": "x.tts.audio.delta", "event_id": "event_27", "request_id": "tts_1",

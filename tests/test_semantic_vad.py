@@ -128,6 +128,8 @@ async def test_the_words_of_speech_over_the_reply_decide(tts_engines, heard, res
         else:
             assert done["response"]["status_details"] == {"type": "cancelled", "reason": "turn_detected"}
             assert "x.output_audio_buffer.resumed" not in kinds
+            assert "x.output_audio_buffer.cleared" in kinds, kinds
+            assert kinds.index("x.output_audio_buffer.cleared") < kinds.index("response.done")
             nxt, _ = await until(ws, "response.done")  # the interruption is a turn of its own
             assert nxt["response"]["status"] == "completed"
             assert llm.seen[-1][-1] == {"role": "user", "content": heard}

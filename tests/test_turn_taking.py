@@ -63,12 +63,19 @@ CASES = {
         ("scored", 1, 0.95, 1390, False, [Commit(1, end_utterance=True)]),
         ("speech_ended", 3200, False, False, []),  # the VAD was reset; a late end changes nothing
     ]),
-    "semantic: an unsure score waits for the silence stop": (SEMANTIC, [
+    "semantic: a score just under complete waits for the silence stop": (SEMANTIC, [
         ("speech_started", 0, False, []),
         ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
-        ("scored", 1, 0.6, 1250, False, []),
+        ("scored", 1, 0.8999, 1250, False, []),
         ("tick", 1490, False, []),
-        ("tick", 1500, False, [Commit(1, end_utterance=True)]),
+        ("tick", 1501, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "semantic: an unsure score waits longer, in proportion": (SEMANTIC, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.6, 1250, False, []),  # half way: 500 + 1500 / 2
+        ("tick", 2240, False, []),
+        ("tick", 2250, False, [Commit(1, end_utterance=True)]),
     ]),
     "semantic: an incomplete score waits through a long pause; speech goes on": (SEMANTIC, [
         ("speech_started", 0, False, []),
@@ -167,6 +174,11 @@ def test_reply_ended_forgets_a_pause():
 ])
 def test_backchannels(text, backchannel):
     assert is_backchannel(text) is backchannel
+
+
+def test_wait_grows_from_the_silence_stop_to_the_maximum():
+    assert SEMANTIC.wait_ms(0.9) == 500 and SEMANTIC.wait_ms(0.3) == SEMANTIC.wait_ms(0.0) == 2000
+    assert 500 < SEMANTIC.wait_ms(0.7) < SEMANTIC.wait_ms(0.5) < 2000
 
 
 def test_eagerness_orders_thresholds_and_waits():

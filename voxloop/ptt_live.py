@@ -303,6 +303,9 @@ class LiveConversation:
             self.playback.pause(event.item_id)
         elif isinstance(event, ev.XOutputAudioBufferResumed):  # it was a cough or an "mm-hm"
             self.playback.resume(event.item_id)
+        elif isinstance(event, ev.XOutputAudioBufferCleared):  # it was an interruption
+            self.dropped.add(event.response_id)
+            self.playback.stop()
         elif isinstance(event, ev.XTurnMetrics):
             first = self.first_audio_at
             ms = None if first is None or self.released_at is None else 1000 * (first - self.released_at)

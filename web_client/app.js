@@ -178,6 +178,10 @@ function onEvent(e) {
       counters.resumes += 1;
       if (state.player) state.player.resume();
       break;
+    case "x.output_audio_buffer.cleared": // a real interruption: the paused audio goes
+      if (state.pausedItem === e.item_id) state.pausedItem = null;
+      bargeIn();
+      break;
     case "input_audio_buffer.committed":
       transcript.user(e.item_id, "");
       break;
