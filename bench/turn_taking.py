@@ -192,6 +192,8 @@ async def one_turn(talker: Talker, turn: dict, timeout_s: float) -> dict:
     if metrics:
         row["end_of_turn"] = metrics[-1].get("end_of_turn")
         row["end_of_turn_ms"] = metrics[-1].get("end_of_turn_ms")
+        row["stages_ms"] = metrics[-1].get("stages_ms")
+    row["reply_paused"] = len(talker.since(since, "x.output_audio_buffer.paused"))  # speech over a reply?
     return row
 
 
