@@ -92,10 +92,10 @@ class TurnSet:
 
     def build(self, gap_ms: int = 600, coughs: int = 10) -> list[Clip]:
         clips: list[Clip] = []
-        um = _trim(self.say("um"))
+        um = trim(self.say("um"))
         gap = np.zeros(SAMPLE_RATE * gap_ms // 1000, np.int16)
         for i, (text, word) in enumerate(SENTENCES):
-            whole = _trim(self.say(text))
+            whole = trim(self.say(text))
             cut = self.cut_after(whole, word)
             head, rest = whole[:cut], whole[cut:]
             clips.append(Clip(f"complete-{i}", "complete", whole, _ms(whole)))
@@ -110,7 +110,7 @@ class TurnSet:
         return clips
 
 
-def _trim(pcm: np.ndarray, level: int = 200, tail_level: int = 60) -> np.ndarray:
+def trim(pcm: np.ndarray, level: int = 200, tail_level: int = 60) -> np.ndarray:
     """Drop the voice's leading silence and trailing near-silence (soft word endings are kept)."""
     loud = np.flatnonzero(np.abs(pcm) > level)
     soft = np.flatnonzero(np.abs(pcm) > tail_level)

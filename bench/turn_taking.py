@@ -50,7 +50,7 @@ QUIET_S = 1.2  # a turn is over when nothing happened for this long (and its rep
 # --------------------------------------------------------------------------- the set
 def build_set(cfg, coughs: int) -> tuple[list[dict], list[np.ndarray], np.ndarray]:
     """(turns, cough bursts, the interruption), each turn ``{name, kind, pcm}`` (16 kHz int16)."""
-    from bench.turn_set import TurnSet, _trim
+    from bench.turn_set import TurnSet, trim
 
     ts = TurnSet.from_config(cfg)
     clips = ts.build(coughs=coughs)
@@ -58,11 +58,11 @@ def build_set(cfg, coughs: int) -> tuple[list[dict], list[np.ndarray], np.ndarra
     gap = np.zeros(RATE * 300 // 1000, np.int16)
     for i, line in enumerate((ROOT / "bench" / "voice_questions.txt").read_text().splitlines()):
         if line.strip() and not line.startswith("#"):
-            parts = [_trim(ts.say(p.strip())) for p in line.split("|")]
+            parts = [trim(ts.say(p.strip())) for p in line.split("|")]
             pcm = np.concatenate([x for p in parts for x in (p, gap)][:-1])
             turns.append({"name": f"question-{i}", "kind": "question" if len(parts) == 1 else "paused_question",
                           "pcm": pcm})
-    return turns, [c.pcm for c in clips if c.kind == "cough"], _trim(ts.say(INTERRUPTION))
+    return turns, [c.pcm for c in clips if c.kind == "cough"], trim(ts.say(INTERRUPTION))
 
 
 def end_of_turn_cost(cfg, turns: list[dict], calls: int = 40) -> dict:
