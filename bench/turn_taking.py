@@ -334,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-arg", action="append", default=[])
     p.add_argument("--name", default="turn_taking", help="result file name prefix")
     p.add_argument("--limit", type=int, help="only the first N turns of the set (a quick check)")
+    p.add_argument("--many-limit", type=int, default=8, help="turns per talker when there are several talkers")
     args = p.parse_args(argv)
     turns, coughs, interruption = build_set(load_config(), args.coughs)
     turns = turns[:args.limit] if args.limit else turns
@@ -348,7 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for talkers in args.talkers:
             for mode in args.modes:
-                rows, bursts = asyncio.run(run(url, mode, talkers, turns, coughs, interruption, args.turn_timeout_s))
+                level_turns = turns if talkers == 1 else random.Random(8).sample(turns, min(args.many_limit, len(turns)))
+                rows, bursts = asyncio.run(run(url, mode, talkers, level_turns, coughs, interruption,
+                                               args.turn_timeout_s))
                 all_rows += rows
                 all_bursts += bursts
                 summary.append(summarize(mode, talkers, rows, bursts))
