@@ -282,10 +282,10 @@ class Session:
 
     def _do_score(self, d: Score) -> None:
         audio, worker = self._turn_audio, self.engines.turn
-        if audio is not None and worker is not None:
-            self._side_task(self._score(worker, audio, d.utterance))
+        if audio is not None and worker is not None and self._taking is not None:
+            self._side_task(self._score(worker, audio, self._taking, d.utterance))
 
-    async def _score(self, worker: Any, audio: np.ndarray, utterance: int) -> None:
+    async def _score(self, worker: Any, audio: np.ndarray, taking: TurnTaking, utterance: int) -> None:
         t0 = time.monotonic()
         try:
             probability = await worker.submit(lambda model: model.score(audio), priority=URGENT)
@@ -296,15 +296,14 @@ class Session:
         if turn is not None:
             turn.trace.info.update(end_of_turn=round(probability, 3),
                                    end_of_turn_ms=round(1000 * (time.monotonic() - t0), 1))
-        if self._vad is not None and self._taking is not None:
-            self._perform(self._taking.scored(utterance, probability, self._vad.stream_ms,
-                                              self._assistant_audible()))
+        if self._vad is not None and self._taking is taking:  # not a stream of an older turn_detection
+            self._perform(taking.scored(utterance, probability, self._vad.stream_ms, self._assistant_audible()))
 
     def _do_transcribe(self, d: Transcribe) -> None:
-        if self._turn_audio is not None:
-            self._side_task(self._transcribe_burst(self._turn_audio, d.utterance))
+        if self._turn_audio is not None and self._taking is not None:
+            self._side_task(self._transcribe_burst(self._turn_audio, self._taking, d.utterance))
 
-    async def _transcribe_burst(self, audio: np.ndarray, utterance: int) -> None:
+    async def _transcribe_burst(self, audio: np.ndarray, taking: TurnTaking, utterance: int) -> None:
         """Words of speech over the paused reply (a cough has none)."""
         language = self._language()
         try:
@@ -312,8 +311,8 @@ class Session:
             text = result.text.strip()
         except VoxloopError:
             text = "?"  # unknown words: an interruption (the reply is cancelled, as without pausing)
-        if self._taking is not None:
-            self._perform(self._taking.transcribed(utterance, text))
+        if self._taking is taking:
+            self._perform(taking.transcribed(utterance, text))
 
     def _side_task(self, coro: Awaitable[None]) -> None:
         task = asyncio.create_task(coro)
