@@ -87,7 +87,7 @@ async def test_an_incomplete_score_waits_through_a_long_pause(tts_engines):
 
 async def _speak_over_reply(tts_engines, asr_text: str, burst: float):
     """A long reply plays; the user makes a sound of ``burst`` seconds that ASR hears as ``asr_text``."""
-    llm = FakeLLM(" ".join(CLAUSES), delay_s=0.02)
+    llm = FakeLLM(" ".join(CLAUSES), delay_s=0.06)  # still being made when the burst is judged
     hub = await _hub(tts_engines, FakeTurnModel(0.99), "vad.barge_in_min_ms=250", asr=FakeASR(asr_text), llm=llm)
     ws = await session(hub, SEMANTIC)
     for m in user_text("How is the weather?"):
