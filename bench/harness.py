@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import multiprocessing as mp
 import os
 import platform
+import queue
 import re
 import shlex
 import signal
@@ -20,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -150,6 +153,67 @@ def summarize(records: list[dict], backend, clients: int, hardware: str) -> dict
     }  # fmt: skip
 
 
+# ---------------------------------------------------------------- client processes
+
+
+def run_client_processes(target, groups: list[list[int]], args: tuple, timeout_s: float,
+                         start_timeout_s: float = 120.0) -> list[tuple[bool, object]]:
+    """``target(group, *args, t0)`` in one spawned process per group, all started together.
+
+    Each process loads ``target``'s module, says it is ready, and runs once all are: ``t0`` is
+    that shared start on the process's own ``time.monotonic()`` clock. Returns per group
+    ``(True, result)``, or ``(False, why)`` for an exception, a process that died or one still
+    running after ``timeout_s``. Raises RuntimeError when a process cannot start.
+    Spawned, not forked: no inherited threads or models; each client has its own GIL.
+    """
+    ctx = mp.get_context("spawn")
+    out, go, start = ctx.Queue(), ctx.Event(), ctx.Value("d", 0.0)
+    procs = [ctx.Process(target=_client_main, args=(target, n, g, args, start, go, out), daemon=True)
+             for n, g in enumerate(groups)]
+    for p in procs:
+        p.start()
+    try:
+        ready = _collect(out, procs, start_timeout_s)
+        failed = [why for ok, why in ready if not ok]
+        if failed:
+            raise RuntimeError(f"{len(failed)} client process(es) did not start: {failed[0]}")
+        start.value = time.time() + 0.5
+        go.set()
+        return _collect(out, procs, timeout_s)
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+
+
+def _client_main(target, number: int, group: list[int], args: tuple, start, go, out) -> None:
+    out.put((number, True, None))  # ready: the target's module is imported
+    go.wait()
+    t0 = time.monotonic() + start.value - time.time()
+    try:
+        out.put((number, True, target(group, *args, t0)))
+    except BaseException as exc:  # noqa: BLE001 - reported by the parent
+        out.put((number, False, f"{type(exc).__name__}: {exc}"))
+
+
+def _collect(out, procs: list, timeout_s: float) -> list[tuple[bool, object]]:
+    """The next message of every process: (ok, payload); (False, why) for one dead or silent."""
+    got: dict[int, tuple[bool, object]] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(got) < len(procs) and time.monotonic() < deadline:
+        # A process dead before this wait had put all it ever would: if nothing came, it died silent.
+        dead = [n for n, p in enumerate(procs) if p.exitcode is not None and n not in got]
+        try:
+            number, ok, payload = out.get(timeout=1.0)
+            got[number] = (ok, payload)
+        except queue.Empty:
+            for n in dead:
+                got[n] = (False, f"client process exited ({procs[n].exitcode}) without a result")
+    return [got.get(n, (False, f"no result from client process {n} within {timeout_s:g} s"))
+            for n in range(len(procs))]
+
+
 # ---------------------------------------------------------------- arguments and result files
 
 
@@ -242,6 +306,63 @@ def stop_server(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def metrics_url(ws_url: str) -> str:
+    """``http://host:port/metrics`` of the server behind ``ws://host:port/…`` (``wss`` -> ``https``)."""
+    parts = urllib.parse.urlsplit(ws_url)
+    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
+    return f"{scheme}://{parts.netloc}/metrics"
+
+
+#: ``{sample name: {sorted (label, value) pairs: value}}``, names as exposed (``…_total``, ``…_bucket``).
+Samples = dict[str, dict[tuple[tuple[str, str], ...], float]]
+
+
+def scrape_metrics(url: str, timeout_s: float = 10.0) -> Samples:
+    """The samples of a Prometheus text page (a server's ``/metrics``). Raises OSError, ValueError."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=timeout_s) as r:
+        text = r.read().decode("utf-8")
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def gauge(samples: Samples, name: str, scale: float = 1.0) -> float | dict[str, float] | None:
+    """A gauge divided by ``scale``: a number, ``{"label/values": number}`` when labelled, None if absent."""
+    got = samples.get(name)
+    if not got:
+        return None
+    if list(got) == [()]:
+        return round(got[()] / scale, 1)
+    return {"/".join(v for _, v in labels): round(v / scale, 1) for labels, v in sorted(got.items())}
+
+
+def counter_delta(before: Samples, after: Samples, name: str, labels: tuple = ()) -> float | None:
+    """How much one sample grew between two scrapes; None when absent or when it fell (a restart).
+
+    A sample first seen in ``after`` grew from 0 (a labelled counter appears at its first increment).
+    """
+    a, b = before.get(name, {}).get(labels, 0.0), after.get(name, {}).get(labels)
+    return None if b is None or b < a else b - a
+
+
+def histogram_delta(before: Samples, after: Samples, name: str) -> dict[str, float | None]:
+    """Observations of histogram ``name`` between two scrapes: count, mean and p99 upper bound (its units).
+
+    The p99 is the bound (``le``) of the first bucket holding 99 % of the new observations.
+    """
+    n = counter_delta(before, after, f"{name}_count")
+    total = counter_delta(before, after, f"{name}_sum")
+    buckets = sorted((float(dict(k)["le"]), counter_delta(before, after, f"{name}_bucket", k))
+                     for k in after.get(f"{name}_bucket", {}))
+    p99 = next((le for le, c in buckets if c is not None and n and c >= 0.99 * n), None)
+    return {"count": n, "mean": None if not n or total is None else total / n,
+            "p99_le": None if p99 == float("inf") else p99}
 
 
 def _tail(log, chars: int = 2000) -> str:

@@ -13,7 +13,7 @@ import subprocess
 import threading
 import time
 
-from bench.harness import ROOT, cpu_name, free_port, gpu_name, start_server, stop_server
+from bench.harness import ROOT, cpu_name, free_port, gpu_name, metrics_url, scrape_metrics, start_server, stop_server
 
 
 class WsBackend:
@@ -59,7 +59,7 @@ class WsBackend:
         """The server's pool high-water mark from /metrics when it exports one, else nvidia-smi's peak."""
         if self.vram is None:
             return None
-        pool = metrics_pool_high_mb(self.url.replace("ws://", "http://").replace("/v1/realtime", "/metrics"))
+        pool = metrics_pool_high_mb(metrics_url(self.url))
         if pool is not None:
             self.info["peak_vram_source"] = "server /metrics voxloop_gpu_pool_bytes{kind=reserved,stat=high}"
             return pool
@@ -76,20 +76,12 @@ class WsBackend:
 
 def metrics_pool_high_mb(url: str) -> float | None:
     """``voxloop_gpu_pool_bytes{kind="reserved",stat="high"}`` (CUDA pool high-water since start), MiB, or None."""
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
     try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            text = r.read().decode()
+        samples = scrape_metrics(url, timeout_s=5)
     except OSError:
         return None
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "voxloop_gpu_pool_bytes" and sample.labels == {"kind": "reserved", "stat": "high"}:
-                return sample.value / 2**20
-    return None
+    value = samples.get("voxloop_gpu_pool_bytes", {}).get((("kind", "reserved"), ("stat", "high")))
+    return None if value is None else value / 2**20
 
 
 class VramSampler:

@@ -1,22 +1,33 @@
-"""The link between WebSocket front-end processes and the process that owns the GPU engine.
+"""The link between WebSocket front-end processes and the process that owns the GPU.
 
 With ``server.front_ends = N > 1`` (see ``pipeline/front_ends.py``) one *engine process* owns the
-batching TTS engine and N *front-end* processes run the sessions. Each front end keeps one Unix
-stream socket to the engine process; messages are length-prefixed pickles (both ends are our own
-processes, started together; the socket lives in a private directory, mode 0700):
+GPU's PyTorch side: the batching TTS engine, and the ASR when it runs on the GPU; the LLM, when it
+runs on the GPU, has an *LLM process* of its own (``engine_stages``; a CUDA build of llama.cpp and
+PyTorch crashed in one process). Either way every session's utterances and replies batch
+together. N *front-end* processes run the sessions. Each front end keeps one Unix stream socket
+to the engine process (and one to the LLM process); messages are length-prefixed pickles (both ends are
+our own processes, started together; the socket lives in a private directory, mode 0700):
 
 front end -> engine
   ``("speak", key, sentences, options)``: phoneme ids of each sentence (the front end runs the text
   front end), ``SynthesisOptions`` without the rate (resampling happens in the front end);
-  ``("cancel", key)``.
+  ``("cancel", key)``;
+  ``("asr", key, pcm_bytes, dtype, language, priority)`` / ``("asr_cancel", key)``;
+  ``("llm", key, session, messages, max_tokens, priority)`` / ``("llm_cancel", key)`` /
+  ``("llm_release", session)``.
 engine -> front end
   ``("step", [(key, clause_index, final, pcm_bytes) | (key, error) ...])``: **one message per GPU
   step** with everything that step made for that front end's requests (int16 at the voice's rate);
   ``error`` is an exception, or None when the engine closed;
-  ``("report", memory_report, in_flight)`` once a second, for ``/metrics``.
+  ``("asr", key, transcript_or_error)``;
+  ``("llm", [(key, text, stats, error) ...])``: one message per ``llama_decode`` step with every
+  reply of that front end it advanced (``stats`` set on a reply's last item);
+  ``("report", {...})`` once a second, for ``/metrics``.
 
-``EngineHost`` is the engine side (threads: one reader and one writer per front end; the scheduler
-thread only appends to a queue). ``RemoteSpeech`` is the front-end side, a ``SpeechStage``.
+``EngineHost`` is the engine side (threads: one reader and one writer per front end; the TTS
+scheduler, ASR and LLM threads only append to a front end's queue). ``EngineClient`` is the
+front end's end of the socket; ``RemoteSpeech``, ``RemoteAsr`` and ``RemoteLlm`` are the stages a
+front end's sessions use, with the interfaces of the local ones.
 """
 
 from __future__ import annotations
@@ -30,18 +41,22 @@ import queue
 import socket
 import struct
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Hashable
 from typing import Any
+
+import numpy as np
 
 from pipeline.workers import NORMAL, ModelWorker
 from tts_engine.engine import AudioChunk, SynthesisOptions, resolve_options
 from tts_engine.onnx_backend import StreamResampler
-from voxloop.errors import ModelError
+from voxloop.errors import Cancelled, ModelError
 
 log = logging.getLogger(__name__)
 
 _LEN = struct.Struct("!I")
 REPORT_INTERVAL_S = 1.0
+#: How often a front end's reply stream looks at its cancel event while no token arrives, s.
+CANCEL_POLL_S = 0.05
 
 
 def frame(message: Any) -> bytes:
@@ -49,12 +64,29 @@ def frame(message: Any) -> bytes:
     return _LEN.pack(len(body)) + body
 
 
+def engine_stages(cfg: Any) -> tuple[str, ...]:
+    """Stages besides TTS that the engine process runs: ``server.engine_stages``, or by default
+    those configured on the GPU (``asr.device = "cuda"``, ``llm.n_gpu_layers != 0``)."""
+    stages = cfg.server.engine_stages
+    if stages is None:
+        stages = tuple(s for s, on_gpu in (("asr", cfg.asr.device == "cuda"), ("llm", cfg.llm.n_gpu_layers != 0))
+                       if on_gpu)
+    return tuple(s for s in stages if s in cfg.server.stages)
+
+
 # --------------------------------------------------------------------------- engine process
 class EngineHost:
-    """Serves a batching engine (``submit_sentences(..., sink=)``) to front ends on a Unix socket."""
+    """Serves the engine process's stages to front ends on a Unix socket.
 
-    def __init__(self, engine: Any, path: str) -> None:
-        self.engine = engine
+    ``tts``: a batching engine (``submit_sentences(..., sink=)``); ``asr``: a ``BatchingAsr``;
+    ``llm``: a ``BatchedLlm`` (its thread runs the steps). None: not served here (the LLM process
+    serves only ``llm``).
+    """
+
+    def __init__(self, tts: Any, path: str, asr: Any = None, llm: Any = None) -> None:
+        self.engine = tts
+        self.asr = asr
+        self.llm = llm
         self.path = path
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(path)
@@ -65,17 +97,25 @@ class EngineHost:
         threading.Thread(target=self._report, name="engine-host-report", daemon=True).start()
 
     def _accept(self) -> None:
-        while not self._closed.is_set():
+        for number in itertools.count():
             try:
                 conn, _ = self._server.accept()
             except OSError:
                 return
-            self._links.append(_FrontEndLink(self.engine, conn))
+            if self._closed.is_set():
+                return
+            self._links.append(_FrontEndLink(self, conn, number))
+
+    def report(self) -> dict:
+        memory = getattr(self.engine, "memory_report", None)
+        return {"tts_memory": memory() if memory else None,
+                "tts_in_flight": self.engine.scheduler.in_flight if self.engine is not None else None,
+                "llm": self.llm.report() if self.llm is not None else None,
+                "asr": self.asr.report() if self.asr is not None else None}
 
     def _report(self) -> None:
-        report = getattr(self.engine, "memory_report", None)
         while not self._closed.wait(REPORT_INTERVAL_S):
-            message = ("report", report() if report else None, self.engine.scheduler.in_flight)
+            message = ("report", self.report())
             for link in list(self._links):
                 link.send(message)
 
@@ -87,13 +127,18 @@ class EngineHost:
 
 
 class _FrontEndLink:
-    """One front end's connection: requests by key, a sink that sends each step in one message."""
+    """One front end's connection: its requests by key; every result goes out on one writer thread."""
 
-    def __init__(self, engine: Any, conn: socket.socket) -> None:
-        self.engine = engine
+    def __init__(self, host: EngineHost, conn: socket.socket, number: int) -> None:
+        self.host = host
+        self.engine = host.engine
         self.conn = conn
+        self.number = number
         self._requests: dict[int, list] = {}  # key -> its SpeechRequests
         self._keys: dict[Any, int] = {}  # SpeechRequest -> key
+        self._asr: dict[int, threading.Event] = {}  # key -> cancel, while transcribing
+        self._replies: dict[int, Any] = {}  # key -> LLM Reply, while generating
+        self._sessions: set[Hashable] = set()  # this front end's LLM conversations
         self._out: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         threading.Thread(target=self._read, name="engine-host-read", daemon=True).start()
@@ -102,8 +147,9 @@ class _FrontEndLink:
     def send(self, message: Any) -> None:
         self._out.put(message)
 
+    # ---------------------------------------------------------------- results (other threads)
     def sink(self, outcomes: list) -> None:
-        """Scheduler thread, once per step: this front end's outcomes become one message."""
+        """TTS scheduler thread, once per step: this front end's outcomes become one message."""
         items = []
         with self._lock:
             for request, outcome in outcomes:
@@ -117,6 +163,20 @@ class _FrontEndLink:
         if items:
             self._out.put(("step", items))
 
+    def deliver(self, events: list) -> None:
+        """LLM thread, once per step (``BatchedLlm`` route): this front end's reply events, one message."""
+        items = []
+        with self._lock:
+            for event in events:
+                key = event.reply.tag[1]
+                error = None
+                if event.stats is not None:
+                    self._replies.pop(key, None)
+                    error = event.reply.error
+                items.append((key, event.text, event.stats, error))
+        self._out.put(("llm", items))
+
+    # ---------------------------------------------------------------- requests (reader thread)
     def _read(self) -> None:
         reader = self.conn.makefile("rb")  # read(n) returns n bytes, or fewer at end of stream
         try:
@@ -127,24 +187,38 @@ class _FrontEndLink:
                 self._handle(pickle.loads(body))
         except OSError:
             pass
-        finally:  # the front end went away: its requests stop at the next step
+        finally:  # the front end went away: its work stops at the next step, its conversations end
             with self._lock:
                 for requests in self._requests.values():
                     for r in requests:
                         r.cancel()
                 self._requests.clear()
                 self._keys.clear()
+                for cancel in self._asr.values():
+                    cancel.set()
+                replies, self._replies = list(self._replies.values()), {}
+                sessions, self._sessions = list(self._sessions), set()
+            llm = self.host.llm
+            if llm is not None:
+                for reply in replies:
+                    llm.engine.cancel(reply)
+                for session in sessions:
+                    llm.release(session)
             self._out.put(None)
 
     def _handle(self, message: tuple) -> None:
-        if message[0] == "cancel":
-            with self._lock:
-                for r in self._requests.pop(message[1], ()):
-                    self._keys.pop(r, None)
-                    r.cancel()
-            return
-        _, key, sentences, options = message
+        kind = message[0]
         try:
+            handler = getattr(self, f"_on_{kind}")
+        except AttributeError:
+            log.error("engine link: unknown message %r from front end %d", kind, self.number)
+            return
+        handler(*message[1:])
+
+    def _on_speak(self, key: int, sentences: list, options: SynthesisOptions) -> None:
+        try:
+            if self.engine is None:
+                raise ModelError("this process runs no TTS")
             requests, _ = self.engine.submit_sentences(sentences, options, sink=self.sink)
         except Exception as exc:  # noqa: BLE001 - Overloaded / InvalidInput go back to the session
             self._out.put(("step", [(key, exc)]))
@@ -153,6 +227,69 @@ class _FrontEndLink:
             self._requests[key] = requests
             for r in requests:
                 self._keys[r] = key
+
+    def _on_cancel(self, key: int) -> None:
+        with self._lock:
+            for r in self._requests.pop(key, ()):
+                self._keys.pop(r, None)
+                r.cancel()
+
+    def _on_asr(self, key: int, raw: bytes, dtype: str, language: str | None, priority: int) -> None:
+        if self.host.asr is None:
+            self._out.put(("asr", key, ModelError("the engine process runs no ASR")))
+            return
+        cancel = threading.Event()
+
+        def done(result: Any) -> None:
+            with self._lock:
+                self._asr.pop(key, None)
+            self._out.put(("asr", key, result))
+
+        with self._lock:
+            self._asr[key] = cancel
+        try:
+            self.host.asr.submit(np.frombuffer(raw, dtype=np.dtype(dtype)), language, done, priority, cancel)
+        except Exception as exc:  # noqa: BLE001 - Overloaded goes back to the session
+            done(exc)
+
+    def _on_asr_cancel(self, key: int) -> None:
+        with self._lock:
+            cancel = self._asr.get(key)
+        if cancel is not None:
+            cancel.set()
+
+    def _on_llm(self, key: int, session: Hashable, messages: list, max_tokens: int, priority: int) -> None:
+        from llm.replies import ReplyOptions
+
+        llm = self.host.llm
+        if llm is None:
+            self._out.put(("llm", [(key, "", None, ModelError("the engine process runs no LLM"))]))
+            return
+        conversation = (self.number, session)  # session ids are unique per front end only
+        with self._lock:
+            self._sessions.add(conversation)
+        options = ReplyOptions(max_tokens=max_tokens, priority=priority)
+        try:
+            reply = llm.engine.submit(conversation, messages, options, tag=(self, key))
+        except Exception as exc:  # noqa: BLE001 - InvalidInput goes back to the session
+            self._out.put(("llm", [(key, "", None, exc)]))
+            return
+        with self._lock:
+            if not reply.done:
+                self._replies[key] = reply
+
+    def _on_llm_cancel(self, key: int) -> None:
+        with self._lock:
+            reply = self._replies.pop(key, None)
+        if reply is not None:
+            self.host.llm.engine.cancel(reply)
+
+    def _on_llm_release(self, session: Hashable) -> None:
+        conversation = (self.number, session)
+        with self._lock:
+            self._sessions.discard(conversation)
+        if self.host.llm is not None:
+            self.host.llm.release(conversation)
 
     def _write(self) -> None:
         try:
@@ -170,6 +307,61 @@ class _FrontEndLink:
 
 
 # --------------------------------------------------------------------------- front-end process
+class EngineClient:
+    """A front end's end of the engine socket: sends requests, hands each result to its stage."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._writer: asyncio.StreamWriter | None = None
+        #: message kind -> handler(message); stages register themselves.
+        self.handlers: dict[str, Callable[[tuple], None]] = {}
+        #: Called once when the engine process goes away (each stage fails its waiting callers).
+        self.on_lost: list[Callable[[], None]] = []
+        #: The engine process's latest report (``EngineHost.report``), for ``/metrics``.
+        self.report: dict = {}
+
+    async def connect(self, timeout_s: float = 600.0) -> None:
+        """Connect to the engine process (retrying while it loads), then read its messages."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            try:
+                reader, self._writer = await asyncio.open_unix_connection(self.path, limit=2**26)
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                if loop.time() > deadline:
+                    raise ModelError(f"engine process not reachable at {self.path}") from None
+                await asyncio.sleep(0.2)
+        asyncio.create_task(self._read(reader), name="engine-link-read")
+
+    @property
+    def connected(self) -> bool:
+        return self._writer is not None and not self._writer.is_closing()
+
+    def send(self, message: Any) -> None:
+        if not self.connected:
+            raise ModelError("the engine process is not connected")
+        assert self._writer is not None
+        self._writer.write(frame(message))
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                head = await reader.readexactly(_LEN.size)
+                message = pickle.loads(await reader.readexactly(_LEN.unpack(head)[0]))
+                if message[0] == "report":
+                    self.report = message[1]
+                else:
+                    self.handlers[message[0]](message)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:  # engine process gone: every waiting caller ends with an error
+            if self._writer is not None:
+                self._writer.close()
+            for lost in self.on_lost:
+                lost()
+
+
 class SpeechText:
     """The front end's share of a voice: text -> phoneme ids, option checks, the native rate (no model)."""
 
@@ -199,67 +391,37 @@ class SpeechText:
 class RemoteSpeech:
     """``SpeechStage`` of a front end: phonemize here, synthesize in the engine process, resample here."""
 
-    def __init__(self, path: str, text: SpeechText, text_worker: ModelWorker) -> None:
-        self.path = path
+    def __init__(self, link: EngineClient, text: SpeechText, text_worker: ModelWorker) -> None:
+        self.link = link
         self.text = text
         self.text_worker = text_worker
         self.engine = text  # read by the hub for facts like the sample rate
-        self._writer: asyncio.StreamWriter | None = None
         self._queues: dict[int, asyncio.Queue] = {}
         self._keys = itertools.count()
-        #: The engine process's latest ``memory_report`` and requests in its scheduler.
-        self.report: dict | None = None
-        self.in_flight = 0
         self.handoffs = 0
-
-    async def connect(self, timeout_s: float = 600.0) -> None:
-        """Connect to the engine process (retrying while it loads), then read its messages."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while True:
-            try:
-                reader, self._writer = await asyncio.open_unix_connection(self.path, limit=2**26)
-                break
-            except (FileNotFoundError, ConnectionRefusedError):
-                if loop.time() > deadline:
-                    raise ModelError(f"engine process not reachable at {self.path}") from None
-                await asyncio.sleep(0.2)
-        asyncio.create_task(self._read(reader), name="engine-link-read")
+        link.handlers["step"] = self._on_step
+        link.on_lost.append(self._lost)
 
     def memory_report(self) -> dict | None:
-        return self.report
+        return self.link.report.get("tts_memory")
 
     def scheduled(self) -> int | None:
-        return self.in_flight
+        return self.link.report.get("tts_in_flight", 0)
 
-    @property
-    def connected(self) -> bool:
-        return self._writer is not None and not self._writer.is_closing()
+    def _on_step(self, message: tuple) -> None:
+        self.handoffs += 1
+        for item in message[1]:
+            q = self._queues.get(item[0])
+            if q is not None:
+                q.put_nowait(item)
 
-    async def _read(self, reader: asyncio.StreamReader) -> None:
-        try:
-            while True:
-                head = await reader.readexactly(_LEN.size)
-                message = pickle.loads(await reader.readexactly(_LEN.unpack(head)[0]))
-                if message[0] == "step":
-                    self.handoffs += 1
-                    for item in message[1]:
-                        q = self._queues.get(item[0])
-                        if q is not None:
-                            q.put_nowait(item)
-                elif message[0] == "report":
-                    self.report, self.in_flight = message[1], message[2]
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:  # engine process gone: every stream ends with an error
-            if self._writer is not None:
-                self._writer.close()
-            for key, q in list(self._queues.items()):
-                q.put_nowait((key, ModelError("the engine process went away")))
+    def _lost(self) -> None:
+        for key, q in list(self._queues.items()):
+            q.put_nowait((key, ModelError("the engine process went away")))
 
     async def stream(self, text: str, options: SynthesisOptions, cancel: threading.Event,
                      priority: int = NORMAL) -> AsyncIterator[AudioChunk]:
-        if not self.connected:
+        if not self.link.connected:
             raise ModelError("the engine process is not connected")
         rate = self.text.output_rate(options)
         sentences = await self.text_worker.submit(lambda t: t.sentence_ids(text), priority, cancel)
@@ -268,8 +430,7 @@ class RemoteSpeech:
         key = next(self._keys)
         q: asyncio.Queue = asyncio.Queue()
         self._queues[key] = q
-        assert self._writer is not None
-        self._writer.write(frame(("speak", key, sentences, dataclasses.replace(options, sample_rate=None))))
+        self.link.send(("speak", key, sentences, dataclasses.replace(options, sample_rate=None)))
         resampler = StreamResampler(self.text.sample_rate, rate, dtype="int16")
         ahead: dict[int, list] = {}  # chunks of later sentences that arrived first (they share GPU steps)
         index, finished = 0, False
@@ -291,11 +452,135 @@ class RemoteSpeech:
             finished = index == len(sentences)
         finally:
             self._queues.pop(key, None)
-            if not finished and self.connected:
-                self._writer.write(frame(("cancel", key)))
+            if not finished and self.link.connected:
+                self.link.send(("cancel", key))
 
 
-def _int16(raw: bytes):  # noqa: ANN202 - np.ndarray
-    import numpy as np
+class RemoteAsr:
+    """``BatchingAsr``'s interface in a front end: utterances are transcribed in the engine process,
+    batched with every other front end's."""
 
+    def __init__(self, link: EngineClient) -> None:
+        self.link = link
+        self._futures: dict[int, asyncio.Future] = {}
+        self._keys = itertools.count()
+        link.handlers["asr"] = self._on_result
+        link.on_lost.append(self._lost)
+
+    async def transcribe(self, audio: np.ndarray, language: str | None, priority: int = NORMAL,
+                         cancel: threading.Event | None = None) -> Any:
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("cancelled before transcription")
+        key = next(self._keys)
+        fut = asyncio.get_running_loop().create_future()
+        self._futures[key] = fut
+        try:
+            self.link.send(("asr", key, audio.tobytes(), audio.dtype.str, language, priority))
+            return await fut
+        except asyncio.CancelledError:
+            if self.link.connected:
+                self.link.send(("asr_cancel", key))
+            raise
+        finally:
+            self._futures.pop(key, None)
+
+    def _on_result(self, message: tuple) -> None:
+        _, key, result = message
+        fut = self._futures.get(key)
+        if fut is None or fut.done():
+            return
+        if isinstance(result, BaseException):
+            fut.set_exception(result)
+        else:
+            fut.set_result(result)
+
+    def _lost(self) -> None:
+        for fut in self._futures.values():
+            if not fut.done():
+                fut.set_exception(ModelError("the engine process went away"))
+
+    def pending(self) -> int:
+        """This front end's utterances in the engine process."""
+        return len(self._futures)
+
+    def idle(self) -> bool:
+        """Whether the engine process's ASR has nothing queued (partial transcripts wait for that)."""
+        report = self.link.report.get("asr") or {}
+        return not self._futures and not report.get("pending")
+
+    def report(self) -> dict | None:
+        """The engine process's ASR counters (one second old at most)."""
+        return self.link.report.get("asr")
+
+    def close(self) -> None:
+        pass
+
+
+class RemoteLlm:
+    """``BatchedLlm``'s interface in a front end: replies are generated in the engine process, in one
+    batch with every other front end's conversations; each step's tokens arrive in one message."""
+
+    def __init__(self, link: EngineClient) -> None:
+        self.link = link
+        self._queues: dict[int, asyncio.Queue] = {}
+        self._keys = itertools.count()
+        link.handlers["llm"] = self._on_step
+        link.on_lost.append(self._lost)
+
+    async def stream(self, session: Hashable, messages: list[dict], max_tokens: int,
+                     cancel: threading.Event, priority: int = NORMAL,
+                     on_done: Callable[[Any], None] | None = None) -> AsyncIterator[str]:
+        key = next(self._keys)
+        q: asyncio.Queue = asyncio.Queue()
+        self._queues[key] = q
+        done = False
+        try:
+            self.link.send(("llm", key, session, messages, max_tokens, priority))
+            while not cancel.is_set():
+                try:
+                    _, text, stats, error = q.get_nowait() if not q.empty() else await asyncio.wait_for(
+                        q.get(), CANCEL_POLL_S)
+                except TimeoutError:
+                    continue
+                if text:
+                    yield text
+                if stats is not None or error is not None:
+                    done = True
+                    if stats is not None and on_done is not None:
+                        on_done(stats)
+                    if error is not None:
+                        raise error
+                    return
+        finally:
+            self._queues.pop(key, None)
+            if not done and self.link.connected:
+                self.link.send(("llm_cancel", key))
+
+    def _on_step(self, message: tuple) -> None:
+        for item in message[1]:
+            q = self._queues.get(item[0])
+            if q is not None:
+                q.put_nowait(item)
+
+    def _lost(self) -> None:
+        for key, q in list(self._queues.items()):
+            q.put_nowait((key, "", None, ModelError("the engine process went away")))
+
+    def release(self, session: Hashable) -> None:
+        if self.link.connected:
+            self.link.send(("llm_release", session))
+
+    def pending(self) -> int:
+        """This front end's replies in the engine process."""
+        return len(self._queues)
+
+    def report(self) -> dict | None:
+        """The engine process's ``BatchedChat.report`` (one second old at most)."""
+        return self.link.report.get("llm")
+
+    def close(self) -> None:
+        pass
+
+
+def _int16(raw: bytes) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.int16)

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.asr_stage import BatchingAsr
 from pipeline.llm_worker import BatchedLlm, SerialLlm
 from pipeline.speech import BatchedSpeech, SpeechStage, ThreadedSpeech
 from pipeline.workers import ModelWorker
@@ -31,8 +32,10 @@ class Engines:
     """
 
     cfg: Config
-    asr: ModelWorker | None = None
-    llm: BatchedLlm | SerialLlm | None = None
+    #: ``BatchingAsr``, or ``RemoteAsr`` in a front end whose engine process runs the ASR.
+    asr: Any = None
+    #: ``BatchedLlm``/``SerialLlm``, or ``RemoteLlm`` in a front end whose engine process runs the LLM.
+    llm: Any = None
     tts: ModelWorker | None = None
     #: The end-of-turn model (``semantic_vad``), loaded with ASR; None: semantic_vad waits for silence.
     turn: ModelWorker | None = None
@@ -60,45 +63,61 @@ class Engines:
             for _ in engine.synthesize("Warm up."):
                 pass
         self.load_s["tts"] = time.monotonic() - t0
+        self._set_turn(self.load_turn_model() if "asr" in self.stages else None)
         self._set_asr_llm(*self._load_asr_llm())
         self._set_tts(tts)
         log.info("models loaded: %s", {k: round(v, 2) for k, v in self.load_s.items()})
 
-    async def load_front_end(self, engine_socket: str) -> None:
+    async def load_front_end(self, engine_socket: str, llm_socket: str | None = None) -> None:
         """A front-end process (``server.front_ends`` > 1): the voice's text side loads here and the GPU
-        engine is the engine process's, reached at ``engine_socket``; ASR and LLM, if configured, load here."""
-        from pipeline.engine_link import RemoteSpeech, SpeechText
+        engine is the engine process's, reached at ``engine_socket``; so is the ASR when the engine
+        process runs it, and the LLM is the LLM process's at ``llm_socket``
+        (``engine_link.engine_stages``); else they load here."""
+        from pipeline.engine_link import EngineClient, RemoteAsr, RemoteLlm, RemoteSpeech, SpeechText, engine_stages
+
+        remote = engine_stages(self.cfg)
 
         def load() -> tuple:
             t0 = time.monotonic()
             text = SpeechText(self.cfg)
             text.sentence_ids("Warm up.")
             self.load_s["tts_text"] = time.monotonic() - t0
-            return (text, *self._load_asr_llm())
+            asr = self.load_asr_model() if "asr" in self.stages and "asr" not in remote else None
+            llm = self.load_llm_model() if "llm" in self.stages and "llm" not in remote else None
+            turn = self.load_turn_model() if "asr" in self.stages else None
+            return text, asr, llm, turn
 
-        text, asr, llm = await asyncio.get_running_loop().run_in_executor(None, load)
+        text, asr, llm, turn = await asyncio.get_running_loop().run_in_executor(None, load)
+        link = EngineClient(engine_socket)
         worker = ModelWorker("tts-text", [text], queue_size=self.cfg.tts.queue_size)
-        speech = RemoteSpeech(engine_socket, text, worker)
-        await speech.connect()
+        speech = RemoteSpeech(link, text, worker)
+        remote_asr = RemoteAsr(link) if "asr" in remote else None
+        llm_link = EngineClient(llm_socket) if "llm" in remote and llm_socket else None
+        remote_llm = RemoteLlm(llm_link) if llm_link is not None else None
+        await link.connect()
+        if llm_link is not None:
+            await llm_link.connect()
         self._set_asr_llm(asr, llm)
+        self._set_turn(turn)
+        self.asr = remote_asr or self.asr
+        self.llm = remote_llm or self.llm
         self.tts, self.speech = worker, speech  # last: ``loaded`` turns True
-        log.info("front end ready: %s", {k: round(v, 2) for k, v in self.load_s.items()})
+        log.info("front end ready (engine process runs %s): %s", ", ".join(("tts", *remote)),
+                 {k: round(v, 2) for k, v in self.load_s.items()})
 
     def _load_asr_llm(self) -> tuple[Any, Any]:
-        """ASR (with the end-of-turn model beside it) and LLM; blocking."""
-        asr = (self._load_asr(), self._load_turn()) if "asr" in self.stages else None
-        llm = self._load_llm() if "llm" in self.stages else None
+        asr = self.load_asr_model() if "asr" in self.stages else None
+        llm = self.load_llm_model() if "llm" in self.stages else None
         return asr, llm
 
     def _set_asr_llm(self, asr: Any, llm: Any) -> None:
         if asr is not None:
-            asr, turn = asr
-            self.turn = ModelWorker("turn", [turn], queue_size=64)
-            self.asr = ModelWorker("asr", [asr], queue_size=64)
+            self.asr = BatchingAsr(asr, max_batch=self.cfg.asr.max_batch)
         if llm is not None:
             self.llm = BatchedLlm(llm)
 
-    def _load_asr(self) -> Any:
+    def load_asr_model(self) -> Any:
+        """The ``Transcriber`` of ``cfg.asr``, warmed up (seconds)."""
         cfg = self.cfg
         t0 = time.monotonic()
         from asr.transcriber import Transcriber
@@ -112,7 +131,8 @@ class Engines:
         self.load_s["asr"] = time.monotonic() - t0
         return asr
 
-    def _load_turn(self) -> Any:
+    def load_turn_model(self) -> Any:
+        """The end-of-turn model (``semantic_vad``), warmed up; it runs where the sessions are (small, CPU)."""
         t0 = time.monotonic()
         from asr.end_of_turn import EndOfTurnModel
 
@@ -121,7 +141,12 @@ class Engines:
         self.load_s["turn"] = time.monotonic() - t0
         return model
 
-    def _load_llm(self) -> Any:
+    def _set_turn(self, model: Any) -> None:
+        if model is not None:
+            self.turn = ModelWorker("turn", [model], queue_size=64)
+
+    def load_llm_model(self) -> Any:
+        """The ``BatchedChat`` of ``cfg.llm``, its system prompt evaluated and warmed up (seconds)."""
         t0 = time.monotonic()
         from llm.batched import BatchedChat, ReplyOptions
 
@@ -152,8 +177,8 @@ class Engines:
         ``stream(messages, cancel, max_tokens)`` answers one conversation at a time.
         """
         e = cls(cfg)
-        e.asr = None if asr is None else ModelWorker("asr", [asr])
-        e.turn = None if turn is None else ModelWorker("turn", [turn])
+        e.asr = None if asr is None else BatchingAsr(asr, max_batch=cfg.asr.max_batch)
+        e._set_turn(turn)
         if llm is not None:
             e.llm = BatchedLlm(llm) if hasattr(llm, "step") else SerialLlm(llm)
         e._set_tts(tts)

@@ -5,12 +5,14 @@ resampler and the GPU scheduler all share one GIL (bench/results/tts_load-h200-2
 So ``voxloop serve`` with ``server.front_ends = N``:
 
 * this process becomes the **engine process**: it loads the batching TTS engine (the GPU, its
-  memory pool, the scheduler thread) and serves it on a Unix socket (``pipeline.engine_link``);
+  memory pool, the scheduler thread) and, when they run on the GPU (``server.engine_stages``), the
+  ASR (utterances of every front end batched together) and the LLM (every front end's
+  conversations in one continuous batch); it serves them on a Unix socket (``pipeline.engine_link``);
 * it starts N **front-end processes** (spawned, so none inherits a CUDA context). Each binds the
   same port with SO_REUSEPORT (the kernel spreads new connections over them) and runs a full
-  ``Hub``: HTTP routes, sessions, VAD/ASR/LLM if configured, the text front end, resampling and
-  serialization. TTS requests go to the engine process; each GPU step comes back as one message
-  per front end.
+  ``Hub``: HTTP routes, sessions, VAD, the text front end, resampling and serialization (and
+  ASR/LLM when they run on the CPU). TTS, ASR and LLM requests go to the engine process; each GPU
+  step (TTS) and each ``llama_decode`` step comes back as one message per front end.
 * ``limits.max_sessions`` counts the sessions of all front ends (a shared counter); ``/metrics`` of
   any front end sums every front end (prometheus_client's multiprocess mode) and shows the engine
   process's GPU figures; ``/health`` answers from the start, ``/ready`` once the engine is loaded.
@@ -62,50 +64,70 @@ def serve_front_ends(cfg: Config) -> int:
     cfg = cfg.replace("server", port=reserved.getsockname()[1])
     ctx = mp.get_context("spawn")
     shared = ctx.Value("i", 0)
-    procs = [ctx.Process(target=run_front_end, args=(cfg, engine_socket, shared, i), name=f"voxloop-front-end-{i}")
+    loaded = ctx.Value("i", 0)
+    from pipeline.engine_link import engine_stages
+
+    # The LLM of engine_stages runs in a process of its own: a CUDA build of llama.cpp and PyTorch
+    # in one process crashed on a CUDA 13 host (free(): invalid pointer), whichever loaded first.
+    llm_socket = os.path.join(workdir, "llm.sock") if "llm" in engine_stages(cfg) else None
+    procs = [ctx.Process(target=run_front_end, args=(cfg, engine_socket, llm_socket, shared, loaded, i),
+                         name=f"voxloop-front-end-{i}")
              for i in range(n)]
+    helpers = [] if llm_socket is None else [ctx.Process(target=run_llm_process, args=(cfg, llm_socket),
+                                                         name="voxloop-llm")]
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     engine = host = None
     try:
-        for p in procs:
+        for p in procs + helpers:
             p.start()
-        log.info("voxloop: %d front ends on port %d, loading the engine", n, cfg.server.port)
+        log.info("voxloop: %d front ends on port %d%s, loading the engine", n, cfg.server.port,
+                 ", an LLM process" if llm_socket else "")
         engine, host = _load_engine(cfg, engine_socket)
         reserved.close()
         while not stop.wait(0.5):
-            for p in procs:
+            for p in procs + helpers:
                 if p.exitcode is not None and not getattr(p, "_reported", False):
-                    log.error("front end %s exited with code %s", p.name, p.exitcode)
+                    log.error("%s exited with code %s", p.name, p.exitcode)
                     p._reported = True  # type: ignore[attr-defined]
             if all(p.exitcode is not None for p in procs):
                 return 1
         log.info("signal received: draining %d front ends", n)
-        return _stop_front_ends(procs, cfg.server.shutdown_grace_s)
+        code = _stop_front_ends(procs, cfg.server.shutdown_grace_s)
+        return max(code, _stop_front_ends(helpers, 0))  # the LLM process after the front ends drained
     finally:
         reserved.close()
-        for p in procs:
+        for p in procs + helpers:
             if p.is_alive():
                 p.kill()
         if host is not None:
             host.close()
         if engine is not None:
-            engine.close()
+            for stage in (engine.asr, engine.llm, engine.tts):
+                if stage is not None:
+                    stage.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _load_engine(cfg: Config, engine_socket: str):  # noqa: ANN202 - (engine, EngineHost)
-    from pipeline.engine_link import EngineHost
+def _load_engine(cfg: Config, engine_socket: str):  # noqa: ANN202 - (Engines, EngineHost)
+    """The engine process's stages: the batching TTS engine and, per ``engine_stages``, ASR and LLM."""
+    from pipeline.engine_link import EngineHost, engine_stages
+    from pipeline.engines import Engines
     from tts_engine.factory import create_engines
 
     t0 = time.monotonic()
-    (engine,) = create_engines(cfg)  # the cuda backend: one engine object serves everything
-    for _ in engine.synthesize("Warm up."):
+    (tts,) = create_engines(cfg)  # the cuda backend: one engine object serves everything
+    for _ in tts.synthesize("Warm up."):
         pass
-    host = EngineHost(engine, engine_socket)
-    log.info("engine loaded in %.1f s, serving front ends at %s", time.monotonic() - t0, engine_socket)
-    return engine, host
+    engines = Engines(cfg)
+    stages = tuple(s for s in engine_stages(cfg) if s != "llm")  # the LLM has its own process
+    engines._set_asr_llm(engines.load_asr_model() if "asr" in stages else None, None)
+    host = EngineHost(tts, engine_socket, asr=engines.asr, llm=engines.llm)
+    engines.tts = tts
+    log.info("engine process (%s) loaded in %.1f s, serving front ends at %s", ", ".join(("tts", *stages)),
+             time.monotonic() - t0, engine_socket)
+    return engines, host
 
 
 def _stop_front_ends(procs: list, grace_s: float) -> int:
@@ -120,25 +142,56 @@ def _stop_front_ends(procs: list, grace_s: float) -> int:
     return 0 if all(c == 0 for c in codes) else 1
 
 
-def run_front_end(cfg: Config, engine_socket: str, shared, index: int) -> None:  # noqa: ANN001
+def run_llm_process(cfg: Config, llm_socket: str) -> None:
+    """Entry point of the LLM process (``engine_stages`` has "llm"): one ``BatchedChat`` for every
+    front end's conversations, served like the engine process's stages (``EngineHost``)."""
+    try:  # before numpy: a CUDA build of llama.cpp loaded after numpy crashed loading the model
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        pass  # BatchedChat says what to install
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s llm %(levelname)s %(name)s: %(message)s")
+    from pipeline.engine_link import EngineHost
+    from pipeline.engines import Engines
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    engines = Engines(cfg)
+    engines._set_asr_llm(None, engines.load_llm_model())
+    host = EngineHost(None, llm_socket, llm=engines.llm)
+    parent = os.getppid()
+    while not stop.wait(0.5) and os.getppid() == parent:  # ends with the engine process
+        pass
+    host.close()
+    engines.llm.close()
+
+
+def run_front_end(cfg: Config, engine_socket: str, llm_socket: str | None, shared, loaded,  # noqa: ANN001
+                  index: int) -> None:
     """Entry point of one front-end process."""
     import asyncio
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s front-end-{index} %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    asyncio.run(_front_end(cfg, engine_socket, shared))
+    asyncio.run(_front_end(cfg, engine_socket, llm_socket, shared, loaded))
 
 
-async def _front_end(cfg: Config, engine_socket: str, shared) -> None:  # noqa: ANN001
+async def _front_end(cfg: Config, engine_socket: str, llm_socket: str | None, shared, loaded) -> None:  # noqa: ANN001
     import asyncio
 
     from pipeline.engines import Engines
     from pipeline.hub import Hub
 
     engines = Engines(cfg)
-    hub = Hub(cfg, engines, shared_sessions=shared)
+    hub = Hub(cfg, engines, shared_sessions=shared, shared_loaded=loaded)
     await hub.start()
-    loader = asyncio.create_task(engines.load_front_end(engine_socket))
+
+    async def load() -> None:
+        await engines.load_front_end(engine_socket, llm_socket)
+        with loaded.get_lock():
+            loaded.value += 1
+
+    loader = asyncio.create_task(load())
     serving = asyncio.create_task(hub.serve_until_signal())
     await asyncio.wait({loader, serving}, return_when=asyncio.FIRST_COMPLETED)
     if loader.done() and loader.exception() is not None:

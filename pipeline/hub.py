@@ -3,8 +3,8 @@
 HTTP routes (answered during the opening handshake, no upgrade):
   ``GET /``            the browser client (``web_client/``), other static files below it
   ``GET /health``      liveness: 200 while the process serves
-  ``GET /ready``       readiness: 200 when the models of ``server.stages`` are loaded and a session
-                       slot is free, else 503
+  ``GET /ready``       readiness: 200 when the models of ``server.stages`` are loaded (in every
+                       front-end process, ``server.front_ends``) and a session slot is free, else 503
   ``GET /metrics``     Prometheus text
 WebSocket: ``/v1/realtime`` (also ``/realtime``, as the openai SDK builds ``{base}/realtime``).
 
@@ -82,18 +82,21 @@ class SessionCount:
 class Hub:
     """The server. ``await hub.start()``, then ``await hub.serve_until_signal()`` or ``await hub.stop()``.
 
-    ``shared_sessions``: a counter shared by several front-end processes on one port (``server.front_ends``).
+    ``shared_sessions``: a counter shared by several front-end processes on one port (``server.front_ends``);
+    ``shared_loaded``: how many of them have loaded (``/ready`` waits for all).
     """
 
-    def __init__(self, cfg: Config, engines: Engines, shared_sessions=None) -> None:  # noqa: ANN001
+    def __init__(self, cfg: Config, engines: Engines, shared_sessions=None, shared_loaded=None) -> None:  # noqa: ANN001
         self.cfg = cfg
         self.engines = engines
+        self.shared_loaded = shared_loaded
         self.open_sessions = SessionCount(shared_sessions)
         self._reserved: set[ServerConnection] = set()  # admitted upgrades, until their handler ends
         self.metrics = Metrics()
         self.traces = TraceSink(self.metrics, cfg.trace.path)
         self.metrics.watch_tts_memory(self.tts_memory_report)
         self.metrics.watch_llm(self.llm_report)
+        self.metrics.watch_asr(self.asr_report)
         self.traces.gpu_report = self.tts_memory_report
         self.sessions: dict[str, Session] = {}
         self.metrics.watch_process()
@@ -120,10 +123,14 @@ class Hub:
             depths["tts_gpu"] = scheduled
         return depths
 
+    def asr_report(self) -> dict | None:
+        """The ASR's batching counters (this process's, or the engine process's); None without ASR."""
+        report = getattr(self.engines.asr, "report", None)
+        return report() if report is not None else None
+
     def llm_report(self) -> dict | None:
         """The batched LLM's memory and batch figures once loaded; None otherwise (fakes)."""
-        worker = self.engines.llm
-        report = getattr(getattr(worker, "engine", None), "report", None)
+        report = getattr(self.engines.llm, "report", None)  # BatchedLlm, or the engine process's
         return report() if report is not None else None
 
     # ------------------------------------------------------------------ lifecycle
@@ -218,6 +225,8 @@ class Hub:
             return False, "draining"
         if not self.engines.loaded:
             return False, "models loading"
+        if self.shared_loaded is not None and self.shared_loaded.value < self.cfg.server.front_ends:
+            return False, f"front ends loading: {self.shared_loaded.value} of {self.cfg.server.front_ends} ready"
         free = self.cfg.limits.max_sessions - self.open_sessions.value
         if free <= 0:
             return False, "full: 0 session slots free"

@@ -6,6 +6,10 @@ event loop and iterate text deltas. One step's output for all sessions goes back
 the loop in one hand-off (``call_soon_threadsafe`` per step, not per token), so no
 thread is tied to a session and every session's turn joins the running batch.
 
+Each reply's tag says where its events go (``(route, target)``): a ``_LoopRoute`` per event
+loop here; in the engine process of ``server.front_ends`` the front end's link
+(``pipeline.engine_link``), so every front end's conversations share one batch.
+
 ``SerialLlm`` gives the same interface over a one-conversation-at-a-time engine with
 ``stream(messages, cancel, max_tokens) -> Iterator[str]`` (test fakes) on a ``ModelWorker``.
 """
@@ -33,6 +37,7 @@ class BatchedLlm:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self._closed = threading.Event()
+        self._routes: dict[asyncio.AbstractEventLoop, _LoopRoute] = {}
         self._thread = threading.Thread(target=self._run, name="llm-0", daemon=True)
         self._thread.start()
 
@@ -50,7 +55,10 @@ class BatchedLlm:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         options = ReplyOptions(max_tokens=max_tokens, priority=priority, cancel=cancel)
-        reply = self.engine.submit(session, messages, options, tag=(loop, events))
+        route = self._routes.get(loop)
+        if route is None:
+            route = self._routes[loop] = _LoopRoute(loop)
+        reply = self.engine.submit(session, messages, options, tag=(route, events))
         try:
             while True:
                 event = await events.get()
@@ -75,6 +83,10 @@ class BatchedLlm:
         r = self.engine.report()
         return r["replies_running"] + r["replies_waiting"]
 
+    def report(self) -> dict[str, int]:
+        """The engine's memory and batch figures (``BatchedChat.report``)."""
+        return self.engine.report()
+
     def _run(self) -> None:
         while not self._closed.is_set():
             try:
@@ -82,15 +94,11 @@ class BatchedLlm:
             except Exception as exc:  # a bug: end the running replies rather than hang them
                 log.exception("LLM step failed")
                 events = self.engine.abort(exc)
-            by_loop: dict[Any, list] = defaultdict(list)
+            by_route: dict[Any, list] = defaultdict(list)
             for event in events:
-                loop, _ = event.reply.tag
-                by_loop[loop].append(event)
-            for loop, batch in by_loop.items():
-                try:
-                    loop.call_soon_threadsafe(_deliver, batch)
-                except RuntimeError:  # the loop is closed (shutdown)
-                    pass
+                by_route[event.reply.tag[0]].append(event)
+            for route, batch in by_route.items():
+                route.deliver(batch)
 
     def stop(self) -> None:
         """Stop the engine thread (waits for the step in progress)."""
@@ -100,6 +108,23 @@ class BatchedLlm:
     def close(self) -> None:
         self.stop()
         self.engine.close()
+
+
+class _LoopRoute:
+    """Where a step's events for replies awaited on one event loop go: one hand-off per step.
+
+    A reply's tag is ``(route, target)``; ``route.deliver(events)`` runs on the LLM thread. Here
+    the target is the awaiting stream's queue; the engine process routes to a front end's link.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+
+    def deliver(self, events: list) -> None:
+        try:
+            self.loop.call_soon_threadsafe(_deliver, events)
+        except RuntimeError:  # the loop is closed (shutdown)
+            pass
 
 
 def _deliver(events: list) -> None:

@@ -307,7 +307,7 @@ class Session:
         """Words of speech over the paused reply (a cough has none)."""
         language = self._language()
         try:
-            result = await self.engines.asr.submit(lambda asr: asr.transcribe(audio, language), priority=URGENT)
+            result = await self.engines.asr.transcribe(audio, language, priority=URGENT)
             text = result.text.strip()
         except VoxloopError:
             text = "?"  # unknown words: an interruption (the reply is cancelled, as without pausing)
@@ -356,8 +356,7 @@ class Session:
     async def _partial(self, audio: np.ndarray, utterance: int, item: str | None) -> None:
         try:
             language = self._language()
-            result = await self.engines.asr.submit(lambda asr: asr.transcribe(audio, language),
-                                                   priority=BACKGROUND)
+            result = await self.engines.asr.transcribe(audio, language, priority=BACKGROUND)
             text = result.text.strip()
             if utterance == self._utterance and item and text.startswith(self._partial_text) and text != self._partial_text:
                 delta = text[len(self._partial_text):]
@@ -418,8 +417,7 @@ class Session:
             turn.trace.mark("asr_start")
             language = self._language()
             priority = NORMAL if turn.committed else BACKGROUND
-            result = await self.engines.asr.submit(lambda asr: asr.transcribe(audio, language),
-                                                   priority=priority, cancel=turn.cancel)
+            result = await self.engines.asr.transcribe(audio, language, priority=priority, cancel=turn.cancel)
             turn.trace.mark("asr_final")
             text = result.text.strip()
             turn.user_text = text

@@ -97,6 +97,10 @@ class Metrics:
         """Export the batched LLM's figures (``BatchedChat.report``, this process's), read at each scrape."""
         self.register(_LlmCollector(report))
 
+    def watch_asr(self, report: Callable[[], dict[str, int] | None]) -> None:
+        """Export the ASR's batching (``BatchingAsr``: calls, utterances), read at each scrape."""
+        self.register(_AsrCollector(report))
+
     def watch_process(self) -> None:
         """Export what a leak would grow, read at each scrape: tasks on the event loop (the hub
         answers /metrics there), Python allocator blocks, the C heap (glibc). For bench.soak."""
@@ -137,6 +141,20 @@ class _LlmCollector(Collector):
         tokens.add_metric(["prompt"], r["prompt_tokens_evaluated"])
         tokens.add_metric(["all"], r["evaluated_tokens"])
         yield tokens
+
+
+class _AsrCollector(Collector):
+    """Batched ASR calls and the utterances they carried (their ratio is the mean batch size)."""
+
+    def __init__(self, report: Callable[[], dict[str, int] | None]) -> None:
+        self.report = report
+
+    def collect(self) -> Iterator[Metric]:
+        r = self.report()
+        if not r:
+            return
+        yield CounterMetricFamily("voxloop_asr_calls", "Model calls of the ASR (one batch each)", value=r["calls"])
+        yield CounterMetricFamily("voxloop_asr_utterances", "Utterances transcribed", value=r["utterances"])
 
 
 class _ProcessCollector(Collector):

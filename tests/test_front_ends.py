@@ -2,7 +2,9 @@
 
 The engine is the batching GPU engine run on the CPU (``tts.device = "cpu"``, no CUDA graphs), so
 the whole process model runs as on a GPU host: front ends phonemize, resample and serialize; the
-engine process batches every front end's requests and returns each step in one message.
+engine process batches every front end's requests and returns each step in one message. With
+``server.engine_stages = asr,llm`` (the default when those run on the GPU) the engine process also
+transcribes and answers for both front ends, as on a GPU host.
 """
 
 from __future__ import annotations
@@ -31,13 +33,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(scaled(600)),
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture()
-def server():
+def start(*settings: str):  # noqa: ANN201 - (Popen, port)
     port = free_port()
-    cmd = [sys.executable, "-m", "voxloop", "--set", "server.front_ends=2", "--set", "server.stages=tts",
+    cmd = [sys.executable, "-m", "voxloop", "--set", "server.front_ends=2",
            "--set", "tts.backend=cuda", "--set", "tts.device=cpu", "--set", "tts.cuda_graphs=false",
            "--set", "tts.max_batch=8", "--set", "limits.max_sessions=5", "--set", "trace.path=none",
-           "--set", "server.shutdown_grace_s=5", "serve", "--port", str(port)]
+           "--set", "server.shutdown_grace_s=5"]
+    for setting in settings:
+        cmd += ["--set", setting]
+    cmd += ["serve", "--port", str(port)]
     log = open(os.devnull, "w")  # noqa: SIM115
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + scaled(240)
@@ -45,10 +49,27 @@ def server():
         assert proc.poll() is None, proc.stderr.read()[-3000:]
         assert time.monotonic() < deadline, "server never became ready"
         time.sleep(0.5)
-    yield proc, port
+    return proc, port
+
+
+def stop(proc) -> None:  # noqa: ANN001
     if proc.poll() is None:
         proc.kill()
         proc.wait()
+
+
+@pytest.fixture()
+def server():
+    proc, port = start("server.stages=tts")
+    yield proc, port
+    stop(proc)
+
+
+@pytest.fixture()
+def voice_server():
+    proc, port = start("server.engine_stages=asr,llm", "llm.temperature=0", "llm.max_tokens=24")
+    yield proc, port
+    stop(proc)
 
 
 def _front_end_of(fronts: list[psutil.Process], client_port: int) -> int:
@@ -72,17 +93,18 @@ async def _speak(ws, rid: str) -> int:
             return samples
 
 
-async def test_two_front_ends_share_one_engine_limits_metrics_and_drain(server):
-    proc, port = server
-    # The front ends are the spawned children (multiprocessing also starts its resource tracker).
-    fronts = [c for c in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+async def one_session_per_front_end(proc, port: int) -> list:  # noqa: ANN001
+    """A session on each of the two front ends (the kernel picks the front end per connection:
+    extra connections to a front end already covered are closed; 40 tries leave odds of 2**-39)."""
+    # The front ends are the spawned children listening on the port (multiprocessing also starts its
+    # resource tracker; with the LLM in engine_stages, the LLM process is spawned too).
+    fronts = [c for c in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(c.cmdline())
+              and any(conn.status == psutil.CONN_LISTEN and conn.laddr.port == port
+                      for conn in c.net_connections("tcp"))]
     assert len(fronts) == 2
-    url = f"ws://127.0.0.1:{port}/v1/realtime"
     conns, served_by = [], set()
-    # The kernel picks the front end per connection: keep one session on each front end (closing
-    # extra ones on a front end already covered; 40 tries leave odds of 2**-39 to miss one).
     for _ in range(40):
-        ws = await websockets.connect(url)  # offers permessage-deflate, like browsers
+        ws = await websockets.connect(f"ws://127.0.0.1:{port}/v1/realtime")  # offers permessage-deflate
         assert json.loads(await ws.recv())["type"] == "session.created"
         front = _front_end_of(fronts, ws.local_address[1])
         if front in served_by:
@@ -91,8 +113,14 @@ async def test_two_front_ends_share_one_engine_limits_metrics_and_drain(server):
         conns.append(ws)
         served_by.add(front)
         if len(served_by) == 2:
-            break
-    assert served_by == {0, 1}
+            return conns
+    raise AssertionError(f"connections reached front ends {served_by} only")
+
+
+async def test_two_front_ends_share_one_engine_limits_metrics_and_drain(server):
+    proc, port = server
+    url = f"ws://127.0.0.1:{port}/v1/realtime"
+    conns = await one_session_per_front_end(proc, port)
     try:
         samples = await asyncio.gather(*(_speak(ws, f"r{i}") for i, ws in enumerate(conns)))
         assert all(s > 24000 for s in samples)
@@ -119,3 +147,60 @@ async def test_two_front_ends_share_one_engine_limits_metrics_and_drain(server):
     finally:
         for ws in conns:
             await ws.close()
+
+
+async def _ask(ws, pcm_24k) -> tuple[str, str, int]:  # noqa: ANN001
+    """Push-to-talk a question; (transcript, reply text, reply audio samples) once the response is done."""
+    for i in range(0, len(pcm_24k), 2400):
+        await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                  "audio": base64.b64encode(pcm_24k[i:i + 2400].tobytes()).decode()}))
+    await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+    await ws.send(json.dumps({"type": "response.create"}))
+    transcript, reply, samples = None, "", 0
+    while True:
+        m = json.loads(await asyncio.wait_for(ws.recv(), scaled(120)))
+        assert m["type"] != "error", m
+        if m["type"] == "conversation.item.input_audio_transcription.completed":
+            transcript = m["transcript"]
+        elif m["type"] == "response.output_audio_transcript.delta":
+            reply += m["delta"]
+        elif m["type"] == "response.output_audio.delta":
+            samples += len(base64.b64decode(m["delta"])) // 2
+        elif m["type"] == "response.done":
+            assert m["response"]["status"] in ("completed", "incomplete"), m
+            return transcript, reply, samples
+
+
+async def test_the_engine_process_transcribes_and_answers_for_both_front_ends(voice_server, cfg):
+    import soxr
+
+    from piper_speech import RATE, PiperSpeech
+
+    proc, port = voice_server
+    spawned = [c for c in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+    assert len(spawned) == 3  # two front ends and the LLM process
+    question = PiperSpeech(cfg).say("What is the capital of France?")
+    pcm = soxr.resample(question, RATE, 24000).astype("int16")
+    conns = await one_session_per_front_end(proc, port)
+    try:
+        for ws in conns:  # push-to-talk: turn detection off
+            await ws.send(json.dumps({"type": "session.update", "session": {
+                "type": "realtime", "audio": {"input": {"turn_detection": None}}}}))
+        answers = await asyncio.gather(*(_ask(ws, pcm) for ws in conns))
+        for transcript, reply, samples in answers:
+            assert "what is the capital of" in transcript.lower()
+            assert reply.strip() and samples > 0
+        assert answers[0][0] == answers[1][0]
+        # Temperature 0, the same question: the same reply from the one batched LLM, whichever front end asked.
+        assert answers[0][1] == answers[1][1]
+        await asyncio.sleep(1.5)  # the engine process reports once a second
+        status, metrics, _ = await asyncio.to_thread(http_get, port, "/metrics")
+        assert status == 200
+        # Both front ends' conversations hold sequences of the engine process's one LLM context.
+        assert re.search(r'^voxloop_llm_sequences\{state="held"\} 2\.0$', metrics, re.M), metrics
+        utterances = re.search(r"^voxloop_asr_utterances_total (\S+)$", metrics, re.M)
+        assert utterances and float(utterances.group(1)) >= 2  # warm-up not counted: both questions
+    finally:
+        for ws in conns:
+            await ws.close()
+        stop(proc)

@@ -66,12 +66,19 @@ class ServerConfig:
     #: TTS work to the engine process and get each GPU step's audio back in one message.
     #: ``limits.max_sessions`` counts across them; ``/metrics`` of any of them sums all of them.
     front_ends: int = 1
+    #: With ``front_ends`` > 1: the stages besides TTS that the engine process runs for every front end
+    #: (one CUDA context; every session's utterances and replies batch together), any of "asr", "llm".
+    #: Unset: the stages configured on the GPU (``asr.device = "cuda"``, ``llm.n_gpu_layers != 0``);
+    #: the others load in each front end.
+    engine_stages: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         bad = [o for o in self.allowed_origins if o != "*" and not _ORIGIN.fullmatch(o)]
         if bad:
             raise ConfigError(f"server.allowed_origins: {bad} are not origins; write scheme://host[:port] "
                               '(e.g. https://voice.example.com) or "*" for any')
+        if self.engine_stages is not None and not set(self.engine_stages) <= {"asr", "llm"}:
+            raise ConfigError(f"server.engine_stages: any of 'asr', 'llm'; got {list(self.engine_stages)}")
         if not 1 <= self.front_ends <= 64:
             raise ConfigError(f"server.front_ends must be 1..64, got {self.front_ends}")
         if not 20 <= self.audio_delta_ms <= 1000:
@@ -163,6 +170,14 @@ class AsrConfig:
     partial_interval_ms: int = 1000
     #: Convert Traditional to Simplified Chinese in transcripts when language is zh.
     zh_simplified: bool = True
+    #: Most utterances transcribed in one batched call (of sessions that ended a turn at about the same
+    #: time: one encoder pass and one greedy decode for all). 1: one at a time, as fast on a CPU; on a
+    #: GPU 8 utterances cost about twice one (configs/gpu.toml).
+    max_batch: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_batch <= 256:
+            raise ConfigError(f"asr.max_batch must be 1..256, got {self.max_batch}")
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,11 @@ def run(args: argparse.Namespace) -> int:
         from voxloop.models import cache_dir
 
         arrange_cublas(cache_dir(cfg))  # may restart this process once with LD_LIBRARY_PATH set
+    if "llm" in cfg.server.stages and cfg.llm.n_gpu_layers != 0 and cfg.server.front_ends == 1:
+        try:  # a CUDA build of llama.cpp loaded after numpy crashed loading the model on a CUDA 13 host
+            import llama_cpp  # noqa: F401
+        except ImportError:
+            pass  # BatchedChat says what to install
     if (warning := exposure_warning(cfg.server.host, cfg.server.auth_token)) is not None:
         log.warning("%s", warning)
     if cfg.server.front_ends > 1:

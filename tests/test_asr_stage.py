@@ -1,0 +1,111 @@
+"""``BatchingAsr``: waiting utterances of one language go to the model in one call (orchestration with a
+fake transcriber; that batched transcripts equal single ones with the real model is in test_asr.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from conftest import scaled
+from pipeline.asr_stage import BatchingAsr
+from pipeline.workers import BACKGROUND, NORMAL, URGENT
+from voxloop.errors import Cancelled, ModelError, Overloaded
+
+
+class FakeTranscriber:
+    """Echoes the first sample of each utterance; the first call blocks until ``release`` is set,
+    so the test can queue requests behind it."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.calls: list[tuple[str, list[int], str | None]] = []
+        self.release = threading.Event()
+        self.started = threading.Event()
+        self.fail = fail
+
+    def _run(self, kind: str, pcms, language):
+        self.calls.append((kind, [int(p[0]) for p in pcms], language))
+        self.started.set()
+        assert self.release.wait(scaled(10))
+        if self.fail:
+            raise ModelError("model failed")
+        return [f"{language}:{int(p[0])}" for p in pcms]
+
+    def transcribe(self, pcm, language=None):
+        return self._run("one", [pcm], language)[0]
+
+    def transcribe_batch(self, pcms, language=None):
+        return self._run("batch", pcms, language)
+
+
+def utt(n: int) -> np.ndarray:
+    return np.full(160, n, dtype=np.int16)
+
+
+async def test_waiting_utterances_of_one_language_share_a_call_in_priority_order():
+    fake = FakeTranscriber()
+    asr = BatchingAsr(fake, max_batch=3)
+    try:
+        first = asyncio.create_task(asr.transcribe(utt(0), "en"))
+        assert await asyncio.to_thread(fake.started.wait, scaled(5))
+        # Queued while the model is busy: taken by priority (then arrival), at most max_batch at once.
+        later = [asyncio.create_task(asr.transcribe(utt(n), lang, priority=p)) for n, lang, p in
+                 [(1, "en", BACKGROUND), (2, "en", NORMAL), (3, "de", URGENT), (4, "en", NORMAL)]]
+        await asyncio.sleep(0.05)
+        assert asr.pending() == 5
+        fake.release.set()
+        assert await first == "en:0"
+        assert await asyncio.gather(*later) == ["en:1", "en:2", "de:3", "en:4"]
+        # 3 (urgent, de), 2 and 4 (normal, en) in the second take: one call per language; 1 alone after.
+        assert fake.calls == [("one", [0], "en"), ("one", [3], "de"), ("batch", [2, 4], "en"), ("one", [1], "en")]
+        assert (asr.calls, asr.utterances) == (4, 5)
+        assert asr.idle()
+    finally:
+        asr.close()
+
+
+async def test_cancelled_before_its_turn_is_never_transcribed():
+    fake = FakeTranscriber()
+    asr = BatchingAsr(fake, max_batch=4)
+    try:
+        first = asyncio.create_task(asr.transcribe(utt(0), None))
+        assert await asyncio.to_thread(fake.started.wait, scaled(5))
+        cancel = threading.Event()
+        dropped = asyncio.create_task(asr.transcribe(utt(1), None, cancel=cancel))
+        kept = asyncio.create_task(asr.transcribe(utt(2), None))
+        await asyncio.sleep(0.05)
+        cancel.set()
+        fake.release.set()
+        await first
+        with pytest.raises(Cancelled):
+            await dropped
+        assert await kept == "None:2"
+        assert [c[1] for c in fake.calls] == [[0], [2]]
+    finally:
+        asr.close()
+
+
+async def test_a_model_error_reaches_every_caller_of_the_call_and_a_full_queue_refuses_at_once():
+    fake = FakeTranscriber(fail=True)
+    asr = BatchingAsr(fake, max_batch=8, queue_size=2)
+    try:
+        first = asyncio.create_task(asr.transcribe(utt(0), "en"))
+        assert await asyncio.to_thread(fake.started.wait, scaled(5))
+        queued = [asyncio.create_task(asr.transcribe(utt(n), "en")) for n in (1, 2)]
+        await asyncio.sleep(0.05)
+        with pytest.raises(Overloaded):
+            await asr.transcribe(utt(3), "en")  # 2 waiting: the queue is full
+        fake.release.set()
+        for task in (first, *queued):
+            with pytest.raises(ModelError, match="model failed"):
+                await task
+        assert fake.calls[-1] == ("batch", [1, 2], "en")
+    finally:
+        asr.close()
+
+
+def test_max_batch_is_checked():
+    with pytest.raises(ValueError):
+        BatchingAsr(FakeTranscriber(), max_batch=0)
