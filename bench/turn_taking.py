@@ -314,8 +314,9 @@ def plot(summary: list[dict], rows: list[dict], path: Path) -> None:
 
 
 async def run(url: str, mode: str, talkers: int, turns, coughs, interruption, timeout_s: float):
-    results = await asyncio.gather(*(session(url, mode, turns, coughs if seed == 0 else [],
-                                             interruption if seed == 0 else None, seed, timeout_s)
+    alone = talkers == 1  # bursts over a reply: one talker (the many-talker levels measure turns)
+    results = await asyncio.gather(*(session(url, mode, turns, coughs if alone else [],
+                                             interruption if alone else None, seed, timeout_s)
                                      for seed in range(talkers)))
     rows = [dict(r, talkers=talkers) for rs, _ in results for r in rs]
     bursts = [dict(b, talkers=talkers) for _, bs in results for b in bs]
