@@ -82,7 +82,7 @@ class Policy:
     #: Speech over the assistant pauses the reply first (resumed after a cough or "mm-hm").
     pause_on_speech: bool = False
     #: Speech over a paused reply that lasts this long cancels it, words or not.
-    pause_max_speech_ms: int = 1500
+    pause_max_speech_ms: int = 1000
 
     @classmethod
     def semantic_vad(cls, eagerness: str, silence_ms: int, barge_in_min_ms: int, max_silence_ms: int,

@@ -143,7 +143,7 @@ class TurnConfig:
     #: a cough, "mm-hm" or noise resumes it, words cancel it. ``server_vad`` always cancels.
     pause_on_speech: bool = True
     #: A paused reply is cancelled once the speech over it lasts this long, words or not, ms.
-    pause_max_speech_ms: int = 1500
+    pause_max_speech_ms: int = 1000
 
     def __post_init__(self) -> None:
         if self.threads < 1:
