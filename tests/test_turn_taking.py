@@ -187,3 +187,16 @@ def test_eagerness_orders_thresholds_and_waits():
     assert low.max_silence_ms > medium.max_silence_ms > high.max_silence_ms >= 500
     assert EAGERNESS["auto"] == EAGERNESS["medium"]
     assert SERVER.vad_silence_ms == 500 and medium.vad_silence_ms == 2000
+
+
+def test_a_paused_reply_is_heard_no_further_until_resumed():
+    from pipeline.trace import TurnTrace
+    from pipeline.turn import Turn
+
+    turn = Turn(1, "resp_1", "item_1", TurnTrace(1, "s", "semantic_vad"), committed=True)
+    turn.audio_sent_ms, turn.first_audio_at = 5000.0, 100.0  # no playback reports: wall-clock estimate
+    assert turn.heard_ms(now=101.0) == 1000
+    assert turn.pause_playback(now=101.0) == 1000
+    assert turn.heard_ms(now=103.0) == 1000 and turn.still_audible(now=103.0)  # frozen while paused
+    turn.resume_playback(now=103.0)
+    assert turn.heard_ms(now=103.5) == 1500  # plays on from where it stopped
