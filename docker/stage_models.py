@@ -9,6 +9,7 @@ then lays them out as the image's config expects:
     /models/asr/                         CTranslate2 whisper dir (model.bin, config.json, …)
     /models/llm/<name>.gguf              the chat model
     /models/tts/<voice>.onnx(.json)      the Piper voice and its JSON config
+    /models/turn/<model>.onnx            the end-of-turn model (``semantic_vad``)
     /models/cache/                       files derived once from those (``models.cache_dir``),
                                          e.g. the voice's chunked export for CPU streaming
 
@@ -33,22 +34,23 @@ from voxloop import models
 from voxloop.config import Config, load_config
 
 EXIT_NEEDS_TORCH = 3
-LLM_DIR, TTS_DIR, ASR_DIR, CACHE_DIR = "llm", "tts", "asr", "cache"
+LLM_DIR, TTS_DIR, ASR_DIR, TURN_DIR, CACHE_DIR = "llm", "tts", "asr", "turn", "cache"
 
 
 def stage(dest: Path) -> list[Path]:
-    """Copy ASR dir, LLM file, voice + JSON into ``dest``; returns the copied paths."""
+    """Copy ASR dir, LLM file, voice + JSON, end-of-turn model into ``dest``; returns the copied paths."""
     with tempfile.TemporaryDirectory() as scratch:
         cfg = load_config(overrides=[f"models.cache_dir={scratch}"], environ={})
         asr = models.resolve_asr(cfg).path
         llm = models.resolve_llm(cfg).path
         voice = models.resolve_voice(cfg).path
         voice_json = models.voice_config_path(cfg, voice)
-        (dest / LLM_DIR).mkdir(parents=True, exist_ok=True)
-        (dest / TTS_DIR).mkdir(parents=True, exist_ok=True)
+        turn = models.resolve_turn(cfg).path
+        for sub in (LLM_DIR, TTS_DIR, TURN_DIR):
+            (dest / sub).mkdir(parents=True, exist_ok=True)
         shutil.copytree(asr, dest / ASR_DIR, dirs_exist_ok=True)
         out = [dest / ASR_DIR]
-        for src, sub in ((llm, LLM_DIR), (voice, TTS_DIR), (voice_json, TTS_DIR)):
+        for src, sub in ((llm, LLM_DIR), (voice, TTS_DIR), (voice_json, TTS_DIR), (turn, TURN_DIR)):
             out.append(Path(shutil.copyfile(src, dest / sub / src.name)))
     return out
 
@@ -57,8 +59,10 @@ def staged_config(dest: Path, config: str | None) -> Config:
     """The runtime config with its model paths and cache inside ``dest`` (as the image sets them)."""
     llm = next((dest / LLM_DIR).glob("*.gguf"))
     voice = next((dest / TTS_DIR).glob("*.onnx"))
+    turn = next((dest / TURN_DIR).glob("*.onnx"))
     return load_config(config, environ={}, overrides=[
         f"asr.model_path={dest / ASR_DIR}", f"llm.model_path={llm}", f"tts.voice_path={voice}",
+        f"turn.model_path={turn}",
         f"models.cache_dir={dest / CACHE_DIR}"])
 
 

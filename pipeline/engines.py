@@ -37,6 +37,8 @@ class Engines:
     #: ``BatchedLlm``/``SerialLlm``, or ``RemoteLlm`` in a front end whose engine process runs the LLM.
     llm: Any = None
     tts: ModelWorker | None = None
+    #: The end-of-turn model (``semantic_vad``), loaded with ASR; None: semantic_vad waits for silence.
+    turn: ModelWorker | None = None
     #: How sessions get audio (``pipeline.speech``): batched hand-off for engines that batch.
     speech: SpeechStage | None = None
     load_s: dict[str, float] = field(default_factory=dict)
@@ -61,6 +63,7 @@ class Engines:
             for _ in engine.synthesize("Warm up."):
                 pass
         self.load_s["tts"] = time.monotonic() - t0
+        self._set_turn(self.load_turn_model() if "asr" in self.stages else None)
         self._set_asr_llm(*self._load_asr_llm())
         self._set_tts(tts)
         log.info("models loaded: %s", {k: round(v, 2) for k, v in self.load_s.items()})
@@ -81,9 +84,10 @@ class Engines:
             self.load_s["tts_text"] = time.monotonic() - t0
             asr = self.load_asr_model() if "asr" in self.stages and "asr" not in remote else None
             llm = self.load_llm_model() if "llm" in self.stages and "llm" not in remote else None
-            return text, asr, llm
+            turn = self.load_turn_model() if "asr" in self.stages else None
+            return text, asr, llm, turn
 
-        text, asr, llm = await asyncio.get_running_loop().run_in_executor(None, load)
+        text, asr, llm, turn = await asyncio.get_running_loop().run_in_executor(None, load)
         link = EngineClient(engine_socket)
         worker = ModelWorker("tts-text", [text], queue_size=self.cfg.tts.queue_size)
         speech = RemoteSpeech(link, text, worker)
@@ -94,6 +98,7 @@ class Engines:
         if llm_link is not None:
             await llm_link.connect()
         self._set_asr_llm(asr, llm)
+        self._set_turn(turn)
         self.asr = remote_asr or self.asr
         self.llm = remote_llm or self.llm
         self.tts, self.speech = worker, speech  # last: ``loaded`` turns True
@@ -126,6 +131,20 @@ class Engines:
         self.load_s["asr"] = time.monotonic() - t0
         return asr
 
+    def load_turn_model(self) -> Any:
+        """The end-of-turn model (``semantic_vad``), warmed up; it runs where the sessions are (small, CPU)."""
+        t0 = time.monotonic()
+        from asr.end_of_turn import EndOfTurnModel
+
+        model = EndOfTurnModel.from_config(self.cfg)
+        model.warmup()
+        self.load_s["turn"] = time.monotonic() - t0
+        return model
+
+    def _set_turn(self, model: Any) -> None:
+        if model is not None:
+            self.turn = ModelWorker("turn", [model], queue_size=64)
+
     def load_llm_model(self) -> Any:
         """The ``BatchedChat`` of ``cfg.llm``, its system prompt evaluated and warmed up (seconds)."""
         t0 = time.monotonic()
@@ -144,20 +163,22 @@ class Engines:
         await asyncio.get_running_loop().run_in_executor(None, self.load_sync)
 
     def close(self) -> None:
-        for w in (self.asr, self.llm, self.tts):
+        for w in (self.asr, self.turn, self.llm, self.tts):
             if w is not None:
                 w.close()
 
     @classmethod
-    def from_parts(cls, cfg: Config, asr: Any, llm: Any, tts: list[Any]) -> "Engines":
+    def from_parts(cls, cfg: Config, asr: Any, llm: Any, tts: list[Any], turn: Any = None) -> "Engines":
         """Engines around ready-made engine objects (tests inject fakes for orchestration).
 
-        ``asr``/``llm`` None: that stage is absent (match ``cfg.server.stages``). An ``llm`` with
+        ``asr``/``llm`` None: that stage is absent (match ``cfg.server.stages``); ``turn`` (an object with
+        ``score(pcm16k) -> probability``) None: no end-of-turn model. An ``llm`` with
         ``submit``/``step`` (a ``BatchedChat``) gets its batching thread; one with
         ``stream(messages, cancel, max_tokens)`` answers one conversation at a time.
         """
         e = cls(cfg)
         e.asr = None if asr is None else BatchingAsr(asr, max_batch=cfg.asr.max_batch)
+        e._set_turn(turn)
         if llm is not None:
             e.llm = BatchedLlm(llm) if hasattr(llm, "step") else SerialLlm(llm)
         e._set_tts(tts)

@@ -38,7 +38,8 @@ from pipeline.deflate import AudioPassthroughDeflateFactory
 from pipeline.engines import Engines
 from pipeline.loadwatch import LoopLagMonitor, QueueDepthCollector, SendCounters
 from pipeline.origin import CONFIG_KEY as ORIGINS_KEY, refused_origin
-from pipeline.session import AfterSent, Session
+from pipeline.conversation import AfterSent
+from pipeline.session import Session
 from pipeline.trace import Metrics, TraceSink
 from realtime.protocol import BINARY_AUDIO_EVENTS, RealtimeProtocol
 from voxloop.config import Config

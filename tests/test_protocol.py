@@ -137,6 +137,12 @@ SERVER_SAMPLES: dict[str, dict[str, Any]] = {
     "x.turn.metrics": {"type": "x.turn.metrics", "event_id": "event_26", "response_id": "resp_1",
                        "item_id": "item_1", "metrics": {"asr_ms": 540.5, "llm_first_token_ms": 101.0,
                                                         "first_audio_ms": 812.25, "status": "completed"}},
+    "x.output_audio_buffer.paused": {"type": "x.output_audio_buffer.paused", "event_id": "event_40",
+                                     "response_id": "resp_1", "item_id": "item_1", "audio_end_ms": 1240},
+    "x.output_audio_buffer.cleared": {"type": "x.output_audio_buffer.cleared", "event_id": "event_42",
+                                      "response_id": "resp_1", "item_id": "item_1", "audio_end_ms": 1240},
+    "x.output_audio_buffer.resumed": {"type": "x.output_audio_buffer.resumed", "event_id": "event_41",
+                                      "response_id": "resp_1", "item_id": "item_1"},
     "x.tts.audio.delta": {"type": "x.tts.audio.delta", "event_id": "event_27", "request_id": "tts_1",
                           "delta": PCM_B64},
     "x.tts.done": {"type": "x.tts.done", "event_id": "event_28", "request_id": "tts_1", "status": "failed",
@@ -347,11 +353,15 @@ def test_threshold_maps_to_webrtcvad_aggressiveness(threshold, aggressiveness):
     assert proto.session.audio.input.turn_detection.x_aggressiveness == aggressiveness
 
 
-def test_semantic_vad_is_served_by_server_vad():
+def test_semantic_vad_keeps_its_type_and_eagerness():
     proto = RealtimeProtocol()
     _update(proto, {"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "high"}}}})
     td = proto.session.audio.input.turn_detection
-    assert (td.type, td.silence_duration_ms) == ("server_vad", 300)
+    assert (td.type, td.eagerness, td.silence_duration_ms) == ("semantic_vad", "high", 500)
+    assert td.to_dict()["eagerness"] == "high"
+    bad = {"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "eager"}}}}
+    [out] = proto.receive_text(json.dumps({"type": "session.update", "session": bad}))
+    assert isinstance(out, ev.ErrorEvent) and out.error.param == "session.audio.input.turn_detection.eagerness"
 
 
 def test_unknown_session_keys_are_ignored_and_reported():

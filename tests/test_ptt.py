@@ -64,6 +64,20 @@ def test_playback_queue_positions_and_stop():
     assert p.stop() == (None, 100.0)  # finished playing: nothing to interrupt
 
 
+def test_playback_pause_holds_the_queue_and_resume_plays_on():
+    p = Playback(1000)
+    p.push("item_1", "resp_1", np.arange(1, 101, dtype=np.int16))
+    assert p.pull(30)[-1] == 30
+    p.pause("item_other")  # another item: ignored
+    assert p.pull(10)[0] == 31
+    p.pause("item_1")
+    assert not p.pull(20).any() and p.position()[2] == 40  # silence, position held
+    p.push("item_1", "resp_1", np.full(10, 7, np.int16))  # audio still arrives while paused
+    p.resume("item_1")
+    got = p.pull(70)
+    assert got[0] == 41 and got[59] == 100 and got[60] == 7 and p.position()[2] == 110
+
+
 def test_missing_portaudio_is_a_clear_error(monkeypatch):
     import ctypes.util
 

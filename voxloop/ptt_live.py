@@ -112,13 +112,14 @@ class Playback:
         self.response_id: str | None = None
         self._played = 0  # samples of the item played
         self._ended = False  # all of the item's audio was pushed
+        self.paused = False  # the server paused the reply (speech over it): hold the queue
 
     def push(self, item_id: str, response_id: str, pcm: np.ndarray) -> None:
         """Queue int16 audio of ``item_id``; audio of a new item replaces what is queued."""
         with self._lock:
             if item_id != self.item_id:
                 self._chunks.clear()
-                self._offset, self._played, self._ended = 0, 0, False
+                self._offset, self._played, self._ended, self.paused = 0, 0, False, False
                 self.item_id, self.response_id = item_id, response_id
             if len(pcm):
                 self._chunks.append(pcm)
@@ -133,7 +134,7 @@ class Playback:
         out = np.zeros(frames, np.int16)
         filled = 0
         with self._lock:
-            while filled < frames and self._chunks:
+            while filled < frames and self._chunks and not self.paused:
                 head = self._chunks[0]
                 take = min(frames - filled, len(head) - self._offset)
                 out[filled:filled + take] = head[self._offset:self._offset + take]
@@ -156,13 +157,25 @@ class Playback:
             finished = self._ended and not self._chunks
             return self.item_id, self.response_id, 1000 * self._played / self.sample_rate, finished
 
+    def pause(self, item_id: str) -> None:
+        """Stop playing ``item_id`` where it is, keeping (and still accepting) its audio."""
+        with self._lock:
+            if item_id == self.item_id:
+                self.paused = True
+
+    def resume(self, item_id: str) -> None:
+        """Play on from where ``pause`` stopped."""
+        with self._lock:
+            if item_id == self.item_id:
+                self.paused = False
+
     def stop(self) -> tuple[str | None, float]:
         """Empty the queue at once; returns the interrupted item and its ms played."""
         with self._lock:
             item, played_ms = self.item_id, 1000 * self._played / self.sample_rate
             still_playing = item is not None and not (self._ended and not self._chunks)
             self._chunks.clear()
-            self._offset, self.item_id, self.response_id = 0, None, None
+            self._offset, self.item_id, self.response_id, self.paused = 0, None, None, False
         return (item, played_ms) if still_playing else (None, played_ms)
 
 
@@ -286,6 +299,13 @@ class LiveConversation:
             self._on_audio(event)
         elif isinstance(event, ev.ResponseDone):
             self._on_done(event.response)
+        elif isinstance(event, ev.XOutputAudioBufferPaused):  # semantic_vad: speech over the reply
+            self.playback.pause(event.item_id)
+        elif isinstance(event, ev.XOutputAudioBufferResumed):  # it was a cough or an "mm-hm"
+            self.playback.resume(event.item_id)
+        elif isinstance(event, ev.XOutputAudioBufferCleared):  # it was an interruption
+            self.dropped.add(event.response_id)
+            self.playback.stop()
         elif isinstance(event, ev.XTurnMetrics):
             first = self.first_audio_at
             ms = None if first is None or self.released_at is None else 1000 * (first - self.released_at)

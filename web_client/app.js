@@ -19,7 +19,7 @@ const counters = (window.voxloop = {
   state: "connecting", connected: false, started: false, mode: "vad", sessionId: null, session: null,
   userTranscripts: [], assistantTranscripts: [], turnMetrics: [], errors: [],
   audioChunksReceived: 0, audioChunksDropped: 0, audioMsReceived: 0, audioMsPlayed: 0,
-  queueMs: 0, bargeIns: 0, lastBargeIn: null, micLevel: 0, micChunks: 0, micChunksSent: 0,
+  queueMs: 0, bargeIns: 0, lastBargeIn: null, pauses: 0, resumes: 0, micLevel: 0, micChunks: 0, micChunksSent: 0,
 });
 
 const transcript = new Transcript(ui.conversation);
@@ -27,6 +27,7 @@ const state = {
   ctx: null, mic: null, player: null, outputRate: 24000,
   talking: false, talkMs: 0,
   activeResponse: null, // response in progress
+  pausedItem: null, // assistant item the server paused (speech over it), until resumed or cancelled
   responseItems: new Map(), // response id -> assistant item id
   itemResponses: new Map(), // assistant item id -> response id
   dropped: new Set(), // responses talked over: later audio is not played
@@ -165,6 +166,21 @@ function onEvent(e) {
       break;
     case "input_audio_buffer.speech_started":
       transcript.user(e.item_id, "");
+      // semantic_vad pauses the reply first (x.output_audio_buffer.paused): keep its audio
+      if (!state.pausedItem) bargeIn();
+      break;
+    case "x.output_audio_buffer.paused":
+      state.pausedItem = e.item_id;
+      counters.pauses += 1;
+      if (state.player) state.player.pause();
+      break;
+    case "x.output_audio_buffer.resumed":
+      if (state.pausedItem === e.item_id) state.pausedItem = null;
+      counters.resumes += 1;
+      if (state.player) state.player.resume();
+      break;
+    case "x.output_audio_buffer.cleared": // a real interruption: the paused audio goes
+      if (state.pausedItem === e.item_id) state.pausedItem = null;
       bargeIn();
       break;
     case "input_audio_buffer.committed":
@@ -205,6 +221,9 @@ function onEvent(e) {
 
 function onResponseDone(response) {
   if (state.activeResponse === response.id) state.activeResponse = null;
+  if (response.status === "cancelled" && state.pausedItem === state.responseItems.get(response.id)) {
+    state.pausedItem = null; // a real interruption: the paused audio is dropped below
+  }
   const item = state.responseItems.get(response.id);
   const text = (response.output && response.output[0] && (response.output[0].content || [])
     .map((p) => p.transcript || p.text || "").join("")) || transcript.text(response.id);
@@ -230,7 +249,8 @@ document.querySelectorAll("input[name=mode]").forEach((radio) =>
 
 function setMode(mode) {
   counters.mode = mode;
-  connection.updateSession({ audio: { input: { turn_detection: mode === "ptt" ? null : { type: "server_vad" } } } });
+  const detection = { vad: { type: "server_vad" }, semantic: { type: "semantic_vad", eagerness: "auto" }, ptt: null };
+  connection.updateSession({ audio: { input: { turn_detection: detection[mode] } } });
   ui.talk.disabled = !(counters.connected && state.mic && mode === "ptt");
   document.body.dataset.mode = mode;
 }

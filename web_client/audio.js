@@ -94,6 +94,15 @@ export class Player {
     this.node.port.postMessage({ type: "end", item });
   }
 
+  /** Hold playback where it is (queued and arriving audio is kept) / play on. */
+  pause() {
+    this.node.port.postMessage({ type: "pause" });
+  }
+
+  resume() {
+    this.node.port.postMessage({ type: "resume" });
+  }
+
   /** Empty the queue now; resolves to {item, playedMs, droppedMs} of what was interrupted. */
   clear() {
     return new Promise((resolve) => {

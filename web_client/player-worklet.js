@@ -1,5 +1,6 @@
 // Playback worklet: a queue of PCM16 chunks (session output rate) played at the
-// AudioContext rate. Messages in: {type: "push", item, pcm}, {type: "clear"}, {type: "end", item}.
+// AudioContext rate. Messages in: {type: "push", item, pcm}, {type: "clear"}, {type: "end", item},
+// {type: "pause"} / {type: "resume"} (hold the queue where it is, x.output_audio_buffer.paused/resumed).
 // Messages out: "played" every ~250 ms while playing, "cleared" (answer to clear, with
 // droppedMs: the audio it emptied, exact, as every push posted before the clear is queued),
 // "finished" when an ended item has played to its last sample. Positions are ms of the
@@ -19,6 +20,7 @@ class PlayerProcessor extends AudioWorkletProcessor {
     this.totalPlayed = 0; // input samples played since start (all items)
     this.ended = new Set(); // items whose audio is complete
     this.sinceReport = 0;
+    this.paused = false;
     this.port.onmessage = ({ data }) => this.command(data);
   }
 
@@ -45,8 +47,11 @@ class PlayerProcessor extends AudioWorkletProcessor {
       const data = new Float32Array(pcm.length);
       for (let i = 0; i < pcm.length; i++) data[i] = pcm[i] / 32768;
       this.queue.push({ item: msg.item, data });
+    } else if (msg.type === "pause" || msg.type === "resume") {
+      this.paused = msg.type === "pause";
     } else if (msg.type === "clear") {
       const droppedMs = this.queuedMs();
+      this.paused = false;
       this.queue = [];
       this.pos = 0;
       this.report("cleared", { droppedMs });
@@ -71,7 +76,7 @@ class PlayerProcessor extends AudioWorkletProcessor {
     const out = outputs[0][0];
     let wasPlaying = false;
     for (let i = 0; i < out.length; i++) {
-      const head = this.queue[0];
+      const head = this.paused ? null : this.queue[0];
       if (!head) {
         out[i] = 0;
         continue;

@@ -1,0 +1,121 @@
+"""A turn-taking set made with the bundled voice: complete and incomplete utterances, paused
+sentences, trailing fillers and cough-like bursts (16 kHz int16).
+
+The voice says every text with a sentence's final intonation, so an *incomplete* utterance is
+cut out of the whole sentence after a word (whisper word timestamps find the cut): it keeps
+the pitch of a speaker who is not done. A *paused* utterance is that cut, a silence
+(``gap_ms``), then the rest of the sentence: one turn whose true end is the sentence's end.
+A *filler* utterance is a cut followed by "um" said alone.
+
+    from bench.turn_set import TurnSet
+    clips = TurnSet.from_config(cfg).build()   # [Clip(name, kind, pcm, speech_end_ms), …]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+SAMPLE_RATE = 16000
+
+#: (sentence, the word after which its incomplete cut ends).
+SENTENCES = (
+    ("I'd like to book a table for four people tonight.", "for"),
+    ("What's the capital of France?", "of"),
+    ("Could you remind me to call my mother tomorrow at noon?", "mother"),
+    ("Can you recommend a good book about the history of Rome?", "about"),
+    ("I think that we should leave early tomorrow.", "that"),
+    ("Tell me a joke about cats and dogs.", "about"),
+    ("How long does it take to boil an egg?", "take"),
+    ("Please turn on the lights in the kitchen.", "the"),
+)
+
+
+@dataclass(frozen=True, eq=False)
+class Clip:
+    """One utterance: ``pcm`` (int16, 16 kHz); ``speech_end_ms``: where its last word ends.
+
+    ``kind``: ``complete`` | ``incomplete`` | ``paused`` | ``filler`` | ``cough``.
+    """
+
+    name: str
+    kind: str
+    pcm: np.ndarray
+    speech_end_ms: float
+
+
+def cough(seed: int, ms: int = 300) -> np.ndarray:
+    """A cough-like burst: band-limited noise with a fast attack and a decay (int16)."""
+    rng = np.random.default_rng(seed)
+    n = SAMPLE_RATE * ms // 1000
+    noise = rng.standard_normal(n + 64)
+    noise = np.convolve(noise, np.hanning(24) / 12, mode="same")[:n]  # darker than white noise
+    t = np.arange(n) / n
+    env = np.minimum(t * 20, 1.0) * np.exp(-4 * t)
+    return (0.5 * 32767 * env * noise / np.abs(noise).max()).astype(np.int16)
+
+
+class TurnSet:
+    """Builds the clips with a TTS engine (``synthesize(text, options)``) and a faster-whisper model."""
+
+    def __init__(self, tts, whisper) -> None:
+        self.tts = tts
+        self.whisper = whisper
+
+    @classmethod
+    def from_config(cls, cfg) -> "TurnSet":
+        from faster_whisper import WhisperModel
+
+        from tts_engine.cpu_engine import OnnxTtsEngine
+        from voxloop.models import resolve_asr
+
+        whisper = WhisperModel(str(resolve_asr(cfg).path), device="cpu", compute_type="int8", cpu_threads=2)
+        return cls(OnnxTtsEngine.from_config(cfg), whisper)
+
+    def say(self, text: str) -> np.ndarray:
+        """``text`` in the bundled voice without its random variation (the same samples every run)."""
+        from tts_engine.engine import SynthesisOptions
+
+        chunks = self.tts.synthesize(text, SynthesisOptions(noise_scale=0.0, noise_w=0.0, sample_rate=SAMPLE_RATE))
+        return np.concatenate([c.pcm for c in chunks]).astype(np.int16)
+
+    def cut_after(self, pcm: np.ndarray, word: str) -> int:
+        """Sample index where the first ``word`` ends (whisper word timestamps)."""
+        segments, _ = self.whisper.transcribe(pcm.astype(np.float32) / 32768, language="en",
+                                              word_timestamps=True, beam_size=1)
+        for seg in segments:
+            for w in seg.words or ():
+                if w.word.strip(" ,.?!").lower() == word:
+                    return int(w.end * SAMPLE_RATE)
+        raise ValueError(f"{word!r} not heard in the synthesized sentence")
+
+    def build(self, gap_ms: int = 600, coughs: int = 10) -> list[Clip]:
+        clips: list[Clip] = []
+        um = trim(self.say("um"))
+        gap = np.zeros(SAMPLE_RATE * gap_ms // 1000, np.int16)
+        for i, (text, word) in enumerate(SENTENCES):
+            whole = trim(self.say(text))
+            cut = self.cut_after(whole, word)
+            head, rest = whole[:cut], whole[cut:]
+            clips.append(Clip(f"complete-{i}", "complete", whole, _ms(whole)))
+            clips.append(Clip(f"incomplete-{i}", "incomplete", head, _ms(head)))
+            paused = np.concatenate((head, gap, rest))
+            clips.append(Clip(f"paused-{i}", "paused", paused, _ms(paused)))
+            filler = np.concatenate((head, um, gap, rest))
+            clips.append(Clip(f"filler-{i}", "filler", filler, _ms(filler)))
+        for i in range(coughs):
+            burst = cough(i, ms=250 + 20 * i)
+            clips.append(Clip(f"cough-{i}", "cough", burst, _ms(burst)))
+        return clips
+
+
+def trim(pcm: np.ndarray, level: int = 200, tail_level: int = 60) -> np.ndarray:
+    """Drop the voice's leading silence and trailing near-silence (soft word endings are kept)."""
+    loud = np.flatnonzero(np.abs(pcm) > level)
+    soft = np.flatnonzero(np.abs(pcm) > tail_level)
+    return pcm if len(loud) == 0 else pcm[loud[0]: soft[-1] + 1]
+
+
+def _ms(pcm: np.ndarray) -> float:
+    return 1000 * len(pcm) / SAMPLE_RATE

@@ -1,0 +1,371 @@
+"""Turn taking: ``semantic_vad`` (the end-of-turn model) against ``server_vad`` (500 ms of silence),
+on one server, in the same run, with the project's turn-taking set.
+
+Starts ``voxloop serve`` (the real models) and, for each mode, one or more talkers that
+stream, at real-time pace in 20 ms frames with silence in between (an open microphone):
+
+- the set of ``bench/turn_set.py`` (bundled voice): complete sentences; sentences with a
+  600 ms pause after a word; the same with a trailing "um" before the pause;
+- the questions of ``bench/voice_questions.txt`` (" | " is a 300 ms pause);
+- cough-like bursts during a playing reply, and a spoken interruption.
+
+Per turn: ``voice_to_voice`` = first audio of the turn's (last) reply received - the last speech
+sample sent (the true end of speech, client clock). A turn is *split* when the server committed
+more than once for it, or a reply began before the speech ended; *missed* when no reply came
+within the timeout. A turn is over when its replies are done and nothing happened for
+``QUIET_S``; its reply is then reported played (``x.playback`` finished) without waiting it out.
+Per burst over a playing reply: ``resumed`` (paused, then resumed: pause length), ``cut`` (the
+reply was cancelled or cleared; ``server_vad`` has no pause, so a client stops playback at
+``speech_started``), ``paused`` (never resolved), ``unaffected`` (no speech detected).
+
+Writes bench/results/turn_taking-<hardware>-<date>.json (+ .png).
+
+    python -m bench.turn_taking --talkers 1 --coughs 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.harness import ROOT, free_port, hardware, pct, start_server, stop_server, write_json
+
+RATE = 16000
+FRAME = RATE * 20 // 1000
+MODES = {"server_vad": {"type": "server_vad", "silence_duration_ms": 500},
+         "semantic_vad": {"type": "semantic_vad", "eagerness": "auto"}}
+SHORT = "Answer in one short sentence."
+LONG = "Tell a long story of at least ten sentences."
+INTERRUPTION = "Stop. What is the capital of France?"
+QUIET_S = 1.2  # a turn is over when nothing happened for this long (and its reply is done)
+
+
+# --------------------------------------------------------------------------- the set
+def build_set(cfg, coughs: int) -> tuple[list[dict], list[np.ndarray], np.ndarray]:
+    """(turns, cough bursts, the interruption), each turn ``{name, kind, pcm}`` (16 kHz int16)."""
+    from bench.turn_set import TurnSet, trim
+
+    ts = TurnSet.from_config(cfg)
+    clips = ts.build(coughs=coughs)
+    turns = [{"name": c.name, "kind": c.kind, "pcm": c.pcm} for c in clips if c.kind in ("complete", "paused", "filler")]
+    gap = np.zeros(RATE * 300 // 1000, np.int16)
+    for i, line in enumerate((ROOT / "bench" / "voice_questions.txt").read_text().splitlines()):
+        if line.strip() and not line.startswith("#"):
+            parts = [trim(ts.say(p.strip())) for p in line.split("|")]
+            pcm = np.concatenate([x for p in parts for x in (p, gap)][:-1])
+            turns.append({"name": f"question-{i}", "kind": "question" if len(parts) == 1 else "paused_question",
+                          "pcm": pcm})
+    return turns, [c.pcm for c in clips if c.kind == "cough"], trim(ts.say(INTERRUPTION))
+
+
+def end_of_turn_cost(cfg, turns: list[dict], calls: int = 40) -> dict:
+    """ms per ``EndOfTurnModel.score`` call (one thread, as the server runs it): features and ONNX apart."""
+    from asr.end_of_turn import EndOfTurnModel, window
+
+    model = EndOfTurnModel.from_config(cfg)
+    model.warmup()
+    feats, total = [], []
+    for i in range(calls):
+        pcm = turns[i % len(turns)]["pcm"]
+        t0 = time.perf_counter()
+        model._features(window(pcm))
+        t1 = time.perf_counter()
+        model.score(pcm)
+        t2 = time.perf_counter()
+        feats.append(1000 * (t1 - t0))
+        total.append(1000 * (t2 - t1))
+    return {"calls": calls, "threads": cfg.turn.threads, "score_p50_ms": pct(total, 50), "score_p90_ms": pct(total, 90),
+            "features_p50_ms": pct(feats, 50), "load_average": os.getloadavg()}
+
+
+# --------------------------------------------------------------------------- one talker
+class Talker:
+    """One session: a microphone streaming in real time, and every server event with its arrival time."""
+
+    def __init__(self, client) -> None:
+        self.client = client
+        self.events: list[tuple[float, object]] = []
+        self.arrived = asyncio.Event()
+        self.queue: list[np.ndarray] = []
+        self.speech_end: asyncio.Future | None = None
+        self.speech_start: float | None = None
+        self.tasks = [asyncio.create_task(self._mic()), asyncio.create_task(self._read())]
+
+    def say(self, pcm: np.ndarray) -> asyncio.Future:
+        self.speech_end = asyncio.get_running_loop().create_future()
+        self.speech_start = None
+        self.queue.append(pcm)
+        return self.speech_end
+
+    async def _mic(self) -> None:
+        silence = np.zeros(FRAME, np.int16)
+        t_next, pending = time.monotonic(), np.zeros(0, np.int16)
+        while True:
+            if not len(pending) and self.queue:
+                pending = self.queue.pop(0)
+            piece, pending = (pending[:FRAME], pending[FRAME:]) if len(pending) else (silence, pending)
+            t_next += FRAME / RATE
+            await asyncio.sleep(max(0.0, t_next - time.monotonic()))
+            await self.client.send_audio(piece, RATE)
+            if piece is not silence:
+                self.speech_start = self.speech_start or time.monotonic()
+                if not len(pending) and self.speech_end and not self.speech_end.done():
+                    self.speech_end.set_result(time.monotonic())
+
+    async def _read(self) -> None:
+        async for event in self.client.events():
+            self.events.append((time.monotonic(), event))
+            self.arrived.set()
+
+    async def until(self, since: int, match, timeout_s: float) -> tuple[float, object]:
+        """The first event at index >= ``since`` that ``match``es; TimeoutError after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        i = since
+        while True:
+            while i < len(self.events):
+                if match(self.events[i][1]):
+                    return self.events[i]
+                i += 1
+            self.arrived.clear()
+            await asyncio.wait_for(self.arrived.wait(), max(0.01, deadline - time.monotonic()))
+
+    def since(self, index: int, etype: str) -> list[tuple[float, object]]:
+        return [(t, e) for t, e in self.events[index:] if e.type == etype]
+
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+async def settle(talker: Talker, since: int, speech_end: float, timeout_s: float) -> list[str]:
+    """Wait until the turn is over: a response exists, none is running, and nothing happened for a while
+    (a split turn's second commit may follow its first reply). Returns the response ids, in order."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = time.monotonic()
+        created = [e.response.id for _, e in talker.since(since, "response.created")]
+        done = {e.response.id for _, e in talker.since(since, "response.done")}
+        last = max([t for t, e in talker.events[since:] if e.type != "response.output_audio.delta"], default=0.0)
+        if created and set(created) <= done and now - last > QUIET_S and now - speech_end > QUIET_S + 1.0:
+            return created
+        if now > deadline:
+            raise TimeoutError
+        await asyncio.sleep(0.05)
+
+
+async def one_turn(talker: Talker, turn: dict, timeout_s: float) -> dict:
+    since = len(talker.events)
+    speech_end = await talker.say(turn["pcm"])
+    row = {"name": turn["name"], "kind": turn["kind"], "missed": False, "split": False}
+    try:
+        responses = await settle(talker, since, speech_end, timeout_s)
+    except TimeoutError:
+        responses = []
+        row["missed"] = True
+    commits = talker.since(since, "input_audio_buffer.committed")
+    created = talker.since(since, "response.created")
+    row["commits"] = len(commits)
+    row["split"] = len(commits) > 1 or any(t < speech_end for t, _ in created)
+    if responses:
+        rid = responses[-1]
+        audio = [(t, e) for t, e in talker.events[since:] if e.type == "response.output_audio.delta"
+                 and e.response_id == rid]
+        done = next(e for _, e in talker.since(since, "response.done") if e.response.id == rid)
+        row["status"] = done.response.status
+        if audio:
+            row["voice_to_voice_ms"] = round(1000 * (audio[0][0] - speech_end), 1)
+            audio_ms = 1000 * sum(len(e.pcm) for _, e in audio) / talker.client.session.output_rate
+            await talker.client.report_playback(audio[0][1].item_id, audio_ms, finished=True)
+        else:
+            row["missed"] = True
+    transcripts = [e.transcript for _, e in talker.since(since, "conversation.item.input_audio_transcription.completed")]
+    row["user_transcript"] = " / ".join(transcripts)
+    metrics = [e.metrics for _, e in talker.since(since, "x.turn.metrics")]
+    if metrics:
+        row["end_of_turn"] = metrics[-1].get("end_of_turn")
+        row["end_of_turn_ms"] = metrics[-1].get("end_of_turn_ms")
+        row["stages_ms"] = metrics[-1].get("stages_ms")
+    row["reply_paused"] = len(talker.since(since, "x.output_audio_buffer.paused"))  # speech over a reply?
+    return row
+
+
+async def over_reply(talker: Talker, sound: np.ndarray, kind: str, timeout_s: float) -> dict:
+    """Start a long reply, let it play ~1.5 s, make ``sound`` over it; what happened to the reply?"""
+    since = len(talker.events)
+    await talker.client.send_text("Tell me about the sea.")
+    _, first = await talker.until(since, lambda e: e.type == "response.output_audio.delta", timeout_s)
+    rid, item = first.response_id, first.item_id
+    await asyncio.sleep(1.5)
+    await talker.client.report_playback(item, 1500)
+    mark = len(talker.events)
+    speech_end = talker.say(sound)
+    await speech_end
+    await asyncio.sleep(2.5)  # long enough for a pause to be resolved
+    started = talker.since(mark, "input_audio_buffer.speech_started")
+    paused = talker.since(mark, "x.output_audio_buffer.paused")
+    resumed = talker.since(mark, "x.output_audio_buffer.resumed")
+    cut = talker.since(mark, "x.output_audio_buffer.cleared") + [
+        (t, e) for t, e in talker.since(mark, "response.done") if e.response.id == rid and e.response.status == "cancelled"]
+    if resumed:
+        outcome = "resumed"
+    elif cut or (started and not paused):  # without a pause a client stops playback at speech_started
+        outcome = "cut"
+    elif paused:
+        outcome = "paused"  # never resolved: a bug
+    else:
+        outcome = "unaffected"
+    row = {"kind": kind, "outcome": outcome, "sound_ms": round(1000 * len(sound) / RATE)}
+    if resumed:
+        row["paused_ms"] = round(1000 * (resumed[0][0] - paused[0][0]), 1)
+    stop = (paused or started)[:1]
+    if stop and talker.speech_start:  # playback stops at the pause (semantic_vad) or speech_started
+        row["stop_after_speech_start_ms"] = round(1000 * (stop[0][0] - talker.speech_start), 1)
+    if cut and talker.speech_start:
+        row["cut_after_speech_start_ms"] = round(1000 * (min(t for t, _ in cut) - talker.speech_start), 1)
+    if not any(e.response.id == rid for _, e in talker.since(since, "response.done")):
+        await talker.client.cancel_response(rid)
+    await asyncio.sleep(1.0)
+    return row
+
+
+async def session(url: str, mode: str, turns: list[dict], coughs: list[np.ndarray], interruption: np.ndarray,
+                  seed: int, timeout_s: float) -> tuple[list[dict], list[dict]]:
+    from voxloop.client import RealtimeClient
+
+    rng = random.Random(seed)
+    order = list(turns)
+    rng.shuffle(order)
+    await asyncio.sleep(rng.uniform(0, 2.0))
+    async with RealtimeClient.connect(url) as client:
+        await client.update_session(instructions=SHORT, audio={"input": {"turn_detection": MODES[mode]}})
+        talker = Talker(client)
+        try:
+            await asyncio.sleep(0.5)
+            rows = [dict(await one_turn(talker, t, timeout_s), mode=mode, session=seed) for t in order]
+            bursts = []
+            if coughs or interruption is not None:
+                await client.update_session(instructions=LONG)
+                for i, burst in enumerate(coughs):
+                    bursts.append(dict(await over_reply(talker, burst, f"cough-{i}", timeout_s), mode=mode))
+                if interruption is not None:
+                    bursts.append(dict(await over_reply(talker, interruption, "interruption", timeout_s), mode=mode))
+        finally:
+            await talker.close()
+    return rows, bursts
+
+
+def summarize(mode: str, talkers: int, rows: list[dict], bursts: list[dict]) -> dict:
+    ok = [r for r in rows if not r["missed"] and not r["split"]]
+    out = {"mode": mode, "talkers": talkers, "turns": len(rows),
+           "missed_turns": sum(r["missed"] for r in rows), "split_turns": sum(r["split"] for r in rows)}
+    for kind in ("all", "complete", "paused", "filler", "question", "paused_question"):
+        vals = [r["voice_to_voice_ms"] for r in ok if kind == "all" or r["kind"] == kind]
+        out[f"v2v_{kind}_p50_ms"], out[f"v2v_{kind}_p90_ms"] = pct(vals, 50), pct(vals, 90)
+    for kind in ("paused", "filler", "paused_question"):
+        out[f"split_{kind}"] = sum(r["split"] for r in rows if r["kind"] == kind)
+    eot = [r["end_of_turn_ms"] for r in rows if r.get("end_of_turn_ms") is not None]
+    out["end_of_turn_call_p50_ms"], out["end_of_turn_call_p90_ms"] = pct(eot, 50), pct(eot, 90)
+    coughs = [b for b in bursts if b["kind"].startswith("cough")]
+    for outcome in ("resumed", "cut", "paused", "unaffected"):
+        out[f"cough_{outcome}"] = sum(b["outcome"] == outcome for b in coughs)
+    out["cough_paused_max_ms"] = max((b.get("paused_ms", 0) for b in coughs), default=None)
+    spoken = [b for b in bursts if b["kind"] == "interruption"]
+    out["interruption_cut"] = sum(b["outcome"] == "cut" for b in spoken)
+    out["interruption_cut_after_ms"] = [b.get("cut_after_speech_start_ms") for b in spoken]
+    out["interruption_stop_after_ms"] = [b.get("stop_after_speech_start_ms") for b in spoken]
+    out["interruption_trials"] = len(spoken)
+    return out
+
+
+def plot(summary: list[dict], rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for s in summary:
+        vals = sorted(r["voice_to_voice_ms"] for r in rows if r["mode"] == s["mode"] and r["talkers"] == s["talkers"]
+                      and not r["missed"] and not r["split"])
+        if vals:
+            a.plot(vals, np.linspace(0, 1, len(vals)), label=f"{s['mode']}, {s['talkers']} talker(s)")
+    a.axvline(700, ls="--", c="grey", lw=0.8)
+    a.set_xlabel("voice-to-voice, ms (true end of speech -> first reply audio)")
+    a.set_ylabel("fraction of turns (not split, not missed)")
+    a.legend(fontsize=8)
+    labels = [f"{s['mode']}\nN={s['talkers']}" for s in summary]
+    x = np.arange(len(summary))
+    b.bar(x - 0.2, [s["split_turns"] for s in summary], 0.4, label="split turns")
+    b.bar(x + 0.2, [s["missed_turns"] for s in summary], 0.4, label="missed turns")
+    b.set_xticks(x, labels, fontsize=8)
+    b.set_title("turns answered too early / not at all")
+    b.legend(fontsize=8)
+    fig.suptitle(f"voxloop turn taking - {hardware()['cpu']} x{os.cpu_count()}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+async def run(url: str, mode: str, talkers: int, turns, coughs, interruption, timeout_s: float):
+    alone = talkers == 1  # bursts over a reply: one talker (the many-talker levels measure turns)
+    results = await asyncio.gather(*(session(url, mode, turns, coughs if alone else [],
+                                             interruption if alone else None, seed, timeout_s)
+                                     for seed in range(talkers)))
+    rows = [dict(r, talkers=talkers) for rs, _ in results for r in rs]
+    bursts = [dict(b, talkers=talkers) for _, bs in results for b in bs]
+    return rows, bursts
+
+
+def main(argv: list[str] | None = None) -> int:
+    from voxloop.config import load_config
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--talkers", type=int, nargs="+", default=[1])
+    p.add_argument("--coughs", type=int, default=10, help="cough trials per mode (first talker)")
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    p.add_argument("--turn-timeout-s", type=float, default=30.0)
+    p.add_argument("--url", help="use a running server instead of starting one")
+    p.add_argument("--server-arg", action="append", default=[])
+    p.add_argument("--name", default="turn_taking", help="result file name prefix")
+    p.add_argument("--limit", type=int, help="only the first N turns of the set (a quick check)")
+    p.add_argument("--many-limit", type=int, default=8, help="turns per talker when there are several talkers")
+    args = p.parse_args(argv)
+    turns, coughs, interruption = build_set(load_config(), args.coughs)
+    turns = turns[:args.limit] if args.limit else turns
+    cost = end_of_turn_cost(load_config(), turns)
+    print("end-of-turn model, one call:", cost, flush=True)
+    server, url = None, args.url
+    if url is None:
+        port = free_port()
+        server = start_server(port, args.server_arg)
+        url = f"ws://127.0.0.1:{port}/v1/realtime"
+    all_rows, all_bursts, summary = [], [], []
+    try:
+        for talkers in args.talkers:
+            for mode in args.modes:
+                level_turns = turns if talkers == 1 else random.Random(8).sample(turns, min(args.many_limit, len(turns)))
+                rows, bursts = asyncio.run(run(url, mode, talkers, level_turns, coughs, interruption,
+                                               args.turn_timeout_s))
+                all_rows += rows
+                all_bursts += bursts
+                summary.append(summarize(mode, talkers, rows, bursts))
+                print(summary[-1], flush=True)
+    finally:
+        if server is not None:
+            stop_server(server)
+    path = write_json(args.name, summary, {"end_of_turn_cost": cost, "turns": all_rows, "bursts": all_bursts, "server_args": args.server_arg,
+                                           "load_average_after": os.getloadavg()})
+    plot(summary, all_rows, path.with_suffix(".png"))
+    print(f"wrote {path} and {path.with_suffix('.png').name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,270 @@
+"""The conversation of one session: history, the current turn and its reply, what the user heard.
+
+``Conversation`` starts and ends turns (``response.done`` in its final state, the trace),
+makes replies (LLM -> clauses -> TTS through ``Responder``), stops them (barge-in, cancel;
+history keeps only what was heard) and serves the client events about items and responses.
+*When* a voice turn starts, ends or is interrupted is decided elsewhere (``pipeline/turn_taking.py``,
+performed by ``pipeline/voice_input.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.engines import Engines
+from pipeline.history import History
+from pipeline.respond import ReplyRequest, Responder, close_item, response_done
+from pipeline.trace import Metrics, TraceSink, TurnTrace
+from pipeline.turn import Turn, TurnControl
+from realtime import events as ev
+from realtime.items import ContentPart, ErrorInfo, MessageItem
+from realtime.wire import ErrorCode, new_id
+from voxloop.config import Config
+from voxloop.errors import InvalidInput, VoxloopError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AfterSent:
+    """An outbox entry that runs ``run()`` once every event queued before it is on the socket."""
+
+    run: Callable[[], None]
+
+
+class Conversation:
+    """History and turns of one session; ``send`` queues a server event, ``settings()`` is the session."""
+
+    def __init__(self, session_id: str, cfg: Config, engines: Engines, send: Callable[[Any], None],
+                 metrics: Metrics, traces: TraceSink, settings: Callable[[], Any]) -> None:
+        self.id = session_id
+        self.cfg = cfg
+        self.metrics = metrics
+        self.traces = traces
+        self._send = send
+        self._settings = settings
+        self.turns = TurnControl(send)
+        self.responder = Responder(cfg, engines, self.turns, session_id)
+        self.history = History(max_chars=int((cfg.llm.n_ctx - cfg.llm.max_tokens) * 3))
+        self.last_turn: Turn | None = None
+        #: Called when a reply the user may be hearing is stopped (turn taking forgets a paused reply).
+        self.on_reply_stopped: Callable[[], None] = lambda: None
+
+    # ------------------------------------------------------------------ turns
+    def new_turn(self, mode: str, committed: bool, utterance: int | None = None) -> Turn:
+        return self.turns.begin(new_id("resp"), new_id("item"), TurnTrace(0, self.id, mode), committed, utterance)
+
+    def spawn(self, turn: Turn, coro: Awaitable[None]) -> None:
+        task = asyncio.create_task(coro, name=f"{self.id}-turn{turn.turn_id}")
+        turn.tasks.add(task)
+        task.add_done_callback(self.task_done)
+
+    def task_done(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:  # a bug, not a user error
+            log.error("%s: %s failed", self.id, task.get_name(), exc_info=task.exception())
+
+    def reply_turn(self) -> Turn | None:
+        """The committed reply the user may be hearing (running, or finished but still playing)."""
+        turn = self.turns.current or self.last_turn
+        return turn if turn is not None and turn.committed else None
+
+    def audible(self) -> bool:
+        turn = self.reply_turn()
+        return turn is not None and turn.still_audible()
+
+    def find_turn(self, item_id: str) -> Turn | None:
+        for turn in (self.turns.current, self.last_turn):
+            if turn is not None and turn.item_id == item_id:
+                return turn
+        return None
+
+    @staticmethod
+    def user_message(item_id: str, status: str, transcript: str | None = None) -> MessageItem:
+        return MessageItem(id=item_id, role="user", status=status, object="realtime.item",  # type: ignore[arg-type]
+                           content=(ContentPart(type="input_audio", transcript=transcript),))
+
+    def add_user_message(self, turn: Turn) -> None:
+        if turn.user_added or turn.user_text is None or turn.user_item_id is None:
+            return
+        turn.user_added = True
+        self.history.add("user", turn.user_text, turn.user_item_id)
+
+    # ------------------------------------------------------------------ replies
+    async def reply(self, turn: Turn, pending_user: str | None = None, instructions: str | None = None,
+                    audio: bool | None = None, add_to_history: bool = True) -> None:
+        session = self._settings()
+        system = instructions or session.instructions or self.cfg.llm.system_prompt
+        messages = self.history.messages(system, pending_user)
+        max_tokens = self.cfg.llm.max_tokens
+        if session.max_output_tokens != "inf":
+            max_tokens = min(max_tokens, int(session.max_output_tokens))
+        wants_audio = session.output_modalities == ("audio",) if audio is None else audio
+        req = ReplyRequest(messages, max_tokens, session.output_rate, audio=wants_audio)
+        text = await self.responder.run(turn, req)
+        # A speculative turn may finish before the user has; history changes wait for the commit.
+        await turn.released.wait()
+        if pending_user is not None:
+            self.add_user_message(turn)
+        if add_to_history and text:
+            turn.history_index = self.history.add("assistant", text, turn.item_id)
+        self.finish(turn, "incomplete" if getattr(turn.generation, "finish_reason", None) == "length"
+                    else "completed")
+
+    async def guarded_reply(self, turn: Turn, **kwargs: Any) -> None:
+        try:
+            await self.reply(turn, **kwargs)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            self.fail(turn, exc)
+
+    def finish(self, turn: Turn, status: str, error: ErrorInfo | None = None) -> None:
+        """End ``turn``; a started response ends with ``response.done`` carrying ``status``
+        (completed | incomplete | failed) and its final item."""
+        if not self.turns.is_current(turn):
+            return
+        if turn.response_started:
+            item = close_item(turn, "completed" if status == "completed" else "incomplete")[1]
+            reason = "max_output_tokens" if status == "incomplete" else None
+            self.turns.emit(turn, response_done(turn, status, reason, (item,), error))
+        self.turns.finish(turn, status)
+        self.last_turn = turn
+        turn.trace.mark("done")
+        self.record(turn, status)
+
+    def record(self, turn: Turn, status: str) -> None:
+        """Write the turn's trace once what it queued is sent (so ``first_audio_sent`` is real)."""
+
+        def record() -> None:
+            summary = self.traces.record(turn.trace, status)
+            if self.cfg.trace.send_to_client and turn.committed and status != "empty_transcript":
+                self._send(ev.XTurnMetrics(response_id=turn.response_id, item_id=turn.item_id, metrics=summary))
+
+        self._send(AfterSent(record))
+
+    def fail(self, turn: Turn, exc: BaseException) -> None:
+        """A model failed mid-turn: end what the client saw in final states, carrying the error.
+
+        ASR: ``input_audio_transcription.failed`` and the user item done (no response is made).
+        LLM or TTS: the reply's item ends ``incomplete`` and ``response.done`` is ``failed``
+        with ``status_details.error``. No separate ``error`` event (as in the GA API).
+        A speculative turn just stops; the committed turn after it tries again.
+        """
+        if not turn.committed:
+            self.turns.interrupt("failed", turn)
+            return
+        if not isinstance(exc, VoxloopError):
+            log.exception("%s: internal error", self.id, exc_info=exc)
+        error = ev.error_info(exc)
+        self.metrics.errors.labels(code=error.code).inc()
+        if turn.user_text is None and turn.user_item_id is not None:
+            item = turn.user_item_id
+            self.turns.emit(turn, ev.InputAudioTranscriptionFailed(item_id=item, error=error))
+            self.turns.emit(turn, ev.ConversationItemDone(item=self.user_message(item, "completed"),
+                                                          previous_item_id=turn.previous_item_id))
+        elif turn.response_started:
+            for event in close_item(turn, "incomplete")[0]:
+                self.turns.emit(turn, event)
+        self.finish(turn, "failed", error)
+
+    def interrupt(self, reason: str, by_voice: bool = True) -> Turn | None:
+        """Barge-in / cancel: stop the current turn, tell the client, keep only heard text.
+
+        ``by_voice``: the user spoke over the reply, so a finished reply that is still
+        playing is cut in history too (the client stops playback on speech_started).
+        """
+        turn = self.turns.interrupt(reason)
+        if turn is None:
+            last = self.last_turn
+            if by_voice and last is not None and last.still_audible():
+                self.truncate_history(last, last.heard_ms())
+                last.played_ms = last.heard_ms()  # no longer audible: the client stops playback
+                self.on_reply_stopped()
+            return None
+        if not turn.committed:
+            self.traces.record(turn.trace, "discarded")
+            return turn
+        self.on_reply_stopped()
+        self.last_turn = turn
+        turn.played_ms = turn.heard_ms()  # frozen: the client stops playback on speech_started
+        heard = turn.heard_text()
+        if heard:
+            turn.history_index = self.history.add("assistant", heard, turn.item_id)
+        if turn.response_started:  # its events are dropped from now on: these go out directly
+            events, item = close_item(turn, "incomplete")
+            for event in events:
+                self._send(event)
+            self._send(response_done(turn, "cancelled", reason, (item,)))
+        turn.trace.mark("done")
+        self.record(turn, "cancelled")
+        return turn
+
+    def truncate_history(self, turn: Turn, heard_ms: float) -> None:
+        if turn.history_index is not None:
+            self.history.truncate(turn.history_index, turn.item_id, turn.heard_text(heard_ms))
+
+    def audio_sent(self, event: ev.ResponseOutputAudioDelta) -> None:
+        """The hub's writer put ``event`` on the socket: the first one starts the playback clock."""
+        turn = self.turns.current
+        if turn is not None and turn.response_id == event.response_id and turn.first_audio_at is None:
+            turn.first_audio_at = time.monotonic()
+            turn.trace.mark("first_audio_sent", turn.first_audio_at)
+
+    # ------------------------------------------------------------------ client events
+    def item_create(self, event: ev.ConversationItemCreate) -> None:
+        item = event.item
+        text = " ".join(p.content_text for p in item.content).strip()
+        item_id = item.id or new_id("item")
+        self.history.add(item.role, text, item_id)
+        done = dataclasses.replace(item, id=item_id, status="completed", object="realtime.item")
+        self._send(ev.ConversationItemAdded(item=done, previous_item_id=event.previous_item_id))
+        self._send(ev.ConversationItemDone(item=done, previous_item_id=event.previous_item_id))
+
+    def response_create(self, event: ev.ResponseCreate) -> None:
+        current = self.turns.current
+        if current is not None and current.committed and not current.finished.is_set():
+            if current.trace.mode == "push_to_talk" and "llm_start" not in current.trace.t:
+                # GA clients send response.create after commit; voxloop already answers
+                # the commit, so this request joins that response (documented).
+                return
+            raise InvalidInput("a response is already in progress; cancel it first",
+                               code=ErrorCode.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE)
+        self.interrupt("turn_detected", by_voice=False)  # drops a speculative turn, if any
+        opts = event.response
+        turn = self.new_turn("text", committed=True)
+        turn.trace.mark("vad_end")
+        audio = None if opts is None or opts.output_modalities is None else opts.output_modalities == ("audio",)
+        self.spawn(turn, self.guarded_reply(
+            turn, instructions=opts.instructions if opts else None, audio=audio,
+            add_to_history=not (opts is not None and opts.conversation == "none")))
+
+    def response_cancel(self, event: ev.ResponseCancel) -> None:
+        current = self.turns.current
+        if current is None or not current.committed or (
+                event.response_id is not None and event.response_id != current.response_id):
+            raise InvalidInput("no active response to cancel", code=ErrorCode.RESPONSE_CANCEL_NOT_ACTIVE)
+        self.interrupt("client_cancelled")
+
+    def truncate(self, event: ev.ConversationItemTruncate) -> None:
+        turn = self.find_turn(event.item_id)
+        if turn is None and not self.history.has_item(event.item_id):
+            raise InvalidInput(f"no assistant item {event.item_id}", code=ErrorCode.ITEM_NOT_FOUND)
+        if turn is not None:
+            turn.played_ms = float(event.audio_end_ms)
+            self.truncate_history(turn, event.audio_end_ms)
+        self._send(ev.ConversationItemTruncated(item_id=event.item_id, content_index=event.content_index,
+                                                audio_end_ms=event.audio_end_ms))
+
+    def playback(self, event: ev.XPlayback) -> None:
+        turn = self.find_turn(event.item_id)
+        if turn is None:
+            return  # a late report about an old reply: nothing left to update
+        if turn.played_ms is None and event.audio_end_ms > 0:
+            turn.trace.mark("playback_start", time.monotonic() - event.audio_end_ms / 1000)
+        turn.played_ms = max(turn.played_ms or 0.0, float(event.audio_end_ms))

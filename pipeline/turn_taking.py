@@ -1,0 +1,354 @@
+"""Turn taking as one pure state machine: what the user's voice means for the conversation.
+
+No asyncio, no I/O, no clock of its own. ``TurnTaking`` is fed what happened — VAD events,
+end-of-turn scores, transcripts of speech over a paused reply, the passing of stream time —
+and returns ``Decision`` objects; ``Session`` performs them (starts and commits turns, tells
+the client, runs models). Times are *stream* milliseconds: audio fed to the VAD so far
+(``VoiceActivityDetector.stream_ms``), so a test drives it with plain numbers.
+
+Modes (``Policy``):
+
+- ``server_vad``: a turn ends after ``silence_ms`` of silence. At the VAD's short pause a
+  turn starts speculatively (``StartTurn``); it is committed at the silence stop
+  (``Commit``) or dropped if speech resumes (``DropTurn``). Speech over the assistant for
+  ``barge_in_min_ms`` cancels the reply (``BargeIn``); shorter speech is no turn (``Discard``).
+- ``semantic_vad``: at the short pause the end-of-turn model scores the audio (``Score``)
+  while the speculative turn runs. A score ``>= complete`` commits at once; a lower one
+  waits for silence: from the silence stop (just under ``complete``) up to
+  ``max_silence_ms`` (at ``incomplete`` and below), in proportion (``Policy.wait_ms``).
+  Before the score arrives the turn waits (up to ``max_silence_ms``).
+- ``pause_on_speech`` (``semantic_vad``): speech over the assistant first pauses the
+  reply (``PauseReply``); its audio is transcribed at the short pause (``Transcribe``).
+  If the speech ends shorter than ``barge_in_min_ms`` or its transcript has no words (a
+  cough, "mm-hm", noise) the reply resumes (``ResumeReply``); words, or speech longer than
+  ``pause_max_speech_ms``, cancel it (``BargeIn``) and the speech is a turn of its own.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+#: Transcripts that are no words of an interruption: backchannels and what whisper makes of noise.
+BACKCHANNELS = frozenset({
+    "", "mm", "mmm", "hm", "hmm", "mhm", "mm-hm", "mm-hmm", "uh-huh", "uh", "um", "umm", "ah", "oh",
+    "yeah", "yep", "yes", "okay", "ok", "right", "sure", "i see", "you", "thank you", "thanks",
+})
+_NON_SPEECH = re.compile(r"[\[(*][^\])*]*[\])*]")  # "[coughing]", "(coughs)", "*cough*"
+
+
+def is_backchannel(text: str) -> bool:
+    """True when ``text`` (a transcript) carries no interruption: empty, noise, "mm-hm", "okay"."""
+    words = _NON_SPEECH.sub(" ", text.lower())
+    words = re.sub(r"[^\w\s'-]", " ", words)
+    words = " ".join(words.split())
+    return words in BACKCHANNELS or all(w in BACKCHANNELS for w in words.split())
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """End-of-turn score thresholds of one ``eagerness``; ``max_silence_scale`` x ``turn.max_silence_ms``."""
+
+    complete: float
+    incomplete: float
+    max_silence_scale: float
+
+
+#: ``semantic_vad`` eagerness -> thresholds (docs/protocol.md). Picked on bench/turn_set.py's set.
+EAGERNESS = {
+    "high": Thresholds(complete=0.7, incomplete=0.15, max_silence_scale=0.5),
+    "medium": Thresholds(complete=0.9, incomplete=0.3, max_silence_scale=1.0),
+    "auto": Thresholds(complete=0.9, incomplete=0.3, max_silence_scale=1.0),
+    "low": Thresholds(complete=0.97, incomplete=0.5, max_silence_scale=1.5),
+}
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How turns end and what speech over the assistant does. Durations in ms."""
+
+    #: Silence that ends a turn (the silence stop).
+    silence_ms: int = 500
+    #: Speech over the assistant must last this long to interrupt it.
+    barge_in_min_ms: int = 250
+    #: Use end-of-turn scores (``semantic_vad``).
+    semantic: bool = False
+    #: Score at or above: the turn is complete at the short pause.
+    complete: float = 0.9
+    #: Score at or below: the user is not done; wait up to ``max_silence_ms``.
+    incomplete: float = 0.3
+    #: Longest silence waited while the model says the user is not done.
+    max_silence_ms: int = 2000
+    #: Speech over the assistant pauses the reply first (resumed after a cough or "mm-hm").
+    pause_on_speech: bool = False
+    #: Speech over a paused reply that lasts this long cancels it, words or not.
+    pause_max_speech_ms: int = 1000
+
+    @classmethod
+    def semantic_vad(cls, eagerness: str, silence_ms: int, barge_in_min_ms: int, max_silence_ms: int,
+                     pause_on_speech: bool, pause_max_speech_ms: int) -> "Policy":
+        t = EAGERNESS[eagerness]
+        return cls(silence_ms=silence_ms, barge_in_min_ms=barge_in_min_ms, semantic=True,
+                   complete=t.complete, incomplete=t.incomplete,
+                   max_silence_ms=max(silence_ms, round(max_silence_ms * t.max_silence_scale)),
+                   pause_on_speech=pause_on_speech, pause_max_speech_ms=pause_max_speech_ms)
+
+    def wait_ms(self, probability: float) -> float:
+        """Silence to wait after a score under ``complete``: ``silence_ms`` just under it, growing
+        linearly to ``max_silence_ms`` at ``incomplete`` (a pause mid-sentence is often longer
+        than the silence stop, and the model is not sure of every ending)."""
+        span = max(self.complete - self.incomplete, 1e-6)
+        unsure = min(max((self.complete - probability) / span, 0.0), 1.0)
+        return self.silence_ms + (self.max_silence_ms - self.silence_ms) * unsure
+
+    @property
+    def vad_silence_ms(self) -> int:
+        """Silence after which the VAD itself ends an utterance (the longest this policy waits)."""
+        return self.max_silence_ms if self.semantic else self.silence_ms
+
+
+# --------------------------------------------------------------------------- decisions
+@dataclass(frozen=True)
+class StartTurn:
+    """Start a voice turn for ``utterance`` on its audio so far; speculative ones are held until committed."""
+
+    utterance: int
+    speculative: bool
+
+
+@dataclass(frozen=True)
+class Commit:
+    """The user's turn ``utterance`` is over: release its speculative turn, else start a committed one.
+
+    ``end_utterance``: the VAD still thinks the user is in a pause; end its utterance now.
+    """
+
+    utterance: int
+    end_utterance: bool = False
+
+
+@dataclass(frozen=True)
+class DropTurn:
+    """Drop the speculative turn of ``utterance`` silently (speech resumed, or it was no turn)."""
+
+    utterance: int
+
+
+@dataclass(frozen=True)
+class Discard:
+    """The utterance is no turn (a cough over the assistant): no commit, its speculation is dropped.
+
+    ``end_utterance``: the VAD still thinks the user is in a pause; end its utterance now.
+    """
+
+    utterance: int
+    end_utterance: bool = False
+
+
+@dataclass(frozen=True)
+class Score:
+    """Score the end of turn of ``utterance``'s audio so far; report with ``scored()``."""
+
+    utterance: int
+
+
+@dataclass(frozen=True)
+class Transcribe:
+    """Transcribe ``utterance``'s audio so far (speech over a paused reply); report with ``transcribed()``."""
+
+    utterance: int
+
+
+@dataclass(frozen=True)
+class BargeIn:
+    """Cancel the assistant's reply; keep in history what the user heard."""
+
+
+@dataclass(frozen=True)
+class PauseReply:
+    """Stop the reply's playback where it is; the reply keeps being made."""
+
+
+@dataclass(frozen=True)
+class ResumeReply:
+    """Play the paused reply on from where it stopped."""
+
+
+Decision = StartTurn | Commit | DropTurn | Discard | Score | Transcribe | BargeIn | PauseReply | ResumeReply
+
+IDLE, SPEAKING, PAUSED = "idle", "speaking", "paused"
+
+
+class TurnTaking:
+    """The turn-taking state of one session (one VAD stream)."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.utterance = 0
+        self.state = IDLE
+        self._speech_start_ms = 0.0
+        self._speech_end_ms = 0.0
+        self._speculating = False
+        self._deadline_ms: float | None = None
+        self._interrupted = False  # this utterance already cancelled the reply
+        self._paused_by: int | None = None  # the utterance that paused the reply
+        self._transcript: str | None = None  # of the pausing utterance, once known
+        self._waiting_words = False  # the pausing utterance ended; its transcript decides
+
+    @property
+    def reply_paused(self) -> bool:
+        return self._paused_by is not None
+
+    # ----------------------------------------------------------------- VAD events
+    def speech_started(self, t_ms: float, audible: bool) -> list[Decision]:
+        """Speech began at ``t_ms``; ``audible``: the assistant's reply may be playing."""
+        out: list[Decision] = []
+        if self._waiting_words:  # the user speaks again before the words of the last burst are known
+            out = self._interruption(self._paused_by, vad_ended=True)
+        self.utterance += 1
+        self.state = SPEAKING
+        self._speech_start_ms = t_ms
+        self._speculating = False
+        self._deadline_ms = None
+        self._interrupted = False
+        if audible and self._pauses_replies and not self.reply_paused and not out:
+            self._paused_by, self._transcript = self.utterance, None
+            out.append(PauseReply())
+        return out
+
+    def paused(self, t_ms: float, audible: bool) -> list[Decision]:
+        """Silence inside speech reached the short pause; speech last ended at ``t_ms``."""
+        if self.state != SPEAKING:
+            return []
+        self.state = PAUSED
+        self._speech_end_ms = t_ms
+        p = self.policy
+        if self._paused_by == self.utterance:  # over the paused reply: its words decide
+            self._deadline_ms = t_ms + p.silence_ms
+            return [Transcribe(self.utterance)]
+        # server_vad ends at the VAD's own silence stop; semantic_vad waits for the score first
+        self._deadline_ms = t_ms + p.max_silence_ms if p.semantic else None
+        if audible:
+            return []  # speech over the playing reply: no turn is started for it yet
+        return self._speculate()
+
+    def resumed(self, t_ms: float) -> list[Decision]:
+        """Speech came back after the short pause: the speculation is stale."""
+        if self.state != PAUSED:
+            return []
+        self.state = SPEAKING
+        self._deadline_ms = None
+        self._transcript = None
+        if self._speculating:
+            self._speculating = False
+            return [DropTurn(self.utterance)]
+        return []
+
+    def speech_ended(self, t_ms: float, forced: bool, audible: bool) -> list[Decision]:
+        """The VAD ended the utterance (its silence stop, ``max_utterance_s`` or a flush)."""
+        if self.state == IDLE:
+            return []
+        if self.state == SPEAKING:
+            self._speech_end_ms = t_ms
+        return self._end_of_turn(audible, vad_ended=True)
+
+    # ----------------------------------------------------------------- other inputs
+    def tick(self, now_ms: float, audible: bool) -> list[Decision]:
+        """Stream time reached ``now_ms`` (after each audio append)."""
+        p = self.policy
+        speaking_ms = now_ms - self._speech_start_ms
+        if self.state == SPEAKING and self._paused_by == self.utterance and speaking_ms >= p.pause_max_speech_ms:
+            self._paused_by = None  # too long for a cough or an "mm-hm"
+            self._interrupted = True
+            return [BargeIn()]
+        if (self.state == SPEAKING and audible and not self._interrupted and self._paused_by is None
+                and speaking_ms >= p.barge_in_min_ms):
+            self._interrupted = True
+            return [BargeIn()]
+        if self.state == PAUSED and self._deadline_ms is not None and now_ms >= self._deadline_ms:
+            return self._end_of_turn(audible, vad_ended=False)
+        return []
+
+    def scored(self, utterance: int, probability: float, now_ms: float, audible: bool) -> list[Decision]:
+        """The end-of-turn model's ``probability`` that ``utterance`` is complete (0..1)."""
+        if utterance != self.utterance or self.state != PAUSED or not self._speculating:
+            return []  # stale: speech resumed or the turn already ended
+        p = self.policy
+        if probability >= p.complete:
+            return self._end_of_turn(audible, vad_ended=False)
+        self._deadline_ms = self._speech_end_ms + p.wait_ms(probability)
+        return self.tick(now_ms, audible)
+
+    def transcribed(self, utterance: int, text: str) -> list[Decision]:
+        """Transcript of ``utterance``'s audio (asked by ``Transcribe``: speech over the paused reply)."""
+        if utterance != self._paused_by or utterance != self.utterance or self.state == SPEAKING:
+            return []  # stale, or speech went on after it (a later pause asks again)
+        self._transcript = text
+        if self._waiting_words or self.state == PAUSED:
+            return self._settle(utterance, vad_ended=self._waiting_words)
+        return []
+
+    def cleared(self) -> list[Decision]:
+        """The client committed or cleared the input buffer: the utterance in progress is gone."""
+        out: list[Decision] = [ResumeReply()] if self.reply_paused else []
+        self.state = IDLE
+        self._speculating = False
+        self._deadline_ms = None
+        self._paused_by, self._waiting_words = None, False
+        return out
+
+    def reply_ended(self) -> None:
+        """The reply was cancelled or finished playing: nothing is paused any more."""
+        self._paused_by = None
+        self._waiting_words = False
+
+    # ----------------------------------------------------------------- internals
+    @property
+    def _pauses_replies(self) -> bool:
+        return self.policy.semantic and self.policy.pause_on_speech
+
+    def _speculate(self) -> list[Decision]:
+        self._speculating = True
+        out: list[Decision] = [StartTurn(self.utterance, speculative=True)]
+        if self.policy.semantic:
+            out.append(Score(self.utterance))
+        return out
+
+    def _end_of_turn(self, audible: bool, vad_ended: bool) -> list[Decision]:
+        utt = self.utterance
+        speech_ms = self._speech_end_ms - self._speech_start_ms
+        if self._paused_by == utt:
+            if speech_ms < self.policy.barge_in_min_ms:
+                self._paused_by = None
+                self.state = IDLE
+                return [ResumeReply(), Discard(utt, end_utterance=not vad_ended)]
+            if self._transcript is None:
+                self._deadline_ms = None
+                if vad_ended:  # the VAD has ended it: wait for the words in the idle state
+                    self.state, self._waiting_words = IDLE, True
+                return []
+            return self._settle(utt, vad_ended)
+        self.state = IDLE
+        self._deadline_ms = None
+        self._speculating = False
+        if audible and not self._interrupted and speech_ms < self.policy.barge_in_min_ms:
+            return [Discard(utt, end_utterance=not vad_ended)]
+        return [Commit(utt, end_utterance=not vad_ended)]
+
+    def _settle(self, utt: int, vad_ended: bool) -> list[Decision]:
+        """The words of the speech over the paused reply are known: resume it, or it was an interruption."""
+        assert self._transcript is not None
+        if is_backchannel(self._transcript):
+            self._paused_by, self._waiting_words = None, False
+            self.state = IDLE
+            return [ResumeReply(), Discard(utt, end_utterance=not vad_ended)]
+        return self._interruption(utt, vad_ended)
+
+    def _interruption(self, utt: int | None, vad_ended: bool) -> list[Decision]:
+        """Words over the paused reply: cancel it; the speech is a turn of its own."""
+        self._paused_by, self._waiting_words = None, False
+        self._interrupted = True
+        if self.state == PAUSED and not vad_ended:  # the user may go on: take the turn as usual
+            return [BargeIn(), *self._speculate()]
+        self.state = IDLE
+        return [BargeIn(), Commit(utt if utt is not None else self.utterance, end_utterance=not vad_ended)]

@@ -1,0 +1,364 @@
+"""The user's voice in one session: audio -> VAD -> turn taking -> voice turns.
+
+  audio -> 16 kHz (soxr) -> VoiceActivityDetector -> TurnTaking (pipeline/turn_taking.py, pure)
+    -> decisions, performed here: start a speculative turn (ASR + LLM + TTS, events held back),
+       commit it (speech_stopped + committed, held events flow), drop it, score the end of turn
+       on the ``turn`` worker, transcribe speech over a paused reply, barge in, pause / resume
+       the reply.
+
+Push-to-talk (``turn_detection: null``): audio accumulates until ``input_audio_buffer.commit``.
+Partial transcripts go out while the user speaks, when the ASR has nothing better to do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+
+from asr.vad import Pause, Resume, SpeechEnd, SpeechStart, VoiceActivityDetector
+from pipeline.audio_in import ASR_RATE, InputAudio
+from pipeline.conversation import Conversation
+from pipeline.engines import Engines
+from pipeline.turn import Turn
+from pipeline.turn_taking import (
+    BargeIn, Commit, Decision, Discard, DropTurn, PauseReply, Policy, ResumeReply, Score, StartTurn, Transcribe,
+    TurnTaking,
+)
+from pipeline.workers import BACKGROUND, NORMAL, URGENT
+from realtime import events as ev
+from realtime.wire import ErrorCode, new_id
+from voxloop.config import Config
+from voxloop.errors import InvalidInput, VoxloopError
+
+log = logging.getLogger(__name__)
+#: Shortest push-to-talk commit that is transcribed, ms.
+MIN_COMMIT_MS = 100
+
+
+class VoiceInput:
+    """VAD, turn taking and voice turns of one session; ``settings()`` is the session object."""
+
+    def __init__(self, cfg: Config, engines: Engines, conversation: Conversation, send: Callable[[Any], None],
+                 error: Callable[[BaseException], None], settings: Callable[[], Any]) -> None:
+        self.cfg = cfg
+        self.engines = engines
+        self.conv = conversation
+        self._send = send
+        self._error = error
+        self._settings = settings
+        self.audio_in = InputAudio(cfg.limits.max_utterance_s)
+        self._vad: VoiceActivityDetector | None = None
+        self._taking: TurnTaking | None = None
+        self._mode = "push_to_talk"
+        self._utterance = 0
+        self._user_item: str | None = None
+        self._speech_start_at: float | None = None  # monotonic time of the utterance's speech start
+        self._speech_end_ms = 0  # stream time where the utterance's speech last ended
+        self._turn_audio: np.ndarray | None = None  # the utterance up to its last pause or end
+        self._side_tasks: set[asyncio.Task] = set()  # end-of-turn scores, transcripts over a paused reply
+        self._partial_task: asyncio.Task | None = None
+        self._partial_text = ""
+        self._next_partial_ms = 0.0
+        conversation.on_reply_stopped = self._reply_stopped
+
+    def configure(self) -> None:
+        """(Re)build the VAD and the turn-taking policy from the session's turn detection (None: push-to-talk)."""
+        td = self._settings().audio.input.turn_detection
+        if td is None:
+            self._vad = self._taking = None
+            self._mode = "push_to_talk"
+            return
+        vad, turn = self.cfg.vad, self.cfg.turn
+        if td.type == "semantic_vad":
+            policy = Policy.semantic_vad(td.eagerness or "auto", td.silence_duration_ms, vad.barge_in_min_ms,
+                                         turn.max_silence_ms, turn.pause_on_speech, turn.pause_max_speech_ms)
+            if self.engines.turn is None:  # no end-of-turn model on this server: silence alone
+                policy = dataclasses.replace(policy, semantic=False)
+        else:
+            policy = Policy(silence_ms=td.silence_duration_ms, barge_in_min_ms=vad.barge_in_min_ms)
+        self._mode = td.type
+        vad_cfg = dataclasses.replace(
+            vad, silence_duration_ms=policy.vad_silence_ms,
+            prefix_padding_ms=td.prefix_padding_ms, aggressiveness=td.x_aggressiveness)
+        if self._vad is None or self._taking is None or self._vad.config != vad_cfg:
+            self._vad = VoiceActivityDetector(vad_cfg, ASR_RATE, self.cfg.limits.max_utterance_s)
+            self._taking = TurnTaking(policy)  # a new stream clock
+        self._taking.policy = policy
+
+    def shutdown(self) -> None:
+        if self._partial_task is not None:
+            self._partial_task.cancel()
+        for task in self._side_tasks:
+            task.cancel()
+
+    # ------------------------------------------------------------------ client events
+    def append(self, event: ev.InputAudioBufferAppend) -> None:
+        pcm = self.audio_in.to_asr_rate(event.pcm, event.sample_rate)
+        if self._vad is None:
+            error = self.audio_in.buffer(pcm)
+            if error is not None:
+                self._error(error)
+            return
+        for vad_event in self._vad.feed(pcm):
+            self._on_vad(vad_event)
+        if self._vad is not None and self._taking is not None:
+            self._perform(self._taking.tick(self._vad.stream_ms, self.conv.audible()))
+        self._maybe_partial()
+
+    def commit(self, event: ev.InputAudioBufferCommit) -> None:
+        if self._vad is not None and self._taking is not None:
+            audio = self._vad.utterance_so_far()
+            self._vad.reset()
+            self._perform(self._taking.cleared())
+        else:
+            audio = self.audio_in.take()
+        if audio is None or len(audio) < ASR_RATE * MIN_COMMIT_MS // 1000:
+            raise InvalidInput(f"input audio buffer holds less than {MIN_COMMIT_MS} ms of audio",
+                               code=ErrorCode.INPUT_AUDIO_BUFFER_COMMIT_EMPTY)
+        self._utterance += 1
+        self._user_item = new_id("item")
+        self._send(ev.InputAudioBufferCommitted(item_id=self._user_item))
+        self._start_voice_turn(audio, committed=True, vad_end_at=time.monotonic())
+
+    def clear(self, event: ev.InputAudioBufferClear) -> None:
+        self.audio_in.clear()
+        if self._vad is not None and self._taking is not None:
+            self._vad.reset()
+            self._perform(self._taking.cleared())
+        self._send(ev.InputAudioBufferCleared())
+
+    # ------------------------------------------------------------------ VAD events in, decisions out
+    def _on_vad(self, event: Any) -> None:
+        vad, taking = self._vad, self._taking
+        assert vad is not None and taking is not None
+        audible = self.conv.audible()
+        if isinstance(event, SpeechStart):
+            decisions = taking.speech_started(event.t_ms, audible)
+            pause = [d for d in decisions if isinstance(d, PauseReply)]
+            self._perform([d for d in decisions if not isinstance(d, PauseReply)])  # about the last utterance
+            self._utterance += 1
+            self._user_item = new_id("item")
+            self._speech_start_at = time.monotonic() - (vad.stream_ms - event.t_ms) / 1000
+            self._partial_text = ""
+            self._next_partial_ms = event.t_ms + self.cfg.asr.partial_interval_ms
+            self._perform(pause)  # before speech_started: the client keeps the paused audio (docs/protocol.md)
+            self._send(ev.InputAudioBufferSpeechStarted(audio_start_ms=event.t_ms, item_id=self._user_item))
+        elif isinstance(event, Pause):
+            self._turn_audio, self._speech_end_ms = event.audio, event.t_ms
+            self._perform(taking.paused(event.t_ms, audible))
+        elif isinstance(event, Resume):
+            self._perform(taking.resumed(event.t_ms))
+        elif isinstance(event, SpeechEnd):
+            self._turn_audio, self._speech_end_ms = event.audio, event.t_ms
+            self._perform(taking.speech_ended(event.t_ms, event.forced, audible))
+
+    def _perform(self, decisions: list[Decision]) -> None:
+        for decision in decisions:
+            _DECISIONS[type(decision)](self, decision)
+
+    def _do_start(self, d: StartTurn) -> None:
+        if self._turn_audio is not None:
+            self._start_voice_turn(self._turn_audio, committed=not d.speculative)
+
+    def _do_commit(self, d: Commit) -> None:
+        now = time.monotonic()
+        speech_end_at = self._end_utterance(d.end_utterance, now)
+        item = self._user_item or new_id("item")
+        self._send(ev.InputAudioBufferCommitted(item_id=item))
+        turn = self._speculative_turn()
+        if turn is not None:
+            turn.trace.mark("speech_end", speech_end_at)
+            turn.trace.mark("vad_end", now)
+            turn.trace.info["speculative"] = True
+            self.conv.turns.commit(turn)
+            if turn.user_text is not None:
+                self.conv.add_user_message(turn)
+        elif self._turn_audio is not None:
+            self._start_voice_turn(self._turn_audio, committed=True, speech_end_at=speech_end_at, vad_end_at=now)
+
+    def _do_discard(self, d: Discard) -> None:
+        self._end_utterance(d.end_utterance, time.monotonic())
+        self._do_drop(DropTurn(d.utterance))
+
+    def _do_drop(self, d: DropTurn) -> None:
+        turn = self._speculative_turn()
+        if turn is not None:
+            self.conv.turns.interrupt("speech_resumed")
+            self.conv.traces.record(turn.trace, "discarded")
+
+    def _end_utterance(self, reset_vad: bool, now: float) -> float:
+        """``speech_stopped`` for the utterance (the VAD's too, if it still runs); returns when speech ended."""
+        assert self._vad is not None
+        if reset_vad:
+            self._vad.reset()
+        self._send(ev.InputAudioBufferSpeechStopped(audio_end_ms=self._speech_end_ms,
+                                                    item_id=self._user_item or new_id("item")))
+        return now - (self._vad.stream_ms - self._speech_end_ms) / 1000
+
+    def _speculative_turn(self) -> Turn | None:
+        turn = self.conv.turns.current
+        if turn is not None and not turn.committed and turn.utterance == self._utterance:
+            return turn
+        return None
+
+    def _do_score(self, d: Score) -> None:
+        audio, worker = self._turn_audio, self.engines.turn
+        if audio is not None and worker is not None and self._taking is not None:
+            self._side_task(self._score(worker, audio, self._taking, d.utterance))
+
+    async def _score(self, worker: Any, audio: np.ndarray, taking: TurnTaking, utterance: int) -> None:
+        t0 = time.monotonic()
+        try:
+            probability = await worker.submit(lambda model: model.score(audio), priority=URGENT)
+        except VoxloopError as exc:
+            log.warning("%s: end-of-turn score failed (%s); waiting for silence", self.conv.id, exc)
+            return
+        turn = self._speculative_turn()
+        if turn is not None:
+            turn.trace.info.update(end_of_turn=round(probability, 3),
+                                   end_of_turn_ms=round(1000 * (time.monotonic() - t0), 1))
+        if self._vad is not None and self._taking is taking:  # not a stream of an older turn_detection
+            self._perform(taking.scored(utterance, probability, self._vad.stream_ms, self.conv.audible()))
+
+    def _do_transcribe(self, d: Transcribe) -> None:
+        if self._turn_audio is not None and self._taking is not None:
+            self._side_task(self._transcribe_burst(self._turn_audio, self._taking, d.utterance))
+
+    async def _transcribe_burst(self, audio: np.ndarray, taking: TurnTaking, utterance: int) -> None:
+        """Words of speech over the paused reply (a cough has none)."""
+        language = self._language()
+        try:
+            result = await self.engines.asr.transcribe(audio, language, priority=URGENT)
+            text = result.text.strip()
+        except VoxloopError:
+            text = "?"  # unknown words: an interruption (the reply is cancelled, as without pausing)
+        if self._taking is taking:
+            self._perform(taking.transcribed(utterance, text))
+
+    def _side_task(self, coro: Awaitable[None]) -> None:
+        task = asyncio.create_task(coro)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+        task.add_done_callback(self.conv.task_done)
+
+    def _do_barge_in(self, d: BargeIn) -> None:
+        paused = self.conv.reply_turn()
+        if paused is not None and paused.paused_at is not None:  # the client holds its audio: drop it
+            self._send(ev.XOutputAudioBufferCleared(response_id=paused.response_id, item_id=paused.item_id,
+                                                    audio_end_ms=round(paused.heard_ms())))
+        self.conv.interrupt("turn_detected")
+
+    def _do_pause(self, d: PauseReply) -> None:
+        turn = self.conv.reply_turn()
+        if turn is not None:
+            heard = turn.pause_playback()
+            self._send(ev.XOutputAudioBufferPaused(response_id=turn.response_id, item_id=turn.item_id,
+                                                   audio_end_ms=round(heard)))
+
+    def _do_resume(self, d: ResumeReply) -> None:
+        turn = self.conv.reply_turn()
+        if turn is not None and turn.paused_at is not None:
+            turn.resume_playback()
+            self._send(ev.XOutputAudioBufferResumed(response_id=turn.response_id, item_id=turn.item_id))
+
+    def _reply_stopped(self) -> None:
+        if self._taking is not None:
+            self._taking.reply_ended()
+
+    # ------------------------------------------------------------------ partial transcripts
+    def _maybe_partial(self) -> None:
+        vad = self._vad
+        interval = self.cfg.asr.partial_interval_ms
+        if (interval <= 0 or vad is None or not vad.in_speech or vad.stream_ms < self._next_partial_ms
+                or self._partial_task is not None or not self.engines.asr.idle()):
+            return  # partials are opportunistic: never queue behind real work
+        audio = vad.utterance_so_far()
+        if audio is None:
+            return
+        self._next_partial_ms = vad.stream_ms + interval
+        self._partial_task = asyncio.create_task(self._partial(audio, self._utterance, self._user_item))
+
+    async def _partial(self, audio: np.ndarray, utterance: int, item: str | None) -> None:
+        try:
+            language = self._language()
+            result = await self.engines.asr.transcribe(audio, language, priority=BACKGROUND)
+            text = result.text.strip()
+            if utterance == self._utterance and item and text.startswith(self._partial_text) and text != self._partial_text:
+                delta = text[len(self._partial_text):]
+                self._partial_text = text
+                self._send(ev.InputAudioTranscriptionDelta(item_id=item, delta=delta))
+        except VoxloopError:
+            pass  # a partial is a courtesy; the final transcript reports real errors
+        finally:
+            self._partial_task = None
+
+    def _language(self) -> str | None:
+        """The session's transcription language, else the server's ``asr.language``."""
+        transcription = self._settings().audio.input.transcription
+        if transcription is not None and transcription.language:
+            return transcription.language
+        return self.cfg.asr.language
+
+    # ------------------------------------------------------------------ voice turns
+    def _start_voice_turn(self, audio: np.ndarray, committed: bool,
+                          speech_end_at: float | None = None, vad_end_at: float | None = None) -> None:
+        self.conv.interrupt("turn_detected")
+        turn = self.conv.new_turn(self._mode, committed, self._utterance)
+        if self._speech_start_at is not None and self._vad is not None:
+            turn.trace.mark("speech_start", self._speech_start_at)
+        if speech_end_at is not None:
+            turn.trace.mark("speech_end", speech_end_at)
+        if vad_end_at is not None:
+            turn.trace.mark("vad_end", vad_end_at)
+        turn.user_item_id = self._user_item or new_id("item")
+        turn.trace.info["audio_ms"] = round(1000 * len(audio) / ASR_RATE)
+        self.conv.spawn(turn, self._voice_turn(turn, audio))
+
+    async def _voice_turn(self, turn: Turn, audio: np.ndarray) -> None:
+        conv = self.conv
+        item = turn.user_item_id or new_id("item")
+        previous = turn.previous_item_id = conv.history.last_item_id()
+        conv.turns.emit(turn, ev.ConversationItemAdded(item=conv.user_message(item, "in_progress"),
+                                                       previous_item_id=previous))
+        try:
+            turn.trace.mark("asr_start")
+            language = self._language()
+            priority = NORMAL if turn.committed else BACKGROUND
+            result = await self.engines.asr.transcribe(audio, language, priority=priority, cancel=turn.cancel)
+            turn.trace.mark("asr_final")
+            text = result.text.strip()
+            turn.user_text = text
+            conv.turns.emit(turn, ev.InputAudioTranscriptionCompleted(
+                item_id=item, transcript=text, usage=ev.TranscriptionUsage(seconds=len(audio) / ASR_RATE)))
+            conv.turns.emit(turn, ev.ConversationItemDone(item=conv.user_message(item, "completed", text),
+                                                          previous_item_id=previous))
+            if not text:
+                await turn.released.wait()
+                conv.finish(turn, "empty_transcript")
+                return
+            if turn.committed:
+                conv.add_user_message(turn)
+            await conv.reply(turn, pending_user=None if turn.committed else text)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported to the client, the session goes on
+            conv.fail(turn, exc)
+
+
+_DECISIONS: dict[type, Callable[[VoiceInput, Any], None]] = {
+    StartTurn: VoiceInput._do_start,
+    Commit: VoiceInput._do_commit,
+    DropTurn: VoiceInput._do_drop,
+    Discard: VoiceInput._do_discard,
+    Score: VoiceInput._do_score,
+    Transcribe: VoiceInput._do_transcribe,
+    BargeIn: VoiceInput._do_barge_in,
+    PauseReply: VoiceInput._do_pause,
+    ResumeReply: VoiceInput._do_resume,
+}

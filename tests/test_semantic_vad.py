@@ -1,0 +1,155 @@
+"""semantic_vad through the WebSocket: the end-of-turn score decides when the turn ends, and speech
+over a reply pauses it (resumed after a cough or "mm-hm", cancelled by words). Fakes stand in for
+ASR, LLM and the end-of-turn model (this is orchestration); the TTS is the real CPU engine."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from client_fakes import FakeASR, FakeLLM, real_tts_engines, start_hub
+from conftest import scaled
+from rt import recv, until, user_text
+from test_contract import CLAUSES, quiet, send_audio, session, types
+
+pytestmark = pytest.mark.timeout(scaled(120))
+SEMANTIC = {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "medium"}}}}
+
+
+class FakeTurnModel:
+    """Scores every utterance ``probability``; records the length of each audio it saw."""
+
+    def __init__(self, probability: float) -> None:
+        self.probability = probability
+        self.samples: list[int] = []
+        self.lock = threading.Lock()
+
+    def score(self, pcm):
+        with self.lock:
+            self.samples.append(len(pcm))
+        return self.probability
+
+
+@pytest.fixture(scope="module")
+def tts_engines():
+    return real_tts_engines()
+
+
+async def _hub(tts_engines, turn, *overrides, asr=None, llm=None):
+    from pipeline.engines import Engines
+    from pipeline.hub import Hub
+    from voxloop.config import load_config
+
+    cfg = load_config(None, ["server.port=0", "trace.path=none", "asr.partial_interval_ms=0", *overrides], environ={})
+    hub = Hub(cfg, Engines.from_parts(cfg, asr or FakeASR(), llm or FakeLLM(), tts_engines, turn=turn))
+    await hub.start()
+    return hub
+
+
+async def test_a_complete_score_ends_the_turn_at_the_short_pause(tts_engines):
+    turn = FakeTurnModel(0.99)
+    hub = await _hub(tts_engines, turn)
+    try:
+        ws = await session(hub, SEMANTIC)
+        await send_audio(ws, ("speech", 0.8), ("silence", 1.0))
+        metrics, seen = await until(ws, "x.turn.metrics")
+        stages = metrics["metrics"]["stages_ms"]
+        # The turn ended ~200 ms after the speech (VAD pause + score), not at the 500 ms silence stop.
+        assert stages["vad_end"] - stages["speech_end"] < 450, stages
+        assert metrics["metrics"]["end_of_turn"] == 0.99 and metrics["metrics"]["speculative"] is True
+        kinds = types(seen)
+        assert kinds.count("input_audio_buffer.committed") == 1 and kinds.count("response.done") == 1
+        assert kinds.index("input_audio_buffer.speech_stopped") < kinds.index("input_audio_buffer.committed")
+        assert set(types(await quiet(ws))) <= set()  # the late VAD end makes no second turn
+        await ws.close()
+    finally:
+        await hub.stop()
+
+
+async def test_an_incomplete_score_waits_through_a_long_pause(tts_engines):
+    turn, asr = FakeTurnModel(0.05), FakeASR("book a table for four")
+    hub = await _hub(tts_engines, turn, asr=asr)
+    try:
+        ws = await session(hub, SEMANTIC)
+        # 800 ms of silence mid-sentence: longer than server_vad's 500 ms stop, shorter than 2000 ms.
+        await send_audio(ws, ("speech", 0.8), ("silence", 0.8), ("speech", 0.8), ("silence", 2.4))
+        _, seen = await until(ws, "response.done")
+        kinds = types(seen)
+        assert kinds.count("input_audio_buffer.committed") == 1, kinds
+        assert len(turn.samples) == 2  # scored at both pauses
+        assert asr.samples[-1] > 16000 * 1.6  # the committed transcript heard both parts
+        await ws.close()
+    finally:
+        await hub.stop()
+
+
+async def _speak_over_reply(tts_engines, asr_text: str, burst: float):
+    """A long reply plays; the user makes a sound of ``burst`` seconds that ASR hears as ``asr_text``."""
+    llm = FakeLLM(" ".join(CLAUSES), delay_s=0.06)  # still being made when the burst is judged
+    hub = await _hub(tts_engines, FakeTurnModel(0.99), "vad.barge_in_min_ms=250", asr=FakeASR(asr_text), llm=llm)
+    ws = await session(hub, SEMANTIC)
+    for m in user_text("How is the weather?"):
+        await ws.send(m)
+    seen = []
+    while len([e for e in seen if e["type"] == "response.output_audio.delta"]) < 5:
+        seen.append(await recv(ws))
+    await ws.send(json.dumps({"type": "x.playback", "item_id": seen[-1]["item_id"], "audio_end_ms": 300}))
+    await send_audio(ws, ("speech", burst), ("silence", 1.2))
+    return hub, ws, llm
+
+
+async def test_a_short_burst_over_the_reply_pauses_then_resumes_it(tts_engines):
+    hub, ws, _ = await _speak_over_reply(tts_engines, "", burst=0.15)
+    try:
+        done, seen = await until(ws, "response.done")
+        kinds = types(seen)
+        assert done["response"]["status"] == "completed", kinds
+        paused = kinds.index("x.output_audio_buffer.paused")
+        assert paused + 1 == kinds.index("input_audio_buffer.speech_started")  # paused first
+        assert kinds.index("x.output_audio_buffer.resumed") > paused
+        assert "input_audio_buffer.committed" not in kinds
+        await ws.close()
+    finally:
+        await hub.stop()
+
+
+@pytest.mark.parametrize(("heard", "resumed"), [("Mm-hmm.", True), ("[coughing]", True), ("Wait, stop.", False)])
+async def test_the_words_of_speech_over_the_reply_decide(tts_engines, heard, resumed):
+    hub, ws, llm = await _speak_over_reply(tts_engines, heard, burst=0.5)
+    try:
+        done, seen = await until(ws, "response.done")
+        kinds = types(seen)
+        assert "x.output_audio_buffer.paused" in kinds
+        if resumed:
+            assert done["response"]["status"] == "completed" and "x.output_audio_buffer.resumed" in kinds
+            assert "input_audio_buffer.committed" not in kinds
+        else:
+            assert done["response"]["status_details"] == {"type": "cancelled", "reason": "turn_detected"}
+            assert "x.output_audio_buffer.resumed" not in kinds
+            assert "x.output_audio_buffer.cleared" in kinds, kinds
+            assert kinds.index("x.output_audio_buffer.cleared") < kinds.index("response.done")
+            nxt, _ = await until(ws, "response.done")  # the interruption is a turn of its own
+            assert nxt["response"]["status"] == "completed"
+            assert llm.seen[-1][-1] == {"role": "user", "content": heard}
+        await ws.close()
+    finally:
+        await hub.stop()
+
+
+async def test_server_vad_still_cancels_at_once(tts_engines):
+    hub = await start_hub(tts_engines, "vad.barge_in_min_ms=150", "asr.partial_interval_ms=0",
+                          llm=FakeLLM(" ".join(CLAUSES), delay_s=0.02))
+    try:
+        ws = await session(hub)
+        for m in user_text("How is the weather?"):
+            await ws.send(m)
+        await until(ws, "response.output_audio.delta")
+        await send_audio(ws, ("speech", 0.6), ("silence", 0.8))
+        done, seen = await until(ws, "response.done")
+        assert done["response"]["status"] == "cancelled"
+        assert "x.output_audio_buffer.paused" not in types(seen)
+        await ws.close()
+    finally:
+        await hub.stop()

@@ -1,0 +1,202 @@
+"""The turn-taking state machine, table-driven: inputs in, decisions out; no event loop, no clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.turn_taking import (
+    EAGERNESS,
+    BargeIn,
+    Commit,
+    Discard,
+    DropTurn,
+    PauseReply,
+    Policy,
+    ResumeReply,
+    Score,
+    StartTurn,
+    Transcribe,
+    TurnTaking,
+    is_backchannel,
+)
+
+SERVER = Policy(silence_ms=500, barge_in_min_ms=250)
+SEMANTIC = Policy.semantic_vad("medium", silence_ms=500, barge_in_min_ms=250, max_silence_ms=2000,
+                               pause_on_speech=True, pause_max_speech_ms=1500)
+SEMANTIC_NO_PAUSE = Policy.semantic_vad("medium", silence_ms=500, barge_in_min_ms=250, max_silence_ms=2000,
+                                        pause_on_speech=False, pause_max_speech_ms=1500)
+
+# Each step: (method, args..., expected decisions). "audible" is the assistant's reply playing.
+CASES = {
+    "server_vad: speculate at the pause, commit at the VAD's end": (SERVER, [
+        ("speech_started", 1000, False, []),
+        ("tick", 1500, False, []),
+        ("paused", 2000, False, [StartTurn(1, speculative=True)]),
+        ("tick", 2600, False, []),  # the VAD decides the end, not the clock
+        ("speech_ended", 2000, False, False, [Commit(1)]),
+    ]),
+    "server_vad: speech resumes after the pause: the speculation is dropped": (SERVER, [
+        ("speech_started", 0, False, []),
+        ("paused", 800, False, [StartTurn(1, speculative=True)]),
+        ("resumed", 1100, [DropTurn(1)]),
+        ("paused", 1900, False, [StartTurn(1, speculative=True)]),
+        ("speech_ended", 1900, False, False, [Commit(1)]),
+    ]),
+    "server_vad: speech over the reply for barge_in_min_ms interrupts, then is a turn": (SERVER, [
+        ("speech_started", 0, True, []),
+        ("tick", 200, True, []),
+        ("tick", 260, True, [BargeIn()]),
+        ("tick", 400, True, []),  # once
+        ("paused", 900, False, [StartTurn(1, speculative=True)]),
+        ("speech_ended", 900, False, False, [Commit(1)]),
+    ]),
+    "server_vad: a cough over the reply is no turn and no barge-in": (SERVER, [
+        ("speech_started", 0, True, []),
+        ("paused", 150, True, []),  # no speculation while the reply plays
+        ("speech_ended", 150, False, True, [Discard(1)]),
+        ("tick", 1000, True, []),
+    ]),
+    "semantic: a complete score commits at the pause": (SEMANTIC, [
+        ("speech_started", 0, False, []),
+        ("paused", 1200, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("tick", 1300, False, []),
+        ("scored", 1, 0.95, 1390, False, [Commit(1, end_utterance=True)]),
+        ("speech_ended", 3200, False, False, []),  # the VAD was reset; a late end changes nothing
+    ]),
+    "semantic: a score just under complete waits for the silence stop": (SEMANTIC, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.8999, 1250, False, []),
+        ("tick", 1490, False, []),
+        ("tick", 1501, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "semantic: an unsure score waits longer, in proportion": (SEMANTIC, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.6, 1250, False, []),  # half way: 500 + 1500 / 2
+        ("tick", 2240, False, []),
+        ("tick", 2250, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "semantic: an incomplete score waits through a long pause; speech goes on": (SEMANTIC, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.1, 1250, False, []),
+        ("tick", 1600, False, []),  # past the silence stop: still waiting
+        ("resumed", 1700, [DropTurn(1)]),
+        ("paused", 2500, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.97, 2700, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "semantic: incomplete for ever ends at max_silence_ms": (SEMANTIC, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.05, 1200, False, []),
+        ("tick", 2990, False, []),
+        ("tick", 3000, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "semantic: a score that arrives after speech resumed is stale": (SEMANTIC, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("resumed", 1100, [DropTurn(1)]),
+        ("scored", 1, 0.99, 1150, False, []),
+    ]),
+    "semantic: a burst over the reply: its empty transcript resumes the reply": (SEMANTIC, [
+        ("speech_started", 0, True, [PauseReply()]),
+        ("tick", 300, True, []),
+        ("paused", 350, True, [Transcribe(1)]),
+        ("transcribed", 1, "", [ResumeReply(), Discard(1, end_utterance=True)]),
+        ("speech_ended", 850, False, True, []),
+    ]),
+    "semantic: a short burst ends before its words: resumed at once": (SEMANTIC, [
+        ("speech_started", 0, True, [PauseReply()]),
+        ("paused", 120, True, [Transcribe(1)]),
+        ("tick", 620, True, [ResumeReply(), Discard(1, end_utterance=True)]),
+        ("transcribed", 1, "", []),
+    ]),
+    "semantic: 'mm-hm' over the reply resumes it": (SEMANTIC, [
+        ("speech_started", 0, True, [PauseReply()]),
+        ("paused", 400, True, [Transcribe(1)]),
+        ("transcribed", 1, "Mm-hmm.", [ResumeReply(), Discard(1, end_utterance=True)]),
+    ]),
+    "semantic: words over the reply cancel it and take the turn": (SEMANTIC, [
+        ("speech_started", 0, True, [PauseReply()]),
+        ("paused", 700, True, [Transcribe(1)]),
+        ("transcribed", 1, "Wait, stop.", [BargeIn(), StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.95, 1000, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "semantic: words known only after the VAD ended the burst": (SEMANTIC, [
+        ("speech_started", 0, True, [PauseReply()]),
+        ("paused", 700, True, [Transcribe(1)]),
+        ("tick", 1200, True, []),  # the silence stop: the words decide, still unknown
+        ("speech_ended", 700, False, True, []),
+        ("transcribed", 1, "No, the other one", [BargeIn(), Commit(1)]),
+    ]),
+    "semantic: long speech over the paused reply cancels it without waiting for words": (SEMANTIC, [
+        ("speech_started", 0, True, [PauseReply()]),
+        ("tick", 1400, True, []),
+        ("tick", 1500, True, [BargeIn()]),
+        ("paused", 2100, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.9, 2300, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "semantic: new speech while the words of a burst are pending: an interruption": (SEMANTIC, [
+        ("speech_started", 0, True, [PauseReply()]),
+        ("paused", 400, True, [Transcribe(1)]),
+        ("speech_ended", 400, False, True, []),
+        ("speech_started", 1300, False, [BargeIn(), Commit(1)]),
+        ("transcribed", 1, "", []),
+    ]),
+    "semantic without pause_on_speech: barge-in as server_vad": (SEMANTIC_NO_PAUSE, [
+        ("speech_started", 0, True, []),
+        ("tick", 250, True, [BargeIn()]),
+    ]),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_turn_taking(name):
+    policy, steps = CASES[name]
+    tt = TurnTaking(policy)
+    for i, (method, *args, expected) in enumerate(steps):
+        got = getattr(tt, method)(*args)
+        assert got == expected, f"step {i} {method}{tuple(args)}"
+
+
+def test_reply_ended_forgets_a_pause():
+    tt = TurnTaking(SEMANTIC)
+    assert tt.speech_started(0, audible=True) == [PauseReply()]
+    tt.reply_ended()  # e.g. the client cancelled the response
+    assert not tt.reply_paused
+    assert tt.paused(700, audible=False) == [StartTurn(1, speculative=True), Score(1)]
+
+
+@pytest.mark.parametrize(("text", "backchannel"), [
+    ("", True), ("Mm-hmm.", True), ("Uh-huh", True), ("[coughing]", True), ("(coughs) you", True),
+    ("Okay.", True), ("Yeah, okay.", True), ("Wait.", False), ("Stop talking", False), ("What?", False),
+])
+def test_backchannels(text, backchannel):
+    assert is_backchannel(text) is backchannel
+
+
+def test_wait_grows_from_the_silence_stop_to_the_maximum():
+    assert SEMANTIC.wait_ms(0.9) == 500 and SEMANTIC.wait_ms(0.3) == SEMANTIC.wait_ms(0.0) == 2000
+    assert 500 < SEMANTIC.wait_ms(0.7) < SEMANTIC.wait_ms(0.5) < 2000
+
+
+def test_eagerness_orders_thresholds_and_waits():
+    low, medium, high = (Policy.semantic_vad(e, 500, 250, 2000, True, 1500) for e in ("low", "medium", "high"))
+    assert low.complete > medium.complete > high.complete
+    assert low.max_silence_ms > medium.max_silence_ms > high.max_silence_ms >= 500
+    assert EAGERNESS["auto"] == EAGERNESS["medium"]
+    assert SERVER.vad_silence_ms == 500 and medium.vad_silence_ms == 2000
+
+
+def test_a_paused_reply_is_heard_no_further_until_resumed():
+    from pipeline.trace import TurnTrace
+    from pipeline.turn import Turn
+
+    turn = Turn(1, "resp_1", "item_1", TurnTrace(1, "s", "semantic_vad"), committed=True)
+    turn.audio_sent_ms, turn.first_audio_at = 5000.0, 100.0  # no playback reports: wall-clock estimate
+    assert turn.heard_ms(now=101.0) == 1000
+    assert turn.pause_playback(now=101.0) == 1000
+    assert turn.heard_ms(now=103.0) == 1000 and turn.still_audible(now=103.0)  # frozen while paused
+    turn.resume_playback(now=103.0)
+    assert turn.heard_ms(now=103.5) == 1500  # plays on from where it stopped
