@@ -90,7 +90,7 @@ class OnnxTtsEngine:
             from tts_engine.chunked_voice import resolve_chunked_voice
 
             chunked_dir = resolve_chunked_voice(cfg).path  # exported here on first use
-        return cls(
+        engine = cls(
             voice,
             threads=tts.onnx_threads,
             workers=tts.onnx_workers,
@@ -99,6 +99,17 @@ class OnnxTtsEngine:
             chunked_dir=chunked_dir,
             chunk_plan=ChunkPlan(tts.chunk_frames, tts.tail_chunk_frames or ChunkPlan.tail_frames),
         )
+        engine.reserve_memory()
+        return engine
+
+    def reserve_memory(self) -> None:
+        """Size the whole-sentence sessions' arenas at start for the longest clause they keep
+        (``OnnxVits.reserve_arena``): a server's memory then stays flat under load. About one
+        second of CPU per session."""
+        if self.model is not None:
+            scales, _, _ = self._resolve(None)
+            (ids,) = self.frontend.sentence_ids("The quick brown fox jumps over the lazy dog, twice.")
+            self.model.reserve_arena(ids, scales)
 
     @property
     def streaming(self) -> bool:
