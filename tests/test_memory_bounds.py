@@ -113,3 +113,37 @@ def test_clauses_of_every_length_fit_the_arena_reserved_at_start():
     assert max(a["mmapped"] for a in after) < loaded["mmapped"] + 8 * MIB, (loaded, mib)
     # ... and RSS only grows by the pages of the reserved regions that runs touch for the first time.
     assert max(a["rss"] for a in after) < loaded["rss"] + 48 * MIB, (loaded, mib)
+
+
+async def test_every_hub_gives_the_heap_back_only_while_no_session_is_open(monkeypatch):
+    # Each server process runs one Hub (front-end processes of ``server.front_ends`` too), so the
+    # Hub is where the idle trim lives; sessions here are placeholders (no models needed).
+    import asyncio
+
+    from pipeline.engines import Engines
+    from pipeline.hub import Hub
+    from voxloop.config import load_config
+
+    cfg = load_config(None, ["server.port=0", "trace.path=none"], environ={})
+    hub = Hub(cfg, Engines(cfg))
+    trims: list[int] = []
+    monkeypatch.setattr(heap, "IDLE_TRIM_EVERY_S", 0.01)
+    monkeypatch.setattr(heap, "trim", lambda: trims.append(len(hub.sessions)) or True)
+
+    async def trims_after(wait_s: float) -> int:
+        before = len(trims)
+        await asyncio.sleep(wait_s)
+        return len(trims) - before
+
+    await hub.start()
+    try:
+        assert await trims_after(scaled(0.5)) > 0
+        hub.sessions["open"] = object()  # type: ignore[assignment]
+        await asyncio.sleep(0.05)  # a look already past its check may still trim once
+        assert await trims_after(0.3) == 0
+        del hub.sessions["open"]
+        assert await trims_after(scaled(0.5)) > 0
+    finally:
+        await hub.stop(grace_s=0)
+    assert await trims_after(0.1) == 0
+    assert set(trims) == {0}
