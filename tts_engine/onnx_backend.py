@@ -35,7 +35,8 @@ _INPUTS = ("input", "input_lengths", "scales")
 #: measured: 200-350 MB above the loaded model for clauses of 340-460 ids, 460 being a
 #: 200-character clause, the longest an LLM reply clause gets with ``tts.clause_max_chars``;
 #: about 400 MB for 800 ids, the frontend's 400-phoneme sentence limit). Up to this length the
-#: arena is reused as it is: shrinking it after every run costs about 13 % more CPU per clause.
+#: arena is reused as it is (``OnnxVits.reserve_arena`` sizes it for this length at load):
+#: shrinking it after every run costs about 13 % more CPU per clause.
 SHRINK_ARENA_ABOVE_IDS = 512
 _SHRINK_ARENA = ort.RunOptions()
 _SHRINK_ARENA.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
