@@ -31,13 +31,13 @@ log = logging.getLogger(__name__)
 _MAX_WAV_VALUE = 32767.0
 _INPUTS = ("input", "input_lengths", "scales")
 #: Inputs longer than this many phoneme ids give back onnxruntime's arena growth after their run.
-#: The CPU arena keeps what its largest runs needed, grown in power-of-two steps (bundled voice,
-#: measured: 200-350 MB above the loaded model for clauses of 340-460 ids, 460 being a
-#: 200-character clause, the longest an LLM reply clause gets with ``tts.clause_max_chars``;
-#: about 400 MB for 800 ids, the frontend's 400-phoneme sentence limit). Up to this length the
-#: arena is reused as it is (``OnnxVits.reserve_arena`` sizes it for this length at load):
-#: shrinking it after every run costs about 13 % more CPU per clause.
-SHRINK_ARENA_ABOVE_IDS = 512
+#: It is the longest sentence the text frontend makes (``MAX_SENTENCE_PHONEMES`` = 400: BOS, pad, a pad
+#: after each phoneme, EOS), and ``OnnxVits.reserve_arena`` sizes each session's arena for it at
+#: load (bundled voice: 513 MB of regions, grown in power-of-two steps up to 256 MB; a 200-character
+#: LLM clause of ~460 ids uses about 250 MB of it). Only raw id input can be longer; giving its
+#: growth back frees the reserved regions too, and the arena grows again as clauses come.
+#: Shrinking after every run would cost about 13 % more CPU per clause.
+SHRINK_ARENA_ABOVE_IDS = 803
 _SHRINK_ARENA = ort.RunOptions()
 _SHRINK_ARENA.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
 
