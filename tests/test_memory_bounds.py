@@ -147,3 +147,18 @@ async def test_every_hub_gives_the_heap_back_only_while_no_session_is_open(monke
         await hub.stop(grace_s=0)
     assert await trims_after(0.1) == 0
     assert set(trims) == {0}
+
+
+def test_no_sentence_of_the_frontend_is_longer_than_the_reserved_arena():
+    from tts_engine.frontend import MAX_SENTENCE_PHONEMES, TextFrontend
+    from tts_engine.onnx_backend import SHRINK_ARENA_ABOVE_IDS
+    from tts_engine.voice import Voice
+    from voxloop import models
+    from voxloop.config import load_config
+
+    cfg = load_config(None, [], environ={})
+    path = models.resolve_voice(cfg).path
+    frontend = TextFrontend(Voice.load(path, models.voice_config_path(cfg, path)).config)
+    endless = " ".join(WORDS * 10)  # one sentence of 640 words: split at MAX_SENTENCE_PHONEMES
+    lengths = [len(ids) for ids in frontend.sentence_ids(endless)]
+    assert len(lengths) > 1 and max(lengths) <= SHRINK_ARENA_ABOVE_IDS == 2 * MAX_SENTENCE_PHONEMES + 3

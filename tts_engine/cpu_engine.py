@@ -103,9 +103,9 @@ class OnnxTtsEngine:
         return engine
 
     def reserve_memory(self) -> None:
-        """Size the whole-sentence sessions' arenas at start for the longest clause they keep
-        (``OnnxVits.reserve_arena``): a server's memory then stays flat under load. About one
-        second of CPU per session."""
+        """Size the whole-sentence sessions' arenas at start for the longest sentence the frontend
+        makes (``OnnxVits.reserve_arena``): a server's memory then stays flat under load. About two
+        seconds of CPU per session on a 2-core VM."""
         if self.model is not None:
             scales, _, _ = self._resolve(None)
             (ids,) = self.frontend.sentence_ids("The quick brown fox jumps over the lazy dog, twice.")

@@ -137,7 +137,7 @@ class OnnxVits:
 
     def reserve_arena(self, ids: Sequence[int], scales: InferenceScales) -> None:
         """Run every session once on ``ids`` tiled to ``SHRINK_ARENA_ABOVE_IDS`` ids: each arena then
-        holds what the longest clause it keeps needs, at start, instead of growing in the first turns."""
+        holds what the longest input it keeps needs, at start, instead of growing under load."""
         longest = (list(ids) * (SHRINK_ARENA_ABOVE_IDS // max(1, len(ids)) + 1))[:SHRINK_ARENA_ABOVE_IDS]
         sessions = [self._free.get() for _ in range(self.workers)]
         try:
