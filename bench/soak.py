@@ -9,7 +9,8 @@ the parent samples the server: RSS and USS (psutil), open files, threads, and fr
 ``/metrics`` its asyncio tasks, outbox sizes, open sessions, turns and (on CUDA) the GPU pool.
 After the talkers stop, sampling goes on for ``--idle-s`` with no session open.
 
-A turn is *missed* when its reply does not complete within ``--turn-timeout-s``, or an
+A turn is *missed* when its reply does not end within ``--turn-timeout-s`` as ``completed``
+(or ``incomplete`` at ``max_output_tokens``: a whole reply cut at ``llm.max_tokens``), or an
 ``x.tts.speak`` does not complete. Summary: RSS at the end of ``--warmup-s`` (the warm
 level), the largest deviation from it under load, the slope after warm-up, the level after
 all sessions closed, and the ranges of threads, files and tasks.
@@ -117,6 +118,11 @@ async def listen(client, reply) -> None:
         await client.report_playback(reply.item_id, reply.audio_s * 1000, finished=True)
 
 
+def answered(reply) -> bool:  # noqa: ANN001 - voxloop.client.Reply
+    """A reply that ended as asked: completed, or cut at ``llm.max_tokens`` (incomplete, max_output_tokens)."""
+    return reply.status == "completed" or (reply.status, reply.reason) == ("incomplete", "max_output_tokens")
+
+
 async def act(action: str, client, mic: Microphone, speech: dict, rng: random.Random, timeout_s: float) -> str | None:
     """Run one scripted action; returns why it missed, or None."""
     question = rng.choice(list(speech))
@@ -124,7 +130,7 @@ async def act(action: str, client, mic: Microphone, speech: dict, rng: random.Ra
         mic.say(speech[question])
         reply = await client.collect_response(timeout_s=timeout_s)
         await listen(client, reply)
-        return None if reply.status == "completed" else f"voice: {reply.status} {reply.reason}"
+        return None if answered(reply) else f"voice: {reply.status} {reply.reason}"
     if action == "barge_in":
         mic.say(speech[question])
         await client.wait_for("response.output_audio.delta", timeout_s)
@@ -134,7 +140,7 @@ async def act(action: str, client, mic: Microphone, speech: dict, rng: random.Ra
         first = await client.collect_response(timeout_s=timeout_s)
         reply = await client.collect_response(timeout_s=timeout_s)
         await listen(client, reply)
-        if reply.status != "completed":
+        if not answered(reply):
             return f"barge_in: second reply {reply.status} {reply.reason} (first {first.status} {first.reason})"
         return None
     if action == "push_to_talk":
@@ -146,7 +152,7 @@ async def act(action: str, client, mic: Microphone, speech: dict, rng: random.Ra
         await listen(client, reply)
         await client.update_session(audio={"input": {"turn_detection": {"type": "server_vad"}}})
         mic.unmute()
-        return None if reply.status == "completed" else f"push_to_talk: {reply.status} {reply.reason}"
+        return None if answered(reply) else f"push_to_talk: {reply.status} {reply.reason}"
     if action == "speak":
         result = await client.speak(SPEAK_TEXT, timeout_s=timeout_s)
         return None if result.status == "completed" and result.audio_ms > 0 else f"speak: {result.status}"

@@ -173,6 +173,9 @@ def run_front_end(cfg: Config, engine_socket: str, llm_socket: str | None, share
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s front-end-{index} %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from pipeline import heap
+
+    heap.limit_arenas()  # a spawned process starts with glibc's defaults; its Hub trims when idle
     asyncio.run(_front_end(cfg, engine_socket, llm_socket, shared, loaded))
 
 

@@ -62,8 +62,13 @@ def trim() -> bool:
     return malloc_trim is not None and bool(malloc_trim(0))
 
 
-async def trim_when_idle(open_sessions: Callable[[], int], every_s: float = 30.0) -> None:
-    """Every ``every_s`` seconds with no session open, ``trim()`` (a few ms: the heap is small).
+#: Seconds between two looks at the session count by ``trim_when_idle``.
+IDLE_TRIM_EVERY_S = 30.0
+
+
+async def trim_when_idle(open_sessions: Callable[[], int], every_s: float | None = None) -> None:
+    """Every ``every_s`` seconds (``IDLE_TRIM_EVERY_S``) with no session open, ``trim()`` (a few ms:
+    the heap is small). Each server process runs one (``Hub.start``), front ends included.
 
     Runs until cancelled. Under load the free heap is reused as it is; trimming there would
     only make the next turns fault their pages in again.
@@ -71,6 +76,6 @@ async def trim_when_idle(open_sessions: Callable[[], int], every_s: float = 30.0
     if _glibc("malloc_trim") is None:
         return
     while True:
-        await asyncio.sleep(every_s)
+        await asyncio.sleep(IDLE_TRIM_EVERY_S if every_s is None else every_s)
         if open_sessions() == 0:
             trim()

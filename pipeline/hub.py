@@ -34,6 +34,7 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
+from pipeline import heap
 from pipeline.deflate import AudioPassthroughDeflateFactory
 from pipeline.engines import Engines
 from pipeline.loadwatch import LoopLagMonitor, QueueDepthCollector, SendCounters
@@ -109,6 +110,7 @@ class Hub:
         self.draining = False
         self._server: Server | None = None
         self._conn_tasks: set[asyncio.Task] = set()
+        self._heap_trimmer: asyncio.Task | None = None
 
     def tts_memory_report(self) -> dict | None:
         """The GPU TTS engine's memory figures once loaded; None for engines without (CPU)."""
@@ -159,6 +161,8 @@ class Hub:
             ping_timeout=20,
         )
         self.loop_lag.start()
+        # This process's free C heap goes back to the kernel while no session is open (pipeline/heap.py).
+        self._heap_trimmer = asyncio.create_task(heap.trim_when_idle(lambda: len(self.sessions)))
         log.info("voxloop listening on ws://%s:%d%s", self.cfg.server.host, self.port, WS_PATHS[0])
 
     async def serve_until_signal(self) -> None:
@@ -191,6 +195,8 @@ class Hub:
         if self._server is not None:
             await self._server.wait_closed()
         self.loop_lag.stop()
+        if self._heap_trimmer is not None:
+            self._heap_trimmer.cancel()
         self.engines.close()
 
     # ------------------------------------------------------------------ HTTP

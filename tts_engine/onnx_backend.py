@@ -29,12 +29,13 @@ log = logging.getLogger(__name__)
 _MAX_WAV_VALUE = 32767.0
 _INPUTS = ("input", "input_lengths", "scales")
 #: Inputs longer than this many phoneme ids give back onnxruntime's arena growth after their run.
-#: The CPU arena keeps what its largest runs needed, grown in power-of-two steps (bundled voice,
-#: measured: 200-350 MB above the loaded model for clauses of 340-460 ids, 460 being a
-#: 200-character clause, the longest an LLM reply clause gets with ``tts.clause_max_chars``;
-#: about 400 MB for 800 ids, the frontend's 400-phoneme sentence limit). Up to this length the
-#: arena is reused as it is: shrinking it after every run costs about 13 % more CPU per clause.
-SHRINK_ARENA_ABOVE_IDS = 512
+#: It is the longest sentence the text frontend makes (``MAX_SENTENCE_PHONEMES`` = 400: BOS, pad, a pad
+#: after each phoneme, EOS), and ``OnnxVits.reserve_arena`` sizes each session's arena for it at
+#: load (bundled voice: 513 MB of regions, grown in power-of-two steps up to 256 MB; a 200-character
+#: LLM clause of ~460 ids uses about 250 MB of it). Only raw id input can be longer; giving its
+#: growth back frees the reserved regions too, and the arena grows again as clauses come.
+#: Shrinking after every run would cost about 13 % more CPU per clause.
+SHRINK_ARENA_ABOVE_IDS = 803
 _SHRINK_ARENA = ort.RunOptions()
 _SHRINK_ARENA.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
 
@@ -55,12 +56,22 @@ class InferenceScales:
 
 
 def session_options(threads: int) -> ort.SessionOptions:
-    """CPU session options: ``threads`` intra-op threads (0 lets onnxruntime choose), sequential graph."""
+    """CPU session options: ``threads`` intra-op threads (0 lets onnxruntime choose), sequential graph,
+    no memory pattern.
+
+    A memory pattern is planned per input shape, and every clause has a new length: each run asked
+    the arena for one block holding all its activations, kept one more pattern, and when that block
+    did not fit the arena's free space the arena took a new region twice the size of its last one
+    (a one-hour soak: +256 MB after 10 minutes). Without the pattern each tensor takes a chunk of
+    its own and reuses the freed ones: 100 clauses of 40-450 ids settle at the size of the longest
+    (the pattern's arena grew 36 MB over the same clauses, 178 MB more when started at the longest).
+    """
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = max(0, threads)
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.enable_mem_pattern = False
     return opts
 
 
@@ -107,6 +118,12 @@ class OnnxVits:
 
     def infer(self, ids: Sequence[int], scales: InferenceScales, speaker_id: int | None = None) -> np.ndarray:
         """Float32 mono audio for one id sequence (one sentence), at the voice's rate."""
+        run_options = _SHRINK_ARENA if len(ids) > SHRINK_ARENA_ABOVE_IDS else None
+        with self._session() as session:
+            audio = session.run(None, self._feeds(ids, scales, speaker_id), run_options)[0]
+        return audio.reshape(-1)
+
+    def _feeds(self, ids: Sequence[int], scales: InferenceScales, speaker_id: int | None) -> dict[str, np.ndarray]:
         feeds = {
             "input": np.asarray(ids, dtype=np.int64)[np.newaxis, :],
             "input_lengths": np.array([len(ids)], dtype=np.int64),
@@ -114,10 +131,19 @@ class OnnxVits:
         }
         if self.takes_speaker_id:
             feeds["sid"] = np.array([speaker_id or 0], dtype=np.int64)
-        run_options = _SHRINK_ARENA if len(ids) > SHRINK_ARENA_ABOVE_IDS else None
-        with self._session() as session:
-            audio = session.run(None, feeds, run_options)[0]
-        return audio.reshape(-1)
+        return feeds
+
+    def reserve_arena(self, ids: Sequence[int], scales: InferenceScales) -> None:
+        """Run every session once on ``ids`` tiled to ``SHRINK_ARENA_ABOVE_IDS`` ids: each arena then
+        holds what the longest input it keeps needs, at start, instead of growing under load."""
+        longest = (list(ids) * (SHRINK_ARENA_ABOVE_IDS // max(1, len(ids)) + 1))[:SHRINK_ARENA_ABOVE_IDS]
+        sessions = [self._free.get() for _ in range(self.workers)]
+        try:
+            for session in sessions:
+                session.run(None, self._feeds(longest, scales, None))
+        finally:
+            for session in sessions:
+                self._free.put(session)
 
 
 def to_int16(audio: np.ndarray) -> np.ndarray:

@@ -156,6 +156,8 @@ class ReplyBuilder:
         if isinstance(event, ev.InputAudioTranscriptionCompleted | ev.InputAudioTranscriptionFailed):
             self._user(event, now)
             return
+        if isinstance(event, ev.XTurnMetrics):
+            return  # follows its response's response.done: one left unread (e.g. after a barge-in) is stale
         rid = event.response.id if isinstance(event, ev.ResponseCreated | ev.ResponseDone) \
             else getattr(event, "response_id", None)
         if rid is None:

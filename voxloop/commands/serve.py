@@ -53,7 +53,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(cfg) -> None:
-    from pipeline import heap
     from pipeline.engines import Engines
     from pipeline.hub import Hub
 
@@ -62,13 +61,10 @@ async def _serve(cfg) -> None:
     await hub.start()  # /health answers while models load; /ready turns 200 after
     loader = asyncio.create_task(engines.load())
     serving = asyncio.create_task(hub.serve_until_signal())
-    trimmer = asyncio.create_task(heap.trim_when_idle(lambda: len(hub.sessions)))
     await asyncio.wait({loader, serving}, return_when=asyncio.FIRST_COMPLETED)
     if loader.done() and loader.exception() is not None:
         serving.cancel()
-        trimmer.cancel()
         await hub.stop(grace_s=0)
         raise loader.exception()  # a VoxloopError (e.g. ModelError) becomes a clear CLI error
     await serving
-    trimmer.cancel()
     log.info("stopped")
