@@ -29,9 +29,10 @@ import time
 from bench.harness import free_port, pct, result_path, start_server, stop_server, write_json
 
 RATE = 24000
-TEXT = ("Here is a long answer so that there is plenty of speech to interrupt. It goes on for a while, "
-        "clause after clause, the way an assistant explains something step by step. First this, then "
-        "that, and after that one more thing, until the listener has heard enough and says so.")
+#: About a minute of speech: synthesis (faster than real time) must still be running at the cancel.
+TEXT = " ".join(["Here is a long answer so that there is plenty of speech to interrupt. It goes on for a while, "
+                 "clause after clause, the way an assistant explains something step by step. First this, then "
+                 "that, and after that one more thing, until the listener has heard enough and says so."] * 5)
 
 
 async def trial(url: str, seed: int) -> dict:

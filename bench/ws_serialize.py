@@ -4,9 +4,9 @@ For audio deltas (JSON/base64 and binary, 100 and 200 ms at 24 kHz of real speec
 voice) and for the text events of a typical voice turn, measures on this machine, per message:
 
 * serialization: the generic codec (``realtime.events.serialize``, what audio used before) vs the
-  fast path (``realtime.protocol.RealtimeProtocol.send``: a JSON header with binascii base64 spliced
-  in) vs orjson and msgspec encoding the same event dict (base64 by binascii for both; the
-  ``dev`` extra installs them for this comparison only);
+  fast path (``realtime.protocol.RealtimeProtocol.send``: an orjson header with binascii base64
+  spliced in) vs orjson and msgspec encoding the whole event dict (base64 by binascii for both;
+  msgspec comes with the ``dev`` extra for this comparison only);
 * permessage-deflate as websockets' server negotiates it by default (window 2^12, memLevel 5,
   context kept): µs per message and the compressed size / original size.
 

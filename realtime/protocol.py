@@ -27,6 +27,8 @@ import struct
 from functools import cache
 from typing import Any
 
+import orjson
+
 from realtime.events import (
     ClientEvent,
     ErrorEvent,
@@ -173,20 +175,21 @@ def _header_fields(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls) if f.name != "pcm")
 
 
-def _audio_header(event: ResponseOutputAudioDelta | XTtsAudioDelta) -> str:
-    header = {"type": event.type, **{name: getattr(event, name) for name in _header_fields(type(event))}}
-    return json.dumps(header, separators=(",", ":"), ensure_ascii=False)
+def _audio_header(event: ResponseOutputAudioDelta | XTtsAudioDelta) -> bytes:
+    """The header as compact UTF-8 JSON. orjson: the same text as ``json.dumps`` with compact
+    separators and ``ensure_ascii=False``, in 0.5 instead of 4 µs (bench/ws_serialize.py)."""
+    return orjson.dumps({"type": event.type, **{name: getattr(event, name) for name in _header_fields(type(event))}})
 
 
 def encode_audio_json(event: ResponseOutputAudioDelta | XTtsAudioDelta) -> str:
     """The JSON text of an audio delta (same wire form as ``serialize``, built without the codec)."""
     audio = binascii.b2a_base64(pcm16_bytes(event.pcm), newline=False).decode("ascii")
-    return f'{_audio_header(event)[:-1]},"delta":"{audio}"}}'
+    return f'{_audio_header(event)[:-1].decode()},"delta":"{audio}"}}'
 
 
 def encode_audio_frame(event: ResponseOutputAudioDelta | XTtsAudioDelta) -> bytes:
     """``[u16 LE n][n bytes JSON header][PCM16 LE]``; the audio starts at an even offset."""
-    head = _audio_header(event).encode("utf-8")
+    head = _audio_header(event)
     if len(head) % 2:  # 2 + n even, so an Int16Array view of the audio is aligned
         head += b" "
     return _HEADER_LEN.pack(len(head)) + head + pcm16_bytes(event.pcm)
