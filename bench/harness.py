@@ -7,6 +7,7 @@ Every benchmark is a module of this package run from the repository root as
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime as dt
 import json
 import multiprocessing as mp
@@ -376,3 +377,53 @@ def default_voice() -> str:
     from voxloop.config import load_config
 
     return str(models.resolve_voice(load_config()).path)
+
+
+class Mic:
+    """Streams silence continuously (like an open microphone) and speech on demand."""
+
+    def __init__(self, client, rate: int) -> None:
+        self.client = client
+        self.rate = rate  # Hz of the speech given to ``say``
+        self.queue: list[np.ndarray] = []
+        self.speech_end: asyncio.Future | None = None
+        #: When the first speech frame of the last ``say`` was sent (monotonic s), None before.
+        self.speech_start: float | None = None
+        #: Worst lateness of a 20 ms frame since it was last read, s (a busy client process shows here).
+        self.late_max = 0.0
+        self.task = asyncio.create_task(self._run())
+
+    def say(self, pcm: np.ndarray) -> asyncio.Future:
+        self.speech_end = asyncio.get_running_loop().create_future()
+        self.speech_start = None
+        self.queue.append(pcm)
+        return self.speech_end
+
+    def take_late_max_ms(self) -> float:
+        late, self.late_max = self.late_max, 0.0
+        return round(late * 1000, 1)
+
+    async def _run(self) -> None:
+        step = self.rate * 20 // 1000
+        silence = np.zeros(step, np.int16)
+        t_next = time.monotonic()
+        pending = np.zeros(0, np.int16)
+        while True:
+            if not len(pending) and self.queue:
+                pending = self.queue.pop(0)
+            piece, pending = (pending[:step], pending[step:]) if len(pending) else (silence, pending)
+            t_next += step / self.rate
+            await asyncio.sleep(max(0.0, t_next - time.monotonic()))
+            self.late_max = max(self.late_max, time.monotonic() - t_next)
+            await self.client.send_audio(piece, self.rate)
+            if piece is not silence:
+                self.speech_start = self.speech_start or time.monotonic()
+                if not len(pending) and self.speech_end and not self.speech_end.done():
+                    self.speech_end.set_result(time.monotonic())
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        try:
+            await self.task
+        except asyncio.CancelledError:
+            pass

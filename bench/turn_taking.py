@@ -35,10 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.harness import ROOT, free_port, hardware, pct, start_server, stop_server, write_json
+from bench.harness import ROOT, Mic, free_port, hardware, pct, start_server, stop_server, write_json
 
 RATE = 16000
-FRAME = RATE * 20 // 1000
 MODES = {"server_vad": {"type": "server_vad", "silence_duration_ms": 500},
          "semantic_vad": {"type": "semantic_vad", "eagerness": "auto"}}
 SHORT = "Answer in one short sentence."
@@ -93,31 +92,17 @@ class Talker:
         self.client = client
         self.events: list[tuple[float, object]] = []
         self.arrived = asyncio.Event()
-        self.queue: list[np.ndarray] = []
-        self.speech_end: asyncio.Future | None = None
-        self.speech_start: float | None = None
-        self.tasks = [asyncio.create_task(self._mic()), asyncio.create_task(self._read())]
+        self.mic = Mic(client, RATE)  # silence continuously, speech on demand, 20 ms frames in real time
+        self.reader = asyncio.create_task(self._read())
 
     def say(self, pcm: np.ndarray) -> asyncio.Future:
-        self.speech_end = asyncio.get_running_loop().create_future()
-        self.speech_start = None
-        self.queue.append(pcm)
-        return self.speech_end
+        """Speak ``pcm``; resolves to the monotonic time its last frame was sent."""
+        return self.mic.say(pcm)
 
-    async def _mic(self) -> None:
-        silence = np.zeros(FRAME, np.int16)
-        t_next, pending = time.monotonic(), np.zeros(0, np.int16)
-        while True:
-            if not len(pending) and self.queue:
-                pending = self.queue.pop(0)
-            piece, pending = (pending[:FRAME], pending[FRAME:]) if len(pending) else (silence, pending)
-            t_next += FRAME / RATE
-            await asyncio.sleep(max(0.0, t_next - time.monotonic()))
-            await self.client.send_audio(piece, RATE)
-            if piece is not silence:
-                self.speech_start = self.speech_start or time.monotonic()
-                if not len(pending) and self.speech_end and not self.speech_end.done():
-                    self.speech_end.set_result(time.monotonic())
+    @property
+    def speech_start(self) -> float | None:
+        """When the first frame of the last ``say`` was sent."""
+        return self.mic.speech_start
 
     async def _read(self) -> None:
         async for event in self.client.events():
@@ -140,9 +125,9 @@ class Talker:
         return [(t, e) for t, e in self.events[index:] if e.type == etype]
 
     async def close(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.mic.stop()
+        self.reader.cancel()
+        await asyncio.gather(self.reader, return_exceptions=True)
 
 
 async def settle(talker: Talker, since: int, speech_end: float, timeout_s: float) -> list[str]:

@@ -55,6 +55,7 @@ import numpy as np
 from websockets.asyncio.client import connect
 
 from bench.harness import (
+    Mic,
     RESULTS,
     ROOT,
     counter_delta,
@@ -135,50 +136,6 @@ class Level:
     ramp_s: float  # talker k starts at about k * ramp_s / talkers
 
 
-class Mic:
-    """Streams silence continuously (like an open microphone) and speech on demand."""
-
-    def __init__(self, client) -> None:
-        self.client = client
-        self.queue: list[np.ndarray] = []
-        self.speech_end: asyncio.Future | None = None
-        #: Worst lateness of a 20 ms frame since it was last read, s (a busy client process shows here).
-        self.late_max = 0.0
-        self.task = asyncio.create_task(self._run())
-
-    def say(self, pcm: np.ndarray) -> asyncio.Future:
-        self.speech_end = asyncio.get_running_loop().create_future()
-        self.queue.append(pcm)
-        return self.speech_end
-
-    def take_late_max_ms(self) -> float:
-        late, self.late_max = self.late_max, 0.0
-        return round(late * 1000, 1)
-
-    async def _run(self) -> None:
-        step = RATE * 20 // 1000
-        silence = np.zeros(step, np.int16)
-        t_next = time.monotonic()
-        pending = np.zeros(0, np.int16)
-        while True:
-            if not len(pending) and self.queue:
-                pending = self.queue.pop(0)
-            piece, pending = (pending[:step], pending[step:]) if len(pending) else (silence, pending)
-            t_next += step / RATE
-            await asyncio.sleep(max(0.0, t_next - time.monotonic()))
-            self.late_max = max(self.late_max, time.monotonic() - t_next)
-            await self.client.send_audio(piece, RATE)
-            if piece is not silence and not len(pending) and self.speech_end and not self.speech_end.done():
-                self.speech_end.set_result(time.monotonic())
-
-    async def stop(self) -> None:
-        self.task.cancel()
-        try:
-            await self.task
-        except asyncio.CancelledError:
-            pass
-
-
 async def talker(level: Level, speech: dict[str, np.ndarray], index: int, t0: float) -> list[dict]:
     """Talker ``index``: connects at its place in the ramp (monotonic ``t0`` + offset), speaks its turns.
 
@@ -195,7 +152,7 @@ async def talker(level: Level, speech: dict[str, np.ndarray], index: int, t0: fl
             if client.session.x_binary_audio != level.binary:
                 raise RuntimeError(f"session.x_binary_audio is {client.session.x_binary_audio}")
             deflate = bool(client._ws.protocol.extensions)  # negotiated (see _offer_deflate)
-            mic = Mic(client)
+            mic = Mic(client, RATE)
             try:
                 for n in range(level.turns):
                     row = await one_turn(client, mic, order[n % len(order)], speech, rng, level.timeout_s)
