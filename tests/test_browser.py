@@ -77,16 +77,9 @@ async def wait_for(page, expression: str, timeout_s: float) -> object:
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (apt-get install chromium)")
 async def test_browser_conversation_with_barge_in(cfg, tmp_path):
     playwright = pytest.importorskip("playwright.async_api", reason="playwright (dev extra) is not installed")
-    from pipeline.engines import Engines
-    from pipeline.hub import Hub
-
     wav = tmp_path / "user.wav"
     fake_microphone_wav(cfg, wav)
-    cfg = cfg.replace("server", port=0).replace("trace", path=None)
-    engines = Engines(cfg)
-    await engines.load()
-    hub = Hub(cfg, engines)
-    await hub.start()
+    hub = await real_hub(cfg)
     problems: list[str] = []
     try:
         async with playwright.async_playwright() as p:
@@ -96,10 +89,7 @@ async def test_browser_conversation_with_barge_in(cfg, tmp_path):
             page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error" else None)
             await page.goto(f"http://127.0.0.1:{hub.port}/")
             await wait_for(page, "window.voxloop && window.voxloop.connected", 20)
-            await page.click(".settings summary")  # a long reply, so there is something to talk over
-            await page.fill("textarea[name=instructions]", INSTRUCTIONS)
-            await page.click("#settings button[type=submit]")
-            await wait_for(page, f"window.voxloop.session.instructions === {json.dumps(INSTRUCTIONS)}", 10)
+            await tell_long_stories(page)  # a long reply, so there is something to talk over
             await page.click("#start")
             await wait_for(page, "window.voxloop.started", 10)
 
@@ -141,28 +131,19 @@ async def test_browser_smart_turn_a_cough_pauses_and_resumes_the_reply(cfg, tmp_
     playwright = pytest.importorskip("playwright.async_api", reason="playwright (dev extra) is not installed")
     from bench.turn_set import cough
     from piper_speech import RATE, PiperSpeech
-    from pipeline.engines import Engines
-    from pipeline.hub import Hub
     from voxloop.wav import write_wav
 
     gap = lambda s: np.zeros(int(RATE * s), np.int16)  # noqa: E731
     parts = [gap(0.5), PiperSpeech(cfg).say(FIRST), gap(6.0), cough(3, ms=300), gap(30.0)]
     wav = tmp_path / "user.wav"
     write_wav(wav, soxr.resample(np.concatenate(parts), RATE, WAV_RATE), WAV_RATE)
-    cfg = cfg.replace("server", port=0).replace("trace", path=None)
-    engines = Engines(cfg)
-    await engines.load()
-    hub = Hub(cfg, engines)
-    await hub.start()
+    hub = await real_hub(cfg)
     try:
         async with playwright.async_playwright() as p:
             browser, page, problems = await launch(p, wav)
             await page.goto(f"http://127.0.0.1:{hub.port}/")
             await wait_for(page, "window.voxloop && window.voxloop.connected", 20)
-            await page.click(".settings summary")
-            await page.fill("textarea[name=instructions]", INSTRUCTIONS)
-            await page.click("#settings button[type=submit]")
-            await wait_for(page, f"window.voxloop.session.instructions === {json.dumps(INSTRUCTIONS)}", 10)
+            await tell_long_stories(page)
             await page.check("input[name=mode][value=semantic]")
             await wait_for(page, "window.voxloop.session.audio.input.turn_detection.type === 'semantic_vad'", 10)
             await page.click("#start")
@@ -180,6 +161,27 @@ async def test_browser_smart_turn_a_cough_pauses_and_resumes_the_reply(cfg, tmp_
     assert len(counters["userTranscripts"]) == 1  # the cough made no turn
 
 
+async def real_hub(cfg):  # noqa: ANN001, ANN201 - a started Hub
+    """A started server with the real models on a free port (the caller stops it)."""
+    from pipeline.engines import Engines
+    from pipeline.hub import Hub
+
+    cfg = cfg.replace("server", port=0).replace("trace", path=None)
+    engines = Engines(cfg)
+    await engines.load()
+    hub = Hub(cfg, engines)
+    await hub.start()
+    return hub
+
+
+async def tell_long_stories(page) -> None:  # noqa: ANN001
+    """Set the storyteller instructions through the page's settings form."""
+    await page.click(".settings summary")
+    await page.fill("textarea[name=instructions]", INSTRUCTIONS)
+    await page.click("#settings button[type=submit]")
+    await wait_for(page, f"window.voxloop.session.instructions === {json.dumps(INSTRUCTIONS)}", 10)
+
+
 async def launch(p, wav: Path):
     browser = await p.chromium.launch(executable_path=CHROMIUM, args=chromium_args(wav), headless=True)
     page = await browser.new_page()
@@ -194,16 +196,9 @@ async def launch(p, wav: Path):
 async def test_browser_hold_space_to_talk(cfg, tmp_path):
     """Push-to-talk: hold the space bar while the fake microphone speaks, release to send."""
     playwright = pytest.importorskip("playwright.async_api", reason="playwright (dev extra) is not installed")
-    from pipeline.engines import Engines
-    from pipeline.hub import Hub
-
     wav = tmp_path / "user.wav"
     times = fake_microphone_wav(cfg, wav)
-    cfg = cfg.replace("server", port=0).replace("trace", path=None)
-    engines = Engines(cfg)
-    await engines.load()
-    hub = Hub(cfg, engines)
-    await hub.start()
+    hub = await real_hub(cfg)
     try:
         async with playwright.async_playwright() as p:
             browser, page, problems = await launch(p, wav)
