@@ -252,6 +252,24 @@ def result_path(name: str, ext: str, out: Path = RESULTS, hardware: str | None =
     return out / f"{name}-{hardware or hardware_tag()}-{date or dt.date.today().isoformat()}.{ext}"
 
 
+def pyplot():  # noqa: ANN201 - the matplotlib.pyplot module
+    """matplotlib's pyplot on the Agg backend (result files, no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_png(fig, path: Path) -> Path:  # noqa: ANN001
+    """``fig`` laid out and written next to ``path`` as ``.png``; returns the PNG's path."""
+    png = path.with_suffix(".png")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    return png
+
+
 def write_json(name: str, rows: list[dict], extra: dict | None = None, *, path: Path | None = None) -> Path:
     """``bench/results/<name>-<hardware>-<date>.json`` (or ``path``) with rows plus date, hardware, command."""
     path = path or result_path(name, "json")
@@ -263,6 +281,17 @@ def write_json(name: str, rows: list[dict], extra: dict | None = None, *, path: 
         "rows": rows,
     }
     path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
+def report(name: str, rows: list[dict], extra: dict, args: argparse.Namespace, plot) -> Path:  # noqa: ANN001
+    """Write ``rows`` as ``<args.out>/<name>-<args.hardware>-<args.date>.json``, draw ``plot(rows, path)``,
+    print the rows and where they went; returns the JSON's path (``add_common_arguments``'s options)."""
+    path = write_json(name, rows, extra, path=result_path(name, "json", args.out, args.hardware, args.date))
+    plot(rows, path)
+    for r in rows:
+        print(r)
+    print(f"wrote {path}")
     return path
 
 

@@ -25,7 +25,7 @@ import zlib
 
 import numpy as np
 
-from bench.harness import add_common_arguments, common_arguments, result_path, write_json
+from bench.harness import add_common_arguments, common_arguments, pyplot, report, save_png
 
 
 def _speech(seconds: float = 4.0) -> np.ndarray:
@@ -136,21 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     rows.append({"message": "text events of one voice turn", "format": "json", "count": len(text),
                  "bytes": sum(len(t) for t in text), "deflate_us": round(deflate_us, 1),
                  "deflated_size_ratio": round(ratio, 3)})
-    path = write_json("ws_serialize", rows, {"note": "µs per message on this machine, median of 5 batches"},
-                      path=result_path("ws_serialize", "json", args.out, args.hardware, args.date))
-    _plot(rows, path)
-    for r in rows:
-        print(r)
-    print(f"wrote {path}")
+    report("ws_serialize", rows, {"note": "µs per message on this machine, median of 5 batches"}, args, _plot)
     return 0
 
 
 def _plot(rows: list[dict], path) -> None:  # noqa: ANN001
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     labels = [f"{r['message']}\n{r['format']}" for r in rows]
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     axes[0].barh(labels, [r["deflate_us"] for r in rows], label="deflate")
@@ -164,8 +155,7 @@ def _plot(rows: list[dict], path) -> None:  # noqa: ANN001
         ax.tick_params(axis="y", labelsize=7)
         ax.grid(True, axis="x", alpha=0.3)
     fig.suptitle(f"WebSocket per-message cost, {path.stem}")
-    fig.tight_layout()
-    fig.savefig(path.with_suffix(".png"), dpi=110)
+    save_png(fig, path)
 
 
 if __name__ == "__main__":

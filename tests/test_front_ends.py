@@ -179,6 +179,9 @@ async def test_the_engine_process_transcribes_and_answers_for_both_front_ends(vo
     proc, port = voice_server
     spawned = [c for c in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(c.cmdline())]
     assert len(spawned) == 3  # two front ends and the LLM process
+    # numpy's BLAS on one thread in the spawned processes too (voxloop serve sets it before numpy
+    # loads; /proc shows a process's environment as it started, so only the children's).
+    assert all(p.environ().get("OPENBLAS_NUM_THREADS") == "1" for p in spawned)
     question = PiperSpeech(cfg).say("What is the capital of France?")
     pcm = soxr.resample(question, RATE, 24000).astype("int16")
     conns = await one_session_per_front_end(proc, port)
@@ -204,6 +207,15 @@ async def test_the_engine_process_transcribes_and_answers_for_both_front_ends(vo
         for ws in conns:
             await ws.close()
         stop(proc)
+
+
+def test_serve_sets_blas_threads_before_numpy_loads():
+    """``voxloop serve`` caps numpy's OpenBLAS at one thread (bench/blas_threads.py); an
+    environment variable only counts if numpy has not loaded yet when the command starts."""
+    code = ("import sys, voxloop.cli, voxloop.commands.serve; print('numpy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=scaled(120))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
 
 
 def test_the_llm_process_loads_no_onnxruntime_or_torch():

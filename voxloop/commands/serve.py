@@ -24,6 +24,12 @@ def run(args: argparse.Namespace) -> int:
     # steal the 2nd core from whichever stage runs next (measured: processing p50
     # 551 -> 473 ms, python -m bench.voice_latency). Must be set before those libraries load.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # numpy's BLAS (OpenBLAS) on one thread: its only work here is the log-mel features' small
+    # matrix product (ASR, end-of-turn model), where a pool of BLAS threads mostly waits for
+    # cores the engines hold. Features of a 3 s utterance on busy cores, p50: 20.3 -> 1.3 ms
+    # (2-core VM), 96 -> 1.9 ms (16-core GPU host, where they were 63 % of the ASR thread's
+    # time at 200 talkers); python -m bench.blas_threads. Inherited by the spawned processes.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from pipeline import heap
     from pipeline.origin import exposure_warning
 
