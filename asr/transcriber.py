@@ -151,6 +151,8 @@ class Transcriber:
         self.beam_size = beam_size
         self.language = self._check_language(language)
         self.postprocess = postprocess
+        #: GPU memory the model took at start-up, bytes (set by the server when it measured it).
+        self.gpu_bytes: int | None = None
         self._tokenizers: dict[str, object] = {}
 
     @classmethod
@@ -166,10 +168,15 @@ class Transcriber:
                    beam_size=a.beam_size, language=a.language, cpu_threads=a.cpu_threads,
                    postprocess=postprocess)
 
-    def warmup(self) -> None:
-        """Run the model once on 1 s of a tone so the first real call is not slower."""
+    def warmup(self, batch: int = 1) -> None:
+        """Run the model once on 1 s of a tone so the first real call is not slower; with
+        ``batch`` > 1 also one batched call of that many 4 s tones (what a full batch of
+        questions allocates on a GPU)."""
         t = np.arange(SAMPLE_RATE, dtype=np.float32) / SAMPLE_RATE
         self.transcribe(0.1 * np.sin(2 * np.pi * 220 * t).astype(np.float32))
+        if batch > 1:
+            t = np.arange(4 * SAMPLE_RATE, dtype=np.float32) / SAMPLE_RATE
+            self.transcribe_batch([0.1 * np.sin(2 * np.pi * 220 * t).astype(np.float32)] * batch)
 
     # --- transcription -------------------------------------------------------
 

@@ -99,9 +99,11 @@ class BatchingAsr:
     def idle(self) -> bool:
         return self.pending() == 0
 
-    def report(self) -> dict[str, int]:
-        """Batched calls, utterances transcribed and utterances pending (``/metrics``)."""
-        return {"calls": self.calls, "utterances": self.utterances, "pending": self.pending()}
+    def report(self) -> dict[str, int | None]:
+        """Batched calls, utterances transcribed, utterances pending and the GPU memory the model
+        took at start-up (``gpu_bytes``, None on a CPU or when unknown), for ``/metrics``."""
+        return {"calls": self.calls, "utterances": self.utterances, "pending": self.pending(),
+                "gpu_bytes": getattr(self.engine, "gpu_bytes", None)}
 
     def close(self) -> None:
         self._queue.put(_Request(-1, -1, None))

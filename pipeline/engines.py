@@ -20,8 +20,21 @@ from pipeline.llm_worker import BatchedLlm, SerialLlm
 from pipeline.speech import BatchedSpeech, SpeechStage, ThreadedSpeech
 from pipeline.workers import ModelWorker
 from voxloop.config import Config
+from voxloop.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+
+def device_used_bytes(index: int = 0) -> int | None:
+    """Memory in use on CUDA device ``index`` by all processes, bytes (PyTorch's ``cudaMemGetInfo``);
+    None without PyTorch or CUDA."""
+    try:
+        import torch
+
+        free, total = torch.cuda.mem_get_info(index)
+    except Exception:  # noqa: BLE001 - no torch, no CUDA, no device: the share is unknown
+        return None
+    return total - free
 
 
 @dataclass
@@ -126,8 +139,23 @@ class Engines:
         def postprocess(text: str, language: str) -> str:
             return postprocess_transcript(text, language, cfg.asr.zh_simplified)
 
+        on_gpu = cfg.asr.device == "cuda"
+        before = device_used_bytes() if on_gpu else None
         asr = Transcriber.from_config(cfg, postprocess=postprocess)
-        asr.warmup()
+        asr.warmup(batch=cfg.asr.max_batch if on_gpu else 1)
+        after = device_used_bytes() if on_gpu else None
+        # The ASR's share of the GPU: what the device's used memory grew by while it loaded and ran
+        # its warm-up batch (CTranslate2 keeps what it allocated cached for the next calls).
+        asr.gpu_bytes = None if before is None or after is None else max(0, after - before)
+        budget = cfg.asr.gpu_budget_mb
+        if budget and asr.gpu_bytes is not None and asr.gpu_bytes > budget * 2**20:
+            raise ConfigError(
+                f"the ASR took {asr.gpu_bytes / 2**20:.0f} MiB of GPU memory at start-up (model + a warm-up "
+                f"batch of {cfg.asr.max_batch}), over asr.gpu_budget_mb = {budget}: lower asr.max_batch, use "
+                "asr.compute_type = 'int8_float16', or raise the budget")
+        if asr.gpu_bytes is not None:
+            log.info("ASR on the GPU: %.0f MiB (model + a warm-up batch of %d)", asr.gpu_bytes / 2**20,
+                     cfg.asr.max_batch)
         self.load_s["asr"] = time.monotonic() - t0
         return asr
 

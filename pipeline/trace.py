@@ -158,6 +158,9 @@ class _AsrCollector(_ReportCollector):
     def families(self, r: dict[str, int]) -> Iterator[Metric]:
         yield CounterMetricFamily("voxloop_asr_calls", "Model calls of the ASR (one batch each)", value=r["calls"])
         yield CounterMetricFamily("voxloop_asr_utterances", "Utterances transcribed", value=r["utterances"])
+        if r.get("gpu_bytes") is not None:
+            yield GaugeMetricFamily("voxloop_asr_gpu_bytes", "GPU memory the ASR took at start-up (model and a "
+                                    "warm-up batch of asr.max_batch), bytes", value=r["gpu_bytes"])
 
 
 class _ProcessCollector(Collector):

@@ -201,3 +201,14 @@ def test_batched_transcripts_equal_single_ones(transcriber, speech):
     assert [t.text for t in batched] == [t.text for t in single]
     assert all(t.text for t in batched[:-1]) and batched[-1].text == ""
     assert [t.audio_s for t in batched] == [t.audio_s for t in single]
+
+
+def test_warmup_with_a_batch_runs_one_batched_call(transcriber, monkeypatch):
+    """``warmup(batch=N)`` (a GPU server's ``asr.max_batch``) also runs N utterances in one call."""
+    calls = []
+    real = transcriber.transcribe_batch
+    monkeypatch.setattr(transcriber, "transcribe_batch", lambda pcms, language=None: calls.append(len(pcms)) or real(pcms, language))
+    transcriber.warmup(batch=3)
+    assert calls == [3]
+    transcriber.warmup()
+    assert calls == [3]

@@ -12,7 +12,7 @@ import pytest
 from conftest import scaled
 from pipeline.asr_stage import BatchingAsr
 from pipeline.workers import BACKGROUND, NORMAL, URGENT
-from voxloop.errors import Cancelled, ModelError, Overloaded
+from voxloop.errors import Cancelled, ConfigError, ModelError, Overloaded
 
 
 class FakeTranscriber:
@@ -109,3 +109,64 @@ async def test_a_model_error_reaches_every_caller_of_the_call_and_a_full_queue_r
 def test_max_batch_is_checked():
     with pytest.raises(ValueError):
         BatchingAsr(FakeTranscriber(), max_batch=0)
+
+
+def test_report_carries_the_models_gpu_share():
+    fake = FakeTranscriber()
+    asr = BatchingAsr(fake)
+    try:
+        assert asr.report() == {"calls": 0, "utterances": 0, "pending": 0, "gpu_bytes": None}
+        fake.gpu_bytes = 300 * 2**20
+        assert asr.report()["gpu_bytes"] == 300 * 2**20
+    finally:
+        asr.close()
+
+
+class _Loaded:
+    """What ``Transcriber.from_config`` returns, for ``Engines.load_asr_model``: records warm-ups."""
+
+    def __init__(self) -> None:
+        self.gpu_bytes = None
+        self.warmups: list[int] = []
+
+    def warmup(self, batch: int = 1) -> None:
+        self.warmups.append(batch)
+
+
+def _load(cfg, monkeypatch, used: list[int | None]):  # noqa: ANN001, ANN202
+    from asr.transcriber import Transcriber
+    from pipeline import engines as engines_module
+
+    loaded = _Loaded()
+    monkeypatch.setattr(Transcriber, "from_config", classmethod(lambda cls, c, postprocess=None: loaded))
+    readings = iter(used)
+    monkeypatch.setattr(engines_module, "device_used_bytes", lambda index=0: next(readings))
+    return engines_module.Engines(cfg).load_asr_model(), loaded
+
+
+def test_the_asr_gpu_share_is_measured_around_load_and_a_full_warm_up_batch(cfg, monkeypatch):
+    gpu = cfg.replace("asr", device="cuda", compute_type="float16", max_batch=8)
+    model, loaded = _load(gpu, monkeypatch, [1000 * 2**20, 1300 * 2**20])
+    assert loaded.warmups == [8] and model.gpu_bytes == 300 * 2**20
+    # Over the budget: start-up is refused, saying what took how much and what to change.
+    with pytest.raises(ConfigError, match=r"300 MiB .* asr\.gpu_budget_mb = 200"):
+        _load(gpu.replace("asr", gpu_budget_mb=200), monkeypatch, [1000 * 2**20, 1300 * 2**20])
+    # Unknown (no PyTorch / CUDA to ask): no share, no budget check.
+    model, _ = _load(gpu.replace("asr", gpu_budget_mb=200), monkeypatch, [None, None])
+    assert model.gpu_bytes is None
+
+
+def test_on_a_cpu_the_asr_warms_up_alone_and_reports_no_gpu_share(cfg, monkeypatch):
+    model, loaded = _load(cfg.replace("asr", max_batch=4), monkeypatch, [])
+    assert loaded.warmups == [1] and model.gpu_bytes is None
+
+
+def test_the_metric_appears_with_a_gpu_share_only():
+    from pipeline.trace import _AsrCollector
+
+    report = {"calls": 3, "utterances": 5, "pending": 0, "gpu_bytes": None}
+    names = [m.name for m in _AsrCollector(lambda: report).collect()]
+    assert names == ["voxloop_asr_calls", "voxloop_asr_utterances"]
+    report["gpu_bytes"] = 2**28
+    metrics = {m.name: m for m in _AsrCollector(lambda: report).collect()}
+    assert metrics["voxloop_asr_gpu_bytes"].samples[0].value == 2**28

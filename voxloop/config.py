@@ -174,10 +174,16 @@ class AsrConfig:
     #: time: one encoder pass and one greedy decode for all). 1: one at a time, as fast on a CPU; on a
     #: GPU 8 utterances cost about twice one (configs/gpu.toml).
     max_batch: int = 1
+    #: With ``device = "cuda"``: most GPU memory, MiB, that loading the ASR and a warm-up batch of
+    #: ``max_batch`` utterances may take; more refuses start-up (0: no limit). What it took is in
+    #: ``/metrics`` either way (``voxloop_asr_gpu_bytes``).
+    gpu_budget_mb: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_batch <= 256:
             raise ConfigError(f"asr.max_batch must be 1..256, got {self.max_batch}")
+        if self.gpu_budget_mb < 0:
+            raise ConfigError(f"asr.gpu_budget_mb must be >= 0 (0: no limit), got {self.gpu_budget_mb}")
 
 
 @dataclass(frozen=True)
