@@ -13,10 +13,13 @@ Modes (``Policy``):
   (``Commit``) or dropped if speech resumes (``DropTurn``). Speech over the assistant for
   ``barge_in_min_ms`` cancels the reply (``BargeIn``); shorter speech is no turn (``Discard``).
 - ``semantic_vad``: at the short pause the end-of-turn model scores the audio (``Score``)
-  while the speculative turn runs. A score ``>= complete`` commits at once; a lower one
-  waits for silence: from the silence stop (just under ``complete``) up to
-  ``max_silence_ms`` (at ``incomplete`` and below), in proportion (``Policy.wait_ms``).
-  Before the score arrives the turn waits (up to ``max_silence_ms``).
+  while the speculative turn runs. A score ``>= complete`` commits as soon as the speculative
+  transcript is known too (``heard``) and its last words do not say the sentence goes on
+  (``words_cap``: "... a joke about", "... and"); the reply needs that transcript anyway, and
+  the turn never waits for it past the silence stop. A lower score (or one capped by the words)
+  waits for silence: from the silence stop (just under ``complete``) up to ``max_silence_ms``
+  (at ``incomplete`` and below), in proportion (``Policy.wait_ms``). Before the score arrives
+  the turn waits (up to ``max_silence_ms``).
 - ``pause_on_speech`` (``semantic_vad``): speech over the assistant first pauses the
   reply (``PauseReply``); its audio is transcribed at the short pause (``Transcribe``).
   If the speech ends shorter than ``barge_in_min_ms`` or its transcript has no words (a
@@ -43,6 +46,35 @@ def is_backchannel(text: str) -> bool:
     words = re.sub(r"[^\w\s'-]", " ", words)
     words = " ".join(words.split())
     return words in BACKCHANNELS or all(w in BACKCHANNELS for w in words.split())
+
+
+#: English words after which a sentence is not over: articles, possessive determiners, conjunctions,
+#: fillers ("Tell me a joke about the ..."). The end-of-turn model hears prosody, not grammar, and
+#: scored such cut sentences complete (bench/turn_taking.py: "Tell me a joke about" 0.98).
+UNFINISHED_WORDS = frozenset("a an the my your our their and or but because um uh uhm er erm".split())
+#: A preposition at the end: unfinished unless the transcript asks or exclaims ("What is it for?").
+PREPOSITIONS = frozenset("about at by for from in into of on onto to with without".split())
+_TRAILING_OFF = ("...", "\u2026", ",", "-", "\u2014", ":")  # whisper marks speech that trails off so
+
+
+def words_cap(text: str, language: str | None, policy: "Policy") -> float:
+    """The highest end-of-turn score a transcript's last words allow (1.0: no limit; English only).
+
+    Trailing off ("...", a comma) or an article, conjunction or filler last: ``policy.incomplete``
+    (wait the longest); a preposition last, without "?" or "!": half way between ``incomplete``
+    and ``complete`` (wait longer than the silence stop, less than the longest).
+    """
+    if language not in (None, "en"):
+        return 1.0
+    text = text.strip()
+    words = re.findall(r"[a-z']+", text.lower())
+    if not words:
+        return 1.0
+    if text.endswith(_TRAILING_OFF) or words[-1] in UNFINISHED_WORDS:
+        return policy.incomplete
+    if words[-1] in PREPOSITIONS and not text.endswith(("?", "!")):
+        return (policy.incomplete + policy.complete) / 2
+    return 1.0
 
 
 @dataclass(frozen=True)
@@ -194,6 +226,8 @@ class TurnTaking:
         self._paused_by: int | None = None  # the utterance that paused the reply
         self._transcript: str | None = None  # of the pausing utterance, once known
         self._waiting_words = False  # the pausing utterance ended; its transcript decides
+        self._score: float | None = None  # of the speculation at this pause
+        self._words: tuple[str, str | None] | None = None  # its transcript and language
 
     @property
     def reply_paused(self) -> bool:
@@ -239,6 +273,7 @@ class TurnTaking:
         self.state = SPEAKING
         self._deadline_ms = None
         self._transcript = None
+        self._score = self._words = None
         if self._speculating:
             self._speculating = False
             return [DropTurn(self.utterance)]
@@ -273,11 +308,16 @@ class TurnTaking:
         """The end-of-turn model's ``probability`` that ``utterance`` is complete (0..1)."""
         if utterance != self.utterance or self.state != PAUSED or not self._speculating:
             return []  # stale: speech resumed or the turn already ended
-        p = self.policy
-        if probability >= p.complete:
-            return self._end_of_turn(audible, vad_ended=False)
-        self._deadline_ms = self._speech_end_ms + p.wait_ms(probability)
-        return self.tick(now_ms, audible)
+        self._score = probability
+        return self._decide(now_ms, audible)
+
+    def heard(self, utterance: int, text: str, language: str | None, now_ms: float, audible: bool) -> list[Decision]:
+        """The speculative turn's transcript of ``utterance`` (``semantic_vad``: its last words count)."""
+        if (not self.policy.semantic or utterance != self.utterance or self.state != PAUSED
+                or not self._speculating):
+            return []
+        self._words = (text, language)
+        return [] if self._score is None else self._decide(now_ms, audible)
 
     def transcribed(self, utterance: int, text: str) -> list[Decision]:
         """Transcript of ``utterance``'s audio (asked by ``Transcribe``: speech over the paused reply)."""
@@ -307,8 +347,24 @@ class TurnTaking:
     def _pauses_replies(self) -> bool:
         return self.policy.semantic and self.policy.pause_on_speech
 
+    def _decide(self, now_ms: float, audible: bool) -> list[Decision]:
+        """Score known: commit now, or wait for silence as long as the score (capped by the words) says."""
+        p = self.policy
+        assert self._score is not None
+        probability = self._score
+        if self._words is not None:
+            probability = min(probability, words_cap(*self._words, p))
+        elif probability >= p.complete:  # complete by the model: the words may still say otherwise
+            self._deadline_ms = min(self._deadline_ms or float("inf"), self._speech_end_ms + p.silence_ms)
+            return self.tick(now_ms, audible)
+        if probability >= p.complete:
+            return self._end_of_turn(audible, vad_ended=False)
+        self._deadline_ms = self._speech_end_ms + p.wait_ms(probability)
+        return self.tick(now_ms, audible)
+
     def _speculate(self) -> list[Decision]:
         self._speculating = True
+        self._score = self._words = None
         out: list[Decision] = [StartTurn(self.utterance, speculative=True)]
         if self.policy.semantic:
             out.append(Score(self.utterance))

@@ -226,6 +226,12 @@ class VoiceInput:
         if self._vad is not None and self._taking is taking:  # not a stream of an older turn_detection
             self._perform(taking.scored(utterance, probability, self._vad.stream_ms, self.conv.audible()))
 
+    def _heard(self, turn: Turn, text: str, language: str | None) -> None:
+        """The speculative turn's transcript, for the turn-taking decision (its last words)."""
+        if self._taking is not None and self._vad is not None and turn.utterance == self._utterance:
+            self._perform(self._taking.heard(turn.utterance, text, language, self._vad.stream_ms,
+                                             self.conv.audible()))
+
     def _do_transcribe(self, d: Transcribe) -> None:
         if self._turn_audio is not None and self._taking is not None:
             self._side_task(self._transcribe_burst(self._turn_audio, self._taking, d.utterance))
@@ -344,6 +350,8 @@ class VoiceInput:
                 return
             if turn.committed:
                 conv.add_user_message(turn)
+            else:  # semantic_vad: the last words may end the turn now (Commit adds the user message)
+                self._heard(turn, text, result.language)
             await conv.reply(turn, pending_user=None if turn.committed else text)
         except asyncio.CancelledError:
             raise

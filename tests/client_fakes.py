@@ -16,8 +16,9 @@ PTT = {"audio": {"input": {"turn_detection": None}}}
 
 
 class FakeTranscript:
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, language: str | None = "en") -> None:
         self.text = text
+        self.language = language
 
 
 class FakeASR:

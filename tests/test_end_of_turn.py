@@ -65,6 +65,7 @@ def _decision_at_the_pause(probability: float):
     tt = TurnTaking(Policy.semantic_vad("medium", 500, 250, 2000, True, 1500))
     tt.speech_started(0, audible=False)
     tt.paused(1000, audible=False)
+    tt.heard(1, "", "en", 1000, audible=False)  # the words say nothing either way: the score decides
     return tt.scored(1, probability, 1000, audible=False), tt.policy.wait_ms(probability)
 
 

@@ -28,8 +28,9 @@ pytestmark = pytest.mark.timeout(scaled(120))
 
 
 class FakeTranscript:
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, language: str | None = "en") -> None:
         self.text = text
+        self.language = language
 
 
 class FakeASR:

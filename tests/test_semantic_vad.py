@@ -48,6 +48,22 @@ async def _hub(tts_engines, turn, *overrides, asr=None, llm=None):
     return hub
 
 
+async def test_a_dangling_last_word_overrules_a_complete_score(tts_engines):
+    """The model hears a finished voice, the transcript ends in "about": the turn waits half way
+    to the longest silence (medium: 500 + 1500 / 2 ms after the speech), then answers."""
+    hub = await _hub(tts_engines, FakeTurnModel(0.99), asr=FakeASR("tell me a joke about"))
+    try:
+        ws = await session(hub, SEMANTIC)
+        await send_audio(ws, ("speech", 0.8), ("silence", 2.0))
+        metrics, _ = await until(ws, "x.turn.metrics")
+        stages = metrics["metrics"]["stages_ms"]
+        assert 1100 < stages["vad_end"] - stages["speech_end"] < 1600, stages
+        assert metrics["metrics"]["speculative"] is True  # the speculative turn was kept and released
+        await ws.close()
+    finally:
+        await hub.stop()
+
+
 async def test_a_complete_score_ends_the_turn_at_the_short_pause(tts_engines):
     turn = FakeTurnModel(0.99)
     hub = await _hub(tts_engines, turn)

@@ -18,6 +18,7 @@ from pipeline.turn_taking import (
     Transcribe,
     TurnTaking,
     is_backchannel,
+    words_cap,
 )
 
 SERVER = Policy(silence_ms=500, barge_in_min_ms=250)
@@ -60,8 +61,50 @@ CASES = {
         ("speech_started", 0, False, []),
         ("paused", 1200, False, [StartTurn(1, speculative=True), Score(1)]),
         ("tick", 1300, False, []),
-        ("scored", 1, 0.95, 1390, False, [Commit(1, end_utterance=True)]),
+        ("scored", 1, 0.95, 1390, False, []),  # complete by the model: the words are still unknown
+        ("heard", 1, "What's the capital of France?", "en", 1410, False, [Commit(1, end_utterance=True)]),
         ("speech_ended", 3200, False, False, []),  # the VAD was reset; a late end changes nothing
+    ]),
+    "semantic: words known before the score: a complete score commits at once": (SEMANTIC, [
+        ("speech_started", 0, False, []),
+        ("paused", 1200, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("heard", 1, "Please turn on the lights.", "en", 1350, False, []),
+        ("scored", 1, 0.95, 1390, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "semantic: complete by the model, the words never come: commit at the silence stop": (SEMANTIC, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.95, 1150, False, []),
+        ("tick", 1490, False, []),
+        ("tick", 1500, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "semantic: an article last: the words overrule a complete score, wait the longest": (SEMANTIC, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.98, 1150, False, []),
+        ("heard", 1, "Tell me a joke about the", "en", 1250, False, []),
+        ("tick", 2990, False, []),  # max_silence_ms after the speech ended
+        ("tick", 3000, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "semantic: a preposition last: wait half way to the longest, then commit": (SEMANTIC, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.98, 1150, False, []),
+        ("heard", 1, "I'd like to book a table for", "en", 1300, False, []),
+        ("tick", 2240, False, []),  # 500 + 1500 / 2 after the speech ended
+        ("tick", 2250, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "semantic: a question ending in a preposition is complete": (SEMANTIC, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("heard", 1, "What is this button for?", "en", 1100, False, []),
+        ("scored", 1, 0.95, 1150, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "semantic: server_vad ignores the words": (SERVER, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True)]),
+        ("heard", 1, "Tell me a joke about", "en", 1100, False, []),
+        ("speech_ended", 1000, False, False, [Commit(1)]),
     ]),
     "semantic: a score just under complete waits for the silence stop": (SEMANTIC, [
         ("speech_started", 0, False, []),
@@ -84,6 +127,7 @@ CASES = {
         ("tick", 1600, False, []),  # past the silence stop: still waiting
         ("resumed", 1700, [DropTurn(1)]),
         ("paused", 2500, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("heard", 1, "I think so. Stale words of the dropped pause?", "en", 2600, False, []),
         ("scored", 1, 0.97, 2700, False, [Commit(1, end_utterance=True)]),
     ]),
     "semantic: incomplete for ever ends at max_silence_ms": (SEMANTIC, [
@@ -121,7 +165,8 @@ CASES = {
         ("speech_started", 0, True, [PauseReply()]),
         ("paused", 700, True, [Transcribe(1)]),
         ("transcribed", 1, "Wait, stop.", [BargeIn(), StartTurn(1, speculative=True), Score(1)]),
-        ("scored", 1, 0.95, 1000, False, [Commit(1, end_utterance=True)]),
+        ("scored", 1, 0.95, 1000, False, []),
+        ("heard", 1, "Wait, stop.", "en", 1010, False, [Commit(1, end_utterance=True)]),
     ]),
     "semantic: words known only after the VAD ended the burst": (SEMANTIC, [
         ("speech_started", 0, True, [PauseReply()]),
@@ -135,6 +180,7 @@ CASES = {
         ("tick", 1400, True, []),
         ("tick", 1500, True, [BargeIn()]),
         ("paused", 2100, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("heard", 1, "No no, I meant the other one.", "en", 2250, False, []),
         ("scored", 1, 0.9, 2300, False, [Commit(1, end_utterance=True)]),
     ]),
     "semantic: new speech while the words of a burst are pending: an interruption": (SEMANTIC, [
@@ -200,3 +246,20 @@ def test_a_paused_reply_is_heard_no_further_until_resumed():
     assert turn.heard_ms(now=103.0) == 1000 and turn.still_audible(now=103.0)  # frozen while paused
     turn.resume_playback(now=103.0)
     assert turn.heard_ms(now=103.5) == 1500  # plays on from where it stopped
+
+
+@pytest.mark.parametrize(("text", "language", "cap"), [
+    ("Tell me a joke about", "en", 0.6),  # SEMANTIC ("medium"): half way between 0.3 and 0.9
+    ("Tell me a joke about.", "en", 0.6),  # whisper's full stop does not end a dangling preposition
+    ("What are you talking about?", "en", 1.0),
+    ("I'd like to book a table for the", "en", 0.3),
+    ("Bread, milk, and", "en", 0.3),
+    ("I was thinking, um", None, 0.3),
+    ("Let me see...", "en", 0.3),
+    ("Let me see\u2026", "en", 0.3),
+    ("The weather is nice today.", "en", 1.0),
+    ("", "en", 1.0),
+    ("Je voudrais une table pour", "fr", 1.0),  # English rules only
+])
+def test_words_cap(text, language, cap):
+    assert words_cap(text, language, SEMANTIC) == pytest.approx(cap)
