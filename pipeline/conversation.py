@@ -90,8 +90,8 @@ class Conversation:
                            content=(ContentPart(type="input_audio", transcript=transcript),))
 
     def add_user_message(self, turn: Turn) -> None:
-        if turn.user_added or turn.user_text is None or turn.user_item_id is None:
-            return
+        if turn.user_added or not turn.user_text or turn.user_item_id is None:
+            return  # an empty transcript says nothing to the LLM
         turn.user_added = True
         self.history.add("user", turn.user_text, turn.user_item_id)
 

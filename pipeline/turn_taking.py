@@ -15,8 +15,8 @@ Modes (``Policy``):
 - ``semantic_vad``: at the short pause the end-of-turn model scores the audio (``Score``)
   while the speculative turn runs. A score ``>= complete`` commits as soon as the speculative
   transcript is known too (``heard``) and its last words do not say the sentence goes on
-  (``words_cap``: "... a joke about", "... and"); the reply needs that transcript anyway, and
-  the turn never waits for it past the silence stop. A lower score (or one capped by the words)
+  (``words_cap``: "... a joke about", "... and"); the reply needs that transcript anyway (if
+  it never comes, the turn ends at ``max_silence_ms``). A lower score (or one capped by the words)
   waits for silence: from the silence stop (just under ``complete``) up to ``max_silence_ms``
   (at ``incomplete`` and below), in proportion (``Policy.wait_ms``). Before the score arrives
   the turn waits (up to ``max_silence_ms``).
@@ -354,9 +354,8 @@ class TurnTaking:
         probability = self._score
         if self._words is not None:
             probability = min(probability, words_cap(*self._words, p))
-        elif probability >= p.complete:  # complete by the model: the words may still say otherwise
-            self._deadline_ms = min(self._deadline_ms or float("inf"), self._speech_end_ms + p.silence_ms)
-            return self.tick(now_ms, audible)
+        elif probability >= p.complete:  # complete by the model: the words may still say otherwise.
+            return self.tick(now_ms, audible)  # Waiting costs nothing: the reply needs them too.
         if probability >= p.complete:
             return self._end_of_turn(audible, vad_ended=False)
         self._deadline_ms = self._speech_end_ms + p.wait_ms(probability)

@@ -344,14 +344,14 @@ class VoiceInput:
                 item_id=item, transcript=text, usage=ev.TranscriptionUsage(seconds=len(audio) / ASR_RATE)))
             conv.turns.emit(turn, ev.ConversationItemDone(item=conv.user_message(item, "completed", text),
                                                           previous_item_id=previous))
-            if not text:
-                await turn.released.wait()
-                conv.finish(turn, "empty_transcript")
-                return
             if turn.committed:
                 conv.add_user_message(turn)
             else:  # semantic_vad: the last words may end the turn now (Commit adds the user message)
                 self._heard(turn, text, result.language)
+            if not text:
+                await turn.released.wait()
+                conv.finish(turn, "empty_transcript")
+                return
             await conv.reply(turn, pending_user=None if turn.committed else text)
         except asyncio.CancelledError:
             raise

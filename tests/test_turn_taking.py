@@ -71,12 +71,12 @@ CASES = {
         ("heard", 1, "Please turn on the lights.", "en", 1350, False, []),
         ("scored", 1, 0.95, 1390, False, [Commit(1, end_utterance=True)]),
     ]),
-    "semantic: complete by the model, the words never come: commit at the silence stop": (SEMANTIC, [
+    "semantic: complete by the model, the words never come: commit at max_silence_ms": (SEMANTIC, [
         ("speech_started", 0, False, []),
         ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
         ("scored", 1, 0.95, 1150, False, []),
-        ("tick", 1490, False, []),
-        ("tick", 1500, False, [Commit(1, end_utterance=True)]),
+        ("tick", 2990, False, []),  # the reply cannot start without them either
+        ("tick", 3000, False, [Commit(1, end_utterance=True)]),
     ]),
     "semantic: an article last: the words overrule a complete score, wait the longest": (SEMANTIC, [
         ("speech_started", 0, False, []),
