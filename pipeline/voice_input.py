@@ -30,7 +30,7 @@ from pipeline.turn_taking import (
     BargeIn, Commit, Decision, Discard, DropTurn, PauseReply, Policy, ResumeReply, Score, StartTurn, Transcribe,
     TurnTaking,
 )
-from pipeline.workers import BACKGROUND, NORMAL, URGENT
+from pipeline.workers import BACKGROUND, NORMAL, PARTIAL, URGENT
 from realtime import events as ev
 from realtime.wire import ErrorCode, new_id
 from voxloop.config import Config
@@ -293,7 +293,7 @@ class VoiceInput:
     async def _partial(self, audio: np.ndarray, utterance: int, item: str | None) -> None:
         try:
             language = self._language()
-            result = await self.engines.asr.transcribe(audio, language, priority=BACKGROUND)
+            result = await self.engines.asr.transcribe(audio, language, priority=PARTIAL)
             text = result.text.strip()
             if utterance == self._utterance and item and text.startswith(self._partial_text) and text != self._partial_text:
                 delta = text[len(self._partial_text):]

@@ -27,8 +27,10 @@ E = TypeVar("E")
 T = TypeVar("T")
 
 #: Priority classes: lower runs first. First clauses of a reply jump the queue so
-#: speech starts sooner; speculative and partial work yields to committed work.
-URGENT, NORMAL, BACKGROUND = 0, 1, 2
+#: speech starts sooner; speculative work yields to committed work, and partial transcripts
+#: (a courtesy while the user speaks) to everything: a speculative turn's transcript is the
+#: final one for most turns (every turn of bench/voice_latency.py's H200 runs).
+URGENT, NORMAL, BACKGROUND, PARTIAL = 0, 1, 2, 3
 
 _END = object()
 

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import scaled
 from pipeline.asr_stage import BatchingAsr
-from pipeline.workers import BACKGROUND, NORMAL, URGENT
+from pipeline.workers import BACKGROUND, NORMAL, PARTIAL, URGENT
 from voxloop.errors import Cancelled, ConfigError, ModelError, Overloaded
 
 
@@ -52,15 +52,16 @@ async def test_waiting_utterances_of_one_language_share_a_call_in_priority_order
         assert await asyncio.to_thread(fake.started.wait, scaled(5))
         # Queued while the model is busy: taken by priority (then arrival), at most max_batch at once.
         later = [asyncio.create_task(asr.transcribe(utt(n), lang, priority=p)) for n, lang, p in
-                 [(1, "en", BACKGROUND), (2, "en", NORMAL), (3, "de", URGENT), (4, "en", NORMAL)]]
+                 [(5, "en", PARTIAL), (1, "en", BACKGROUND), (2, "en", NORMAL), (3, "de", URGENT), (4, "en", NORMAL)]]
         await asyncio.sleep(0.05)
-        assert asr.pending() == 5
+        assert asr.pending() == 6
         fake.release.set()
         assert await first == "en:0"
-        assert await asyncio.gather(*later) == ["en:1", "en:2", "de:3", "en:4"]
-        # 3 (urgent, de), 2 and 4 (normal, en) in the second take: one call per language; 1 alone after.
-        assert fake.calls == [("one", [0], "en"), ("one", [3], "de"), ("batch", [2, 4], "en"), ("one", [1], "en")]
-        assert (asr.calls, asr.utterances) == (4, 5)
+        assert await asyncio.gather(*later) == ["en:5", "en:1", "en:2", "de:3", "en:4"]
+        # 3 (urgent, de), 2 and 4 (normal, en) in the second take: one call per language; then 1
+        # (speculative) and 5 (a partial transcript, queued first) together.
+        assert fake.calls == [("one", [0], "en"), ("one", [3], "de"), ("batch", [2, 4], "en"), ("batch", [1, 5], "en")]
+        assert (asr.calls, asr.utterances) == (4, 6)
         assert asr.idle()
     finally:
         asr.close()
