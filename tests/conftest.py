@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
+from collections.abc import Callable
 
 import pytest
 
@@ -16,6 +19,17 @@ os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")
 def scaled(seconds: float) -> float:
     """A timeout in seconds, scaled for slow machines."""
     return seconds * TIMEOUT_SCALE
+
+
+async def eventually(predicate: Callable[[], bool], timeout_s: float = 2.0) -> bool:
+    """Whether ``predicate()`` turns true within ``timeout_s`` (scaled): for state a worker thread
+    updates just after it handed the awaited result over (e.g. its busy count)."""
+    deadline = time.monotonic() + scaled(timeout_s)
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.005)
+    return True
 
 
 @pytest.fixture(scope="session")
