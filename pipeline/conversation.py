@@ -228,6 +228,12 @@ class Conversation:
 
     def response_create(self, event: ev.ResponseCreate) -> None:
         current = self.turns.current
+        if current is not None and current.transcribe_only and not current.finished.is_set():
+            # create_response false: the user's turn is still being transcribed; answer once its
+            # transcript is in the history (or it was dropped: speech went on).
+            task = asyncio.create_task(self._create_after(current, event))
+            task.add_done_callback(self.task_done)
+            return
         if current is not None and current.committed and not current.finished.is_set():
             if current.trace.mode == "push_to_talk" and "llm_start" not in current.trace.t:
                 # GA clients send response.create after commit; voxloop already answers
@@ -243,6 +249,10 @@ class Conversation:
         self.spawn(turn, self.guarded_reply(
             turn, instructions=opts.instructions if opts else None, audio=audio,
             add_to_history=not (opts is not None and opts.conversation == "none")))
+
+    async def _create_after(self, turn: Turn, event: ev.ResponseCreate) -> None:
+        await turn.finished.wait()
+        self.response_create(event)
 
     def response_cancel(self, event: ev.ResponseCancel) -> None:
         current = self.turns.current

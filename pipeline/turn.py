@@ -76,6 +76,9 @@ class Turn:
     response_started: bool = False
     #: The reply is spoken (False: a text-only reply).
     spoken: bool = True
+    #: A voice turn that only transcribes (``turn_detection.create_response`` false): the
+    #: client asks for a response itself.
+    transcribe_only: bool = False
     #: Reply text sent so far in transcript or text deltas.
     text_sent: str = ""
     #: How the LLM's generation ended, once it has (``finish_reason``, ``prompt_tokens``,

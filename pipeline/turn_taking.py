@@ -115,15 +115,20 @@ class Policy:
     pause_on_speech: bool = False
     #: Speech over a paused reply that lasts this long cancels it, words or not.
     pause_max_speech_ms: int = 1000
+    #: Speech over the assistant may pause or cancel its reply (``turn_detection.interrupt_response``).
+    #: False: the reply plays on; the speech is still a turn when it ends (unless shorter than
+    #: ``barge_in_min_ms``).
+    interrupt: bool = True
 
     @classmethod
     def semantic_vad(cls, eagerness: str, silence_ms: int, barge_in_min_ms: int, max_silence_ms: int,
-                     pause_on_speech: bool, pause_max_speech_ms: int) -> "Policy":
+                     pause_on_speech: bool, pause_max_speech_ms: int, interrupt: bool = True) -> "Policy":
         t = EAGERNESS[eagerness]
         return cls(silence_ms=silence_ms, barge_in_min_ms=barge_in_min_ms, semantic=True,
                    complete=t.complete, incomplete=t.incomplete,
                    max_silence_ms=max(silence_ms, round(max_silence_ms * t.max_silence_scale)),
-                   pause_on_speech=pause_on_speech, pause_max_speech_ms=pause_max_speech_ms)
+                   pause_on_speech=pause_on_speech, pause_max_speech_ms=pause_max_speech_ms,
+                   interrupt=interrupt)
 
     def wait_ms(self, probability: float) -> float:
         """Silence to wait after a score under ``complete``: ``silence_ms`` just under it, growing
@@ -296,7 +301,7 @@ class TurnTaking:
             self._paused_by = None  # too long for a cough or an "mm-hm"
             self._interrupted = True
             return [BargeIn()]
-        if (self.state == SPEAKING and audible and not self._interrupted and self._paused_by is None
+        if (self.state == SPEAKING and audible and p.interrupt and not self._interrupted and self._paused_by is None
                 and speaking_ms >= p.barge_in_min_ms):
             self._interrupted = True
             return [BargeIn()]
@@ -345,7 +350,7 @@ class TurnTaking:
     # ----------------------------------------------------------------- internals
     @property
     def _pauses_replies(self) -> bool:
-        return self.policy.semantic and self.policy.pause_on_speech
+        return self.policy.semantic and self.policy.pause_on_speech and self.policy.interrupt
 
     def _decide(self, now_ms: float, audible: bool) -> list[Decision]:
         """Score known: commit now, or wait for silence as long as the score (capped by the words) says."""

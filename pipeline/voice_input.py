@@ -77,11 +77,13 @@ class VoiceInput:
         vad, turn = self.cfg.vad, self.cfg.turn
         if td.type == "semantic_vad":
             policy = Policy.semantic_vad(td.eagerness or "auto", td.silence_duration_ms, vad.barge_in_min_ms,
-                                         turn.max_silence_ms, turn.pause_on_speech, turn.pause_max_speech_ms)
+                                         turn.max_silence_ms, turn.pause_on_speech, turn.pause_max_speech_ms,
+                                         interrupt=td.interrupt_response)
             if self.engines.turn is None:  # no end-of-turn model on this server: silence alone
                 policy = dataclasses.replace(policy, semantic=False)
         else:
-            policy = Policy(silence_ms=td.silence_duration_ms, barge_in_min_ms=vad.barge_in_min_ms)
+            policy = Policy(silence_ms=td.silence_duration_ms, barge_in_min_ms=vad.barge_in_min_ms,
+                            interrupt=td.interrupt_response)
         self._mode = td.type
         vad_cfg = dataclasses.replace(
             vad, silence_duration_ms=policy.vad_silence_ms,
@@ -312,19 +314,39 @@ class VoiceInput:
         return self.cfg.asr.language
 
     # ------------------------------------------------------------------ voice turns
-    def _start_voice_turn(self, audio: np.ndarray, committed: bool,
-                          speech_end_at: float | None = None, vad_end_at: float | None = None) -> None:
-        self.conv.interrupt("turn_detected")
-        turn = self.conv.new_turn(self._mode, committed, self._utterance)
-        if self._speech_start_at is not None and self._vad is not None:
+    def _start_voice_turn(self, audio: np.ndarray, committed: bool, speech_end_at: float | None = None,
+                          vad_end_at: float | None = None, queued: tuple[int, str | None] | None = None) -> None:
+        """A voice turn for ``audio`` (of the current utterance and user item, or of ``queued``'s)."""
+        utterance, item = queued or (self._utterance, self._user_item)
+        td = self._settings().audio.input.turn_detection
+        interrupts = td is None or td.interrupt_response
+        current = self.conv.turns.current
+        if not interrupts and current is not None and current.committed and not current.finished.is_set():
+            # interrupt_response false: the reply in progress is made to its end, then this turn
+            # starts (turns of later speech queue behind it); nothing is speculated meanwhile.
+            if committed:
+                self._side_task(self._start_after(current, audio, speech_end_at, vad_end_at, (utterance, item)))
+            return
+        # A speculative turn of older speech is always dropped; a reply is stopped (and a finished
+        # one still playing cut in history) only when speech may interrupt it.
+        self.conv.interrupt("turn_detected", by_voice=interrupts)
+        turn = self.conv.new_turn(self._mode, committed, utterance)
+        if self._speech_start_at is not None and self._vad is not None and queued is None:
             turn.trace.mark("speech_start", self._speech_start_at)
         if speech_end_at is not None:
             turn.trace.mark("speech_end", speech_end_at)
         if vad_end_at is not None:
             turn.trace.mark("vad_end", vad_end_at)
-        turn.user_item_id = self._user_item or new_id("item")
+        turn.user_item_id = item or new_id("item")
+        turn.transcribe_only = td is not None and not td.create_response
         turn.trace.info["audio_ms"] = round(1000 * len(audio) / ASR_RATE)
         self.conv.spawn(turn, self._voice_turn(turn, audio))
+
+    async def _start_after(self, reply: Turn, audio: np.ndarray, speech_end_at: float | None,
+                           vad_end_at: float | None, queued: tuple[int, str | None]) -> None:
+        await reply.finished.wait()
+        self._start_voice_turn(audio, committed=True, speech_end_at=speech_end_at, vad_end_at=vad_end_at,
+                               queued=queued)
 
     async def _voice_turn(self, turn: Turn, audio: np.ndarray) -> None:
         conv = self.conv
@@ -348,9 +370,9 @@ class VoiceInput:
                 conv.add_user_message(turn)
             else:  # semantic_vad: the last words may end the turn now (Commit adds the user message)
                 self._heard(turn, text, result.language)
-            if not text:
-                await turn.released.wait()
-                conv.finish(turn, "empty_transcript")
+            if not text or turn.transcribe_only:
+                await turn.released.wait()  # committed: a transcript is in the history now
+                conv.finish(turn, "transcribed" if text else "empty_transcript")
                 return
             await conv.reply(turn, pending_user=None if turn.committed else text)
         except asyncio.CancelledError:

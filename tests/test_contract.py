@@ -354,6 +354,51 @@ class SlowASR(FakeASR):
         return super().transcribe(pcm, language)
 
 
+async def test_interrupt_response_false_lets_the_reply_finish_then_answers_the_speech(tts_engines):
+    llm = FakeLLM(" ".join(CLAUSES), delay_s=0.02)
+    async with serving(tts_engines, "vad.barge_in_min_ms=150", "asr.partial_interval_ms=0",
+                          asr=FakeASR("wait a moment"), llm=llm) as hub:
+        ws = await session(hub, {"type": "realtime", "audio": {"input": {"turn_detection": {
+            "type": "server_vad", "interrupt_response": False}}}})
+        for m in user_text("How is the weather?"):
+            await ws.send(m)
+        await until(ws, "response.output_audio_transcript.delta")
+        await send_audio(ws, ("speech", 1.0), ("silence", 1.0))  # the user talks over it
+        done, seen = await until(ws, "response.done")
+        assert done["response"]["status"] == "completed"  # not cut by the speech
+        nxt, after = await until(ws, "response.done")  # the speech is still a turn, answered after
+        assert nxt["response"]["status"] == "completed"
+        kinds = types(seen + after)
+        assert "input_audio_buffer.speech_started" in kinds and "input_audio_buffer.committed" in kinds
+        assert "x.output_audio_buffer.paused" not in kinds and "x.output_audio_buffer.cleared" not in kinds
+        assert llm.seen[-1][1:] == [{"role": "user", "content": "How is the weather?"},
+                                    {"role": "assistant", "content": " ".join(CLAUSES)},
+                                    {"role": "user", "content": "wait a moment"}]
+        await ws.close()
+
+
+async def test_create_response_false_transcribes_and_waits_for_response_create(tts_engines):
+    llm = FakeLLM(CLAUSES[0])
+    async with serving(tts_engines, "asr.partial_interval_ms=0", asr=SlowASR("what time is it"), llm=llm) as hub:
+        ws = await session(hub, {"type": "realtime", "audio": {"input": {"turn_detection": {
+            "type": "server_vad", "create_response": False}}}})
+        await send_audio(ws, ("speech", 1.0), ("silence", 0.7))
+        _, seen = await until(ws, "input_audio_buffer.committed")
+        # Asked for at once, while the turn is still being transcribed: answered once it is.
+        await ws.send(json.dumps({"type": "response.create"}))
+        done, after = await until(ws, "response.done")
+        kinds = types(seen + after)
+        assert kinds.index("conversation.item.input_audio_transcription.completed") < kinds.index("response.created")
+        assert kinds.count("response.created") == 1 and done["response"]["status"] == "completed"
+        assert llm.seen[-1][1:] == [{"role": "user", "content": "what time is it"}]
+        # The next turn is transcribed and nothing more, until the client asks again.
+        await send_audio(ws, ("speech", 1.0), ("silence", 0.7))
+        later = await quiet(ws, 1.5)
+        assert "conversation.item.input_audio_transcription.completed" in types(later)
+        assert "response.created" not in types(later) and len(llm.seen) == 1
+        await ws.close()
+
+
 async def test_push_to_talk_buffer_limit_clear_and_joined_response_create(tts_engines):
     asr = SlowASR("what time is it")
     async with serving(tts_engines, "limits.max_utterance_s=1", asr=asr) as hub:

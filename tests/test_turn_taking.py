@@ -190,6 +190,19 @@ CASES = {
         ("speech_started", 1300, False, [BargeIn(), Commit(1)]),
         ("transcribed", 1, "", []),
     ]),
+    "interrupt_response false: speech over the reply neither cuts nor pauses it, then is a turn": (
+        Policy(silence_ms=500, barge_in_min_ms=250, interrupt=False), [
+            ("speech_started", 0, True, []),
+            ("tick", 900, True, []),
+            ("paused", 1000, True, []),
+            ("speech_ended", 1000, False, True, [Commit(1)]),
+        ]),
+    "interrupt_response false, semantic: no pause of the reply either; a cough is no turn": (
+        Policy.semantic_vad("medium", 500, 250, 2000, True, 1500, interrupt=False), [
+            ("speech_started", 0, True, []),
+            ("paused", 150, True, []),
+            ("speech_ended", 150, False, True, [Discard(1)]),
+        ]),
     "semantic without pause_on_speech: barge-in as server_vad": (SEMANTIC_NO_PAUSE, [
         ("speech_started", 0, True, []),
         ("tick", 250, True, [BargeIn()]),
