@@ -250,6 +250,23 @@ class Conversation:
             turn, instructions=opts.instructions if opts else None, audio=audio,
             add_to_history=not (opts is not None and opts.conversation == "none")))
 
+    def silence_reply(self, item_id: str, silence_ms: float, mode: str) -> None:
+        """The user said nothing for ``silence_ms`` after the last response (``idle_timeout_ms``):
+        the silent stretch is committed as the user item ``item_id`` (empty transcript) and answered.
+        The LLM reads that item as a note saying so: it heard no words to pass on."""
+        previous = self.history.last_item_id()
+        self._send(ev.InputAudioBufferCommitted(item_id=item_id, previous_item_id=previous))
+        turn = self.new_turn(mode, committed=True)
+        turn.trace.mark("vad_end")
+        turn.user_item_id, turn.previous_item_id = item_id, previous
+        turn.user_text = f"(The user has said nothing for {silence_ms / 1000:.0f} seconds.)"
+        self.turns.emit(turn, ev.ConversationItemAdded(item=self.user_message(item_id, "completed", ""),
+                                                       previous_item_id=previous))
+        self.turns.emit(turn, ev.ConversationItemDone(item=self.user_message(item_id, "completed", ""),
+                                                      previous_item_id=previous))
+        self.add_user_message(turn)
+        self.spawn(turn, self.guarded_reply(turn))
+
     async def _create_after(self, turn: Turn, event: ev.ResponseCreate) -> None:
         await turn.finished.wait()
         self.response_create(event)

@@ -65,6 +65,7 @@ class VoiceInput:
         self._partial_task: asyncio.Task | None = None
         self._partial_text = ""
         self._next_partial_ms = 0.0
+        self._idle_from_ms: float | None = None  # stream time the last response stopped playing
         conversation.on_reply_stopped = self._reply_stopped
 
     def configure(self) -> None:
@@ -112,6 +113,7 @@ class VoiceInput:
         if self._vad is not None and self._taking is not None:
             self._perform(self._taking.tick(self._vad.stream_ms, self.conv.audible()))
         self._maybe_partial()
+        self._check_idle()
 
     def commit(self, event: ev.InputAudioBufferCommit) -> None:
         if self._vad is not None and self._taking is not None:
@@ -278,6 +280,25 @@ class VoiceInput:
     def _reply_stopped(self) -> None:
         if self._taking is not None:
             self._taking.reply_ended()
+
+    def _check_idle(self) -> None:
+        """``turn_detection.idle_timeout_ms``: no speech for that long (stream time) after the last
+        response stopped playing: ``input_audio_buffer.timeout_triggered`` and a response."""
+        td = self._settings().audio.input.turn_detection
+        vad, last, current = self._vad, self.conv.last_turn, self.conv.turns.current
+        if (td is None or td.idle_timeout_ms is None or vad is None or vad.in_speech
+                or (current is not None and not current.finished.is_set())
+                or last is None or not last.response_started or self.conv.audible()):
+            self._idle_from_ms = None
+            return
+        if self._idle_from_ms is None:
+            self._idle_from_ms = vad.stream_ms
+        elif vad.stream_ms - self._idle_from_ms >= td.idle_timeout_ms:
+            item = new_id("item")
+            self._send(ev.InputAudioBufferTimeoutTriggered(
+                audio_start_ms=round(self._idle_from_ms), audio_end_ms=round(vad.stream_ms), item_id=item))
+            self.conv.silence_reply(item, vad.stream_ms - self._idle_from_ms, self._mode)
+            self._idle_from_ms = None
 
     # ------------------------------------------------------------------ partial transcripts
     def _maybe_partial(self) -> None:

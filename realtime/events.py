@@ -49,6 +49,7 @@ from realtime.server_events import (
     ErrorDetail,
     ErrorEvent,
     InputAudioBufferCleared,
+    InputAudioBufferTimeoutTriggered,
     InputAudioBufferCommitted,
     InputAudioBufferSpeechStarted,
     InputAudioBufferSpeechStopped,
@@ -94,7 +95,7 @@ __all__ = [
     "XPlayback", "XTtsSpeak", "XTtsCancel",
     # server events
     "SessionCreated", "SessionUpdated", "InputAudioBufferSpeechStarted", "InputAudioBufferSpeechStopped",
-    "InputAudioBufferCommitted", "InputAudioBufferCleared", "ConversationItemAdded", "ConversationItemDone",
+    "InputAudioBufferCommitted", "InputAudioBufferCleared", "InputAudioBufferTimeoutTriggered", "ConversationItemAdded", "ConversationItemDone",
     "ConversationItemTruncated", "InputAudioTranscriptionDelta", "InputAudioTranscriptionCompleted",
     "InputAudioTranscriptionFailed", "ResponseCreated", "ResponseDone", "ResponseOutputItemAdded",
     "ResponseOutputItemDone", "ResponseContentPartAdded", "ResponseContentPartDone",

@@ -68,6 +68,17 @@ class InputAudioBufferCommitted(ServerEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
+class InputAudioBufferTimeoutTriggered(ServerEvent):
+    """``turn_detection.idle_timeout_ms`` of no speech after the last response played: the silent
+    stretch (stream ms), committed as ``item_id``; a response follows."""
+
+    type: ClassVar[str] = "input_audio_buffer.timeout_triggered"
+    audio_start_ms: int
+    audio_end_ms: int
+    item_id: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class InputAudioBufferCleared(ServerEvent):
     type: ClassVar[str] = "input_audio_buffer.cleared"
 

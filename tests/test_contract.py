@@ -399,6 +399,29 @@ async def test_create_response_false_transcribes_and_waits_for_response_create(t
         await ws.close()
 
 
+async def test_idle_timeout_answers_silence_after_the_reply_has_played(tts_engines):
+    llm = FakeLLM(CLAUSES[0])
+    async with serving(tts_engines, "asr.partial_interval_ms=0", llm=llm) as hub:
+        ws = await session(hub, {"type": "realtime", "audio": {"input": {"turn_detection": {
+            "type": "server_vad", "idle_timeout_ms": 800}}}})
+        await send_audio(ws, ("silence", 1.5))  # before any response: no timeout
+        for m in user_text("How is the weather?"):
+            await ws.send(m)
+        first, seen = await until(ws, "response.done")
+        reply_ms = sum(len(e["delta"]) * 3 // 4 // 2 for e in seen if e["type"] == "response.output_audio.delta") / 24
+        # Silence streamed while the reply plays (estimated from the audio sent) and after it.
+        sender = asyncio.create_task(send_audio(ws, ("silence", reply_ms / 1000 + 2.0)))
+        trigger, before = await until(ws, "input_audio_buffer.timeout_triggered")
+        assert "response.created" not in types(before)
+        assert 750 <= trigger["audio_end_ms"] - trigger["audio_start_ms"] <= 1000
+        done, after = await until(ws, "response.done")
+        committed = next(e for e in after if e["type"] == "input_audio_buffer.committed")
+        assert committed["item_id"] == trigger["item_id"] and done["response"]["status"] == "completed"
+        assert llm.seen[-1][-1] == {"role": "user", "content": "(The user has said nothing for 1 seconds.)"}
+        await sender
+        await ws.close()
+
+
 async def test_push_to_talk_buffer_limit_clear_and_joined_response_create(tts_engines):
     asr = SlowASR("what time is it")
     async with serving(tts_engines, "limits.max_utterance_s=1", asr=asr) as hub:

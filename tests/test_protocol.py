@@ -91,6 +91,8 @@ SERVER_SAMPLES: dict[str, dict[str, Any]] = {
     "input_audio_buffer.committed": {"type": "input_audio_buffer.committed", "event_id": "event_5",
                                      "item_id": "item_1", "previous_item_id": None},
     "input_audio_buffer.cleared": {"type": "input_audio_buffer.cleared", "event_id": "event_6"},
+    "input_audio_buffer.timeout_triggered": {"type": "input_audio_buffer.timeout_triggered", "event_id": "event_6b",
+                                             "audio_start_ms": 4000, "audio_end_ms": 10000, "item_id": "item_9"},
     "conversation.item.added": {"type": "conversation.item.added", "event_id": "event_7",
                                 "item": {**USER_ITEM, "status": "in_progress",
                                          "content": [{"type": "input_audio"}]}, "previous_item_id": None},
