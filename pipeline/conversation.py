@@ -55,6 +55,8 @@ class Conversation:
         self.last_turn: Turn | None = None
         #: Called when a reply the user may be hearing is stopped (turn taking forgets a paused reply).
         self.on_reply_stopped: Callable[[], None] = lambda: None
+        #: Called with a response id whose audio not yet on the socket must not be sent.
+        self.on_audio_stopped: Callable[[str], None] = lambda response_id: None
 
     # ------------------------------------------------------------------ turns
     def new_turn(self, mode: str, committed: bool, utterance: int | None = None) -> Turn:
@@ -185,11 +187,13 @@ class Conversation:
             if by_voice and last is not None and last.still_audible():
                 self.truncate_history(last, last.heard_ms())
                 last.played_ms = last.heard_ms()  # no longer audible: the client stops playback
+                self.on_audio_stopped(last.response_id)
                 self.on_reply_stopped()
             return None
         if not turn.committed:
             self.traces.record(turn.trace, "discarded")
             return turn
+        self.on_audio_stopped(turn.response_id)
         self.on_reply_stopped()
         self.last_turn = turn
         turn.played_ms = turn.heard_ms()  # frozen: the client stops playback on speech_started

@@ -288,7 +288,7 @@ class Hub:
         self.sessions[session_id] = session
         self.metrics.sessions.inc()
         self.metrics.sessions_total.inc()
-        writer = asyncio.create_task(self._write(ws, protocol, outbox, session.on_sent),
+        writer = asyncio.create_task(self._write(ws, protocol, outbox, session.on_sent, session.sendable),
                                      name=f"{session_id}-writer")
         lifetime = self.cfg.limits.max_session_minutes * 60
         try:
@@ -312,14 +312,17 @@ class Hub:
             self._conn_tasks.discard(task)
 
     async def _write(self, ws: ServerConnection, protocol: RealtimeProtocol, outbox: asyncio.Queue,
-                     on_sent) -> None:
-        """Serialize and send queued events in order; ``on_sent(event)`` after each hit the socket."""
+                     on_sent, sendable) -> None:
+        """Serialize and send queued events in order, skipping those ``sendable(event)`` refuses
+        (audio of a cancelled response); ``on_sent(event)`` after each hit the socket."""
         count = self.sent.count
         try:
             while True:
                 event = await outbox.get()
                 if isinstance(event, AfterSent):
                     event.run()
+                    continue
+                if not sendable(event):
                     continue
                 frame = protocol.send(event)
                 await ws.send(frame)

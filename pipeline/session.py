@@ -13,6 +13,7 @@ out through a bounded outbox. The session hands each event to the part that owns
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -30,6 +31,9 @@ from voxloop.config import Config
 from voxloop.errors import InvalidInput, VoxloopError
 
 log = logging.getLogger(__name__)
+
+#: Cancelled responses / x.tts requests remembered for dropping their unsent audio (oldest forgotten).
+STOPPED_AUDIO_IDS = 64
 
 
 class Session:
@@ -49,6 +53,10 @@ class Session:
         self.history = self.conversation.history
         self.voice = VoiceInput(cfg, engines, self.conversation, self._send, self._error, self._settings)
         self.tts_requests = TtsRequests(engines, self._send, metrics)
+        # Audio of a cancelled response or x.tts request still in the outbox is not sent: a client
+        # would otherwise receive (and a naive one play) seconds of it after its cancel.
+        self._stopped_audio: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self.conversation.on_audio_stopped = self.tts_requests.on_audio_stopped = self._stop_audio
 
     # ------------------------------------------------------------------ plumbing
     def start(self, protocol: Any) -> None:
@@ -77,6 +85,20 @@ class Session:
         if not isinstance(exc, VoxloopError):
             log.exception("%s: internal error", self.id, exc_info=exc)
         self._send(ev.ErrorEvent.from_exception(exc, event_id))
+
+    def _stop_audio(self, stream_id: str) -> None:
+        self._stopped_audio[stream_id] = None
+        while len(self._stopped_audio) > STOPPED_AUDIO_IDS:
+            self._stopped_audio.popitem(last=False)
+
+    def sendable(self, event: Any) -> bool:
+        """False for an audio delta of a response or x.tts request that was cancelled (the hub's
+        writer skips it; everything else goes out in order)."""
+        if isinstance(event, ev.ResponseOutputAudioDelta):
+            return event.response_id not in self._stopped_audio
+        if isinstance(event, ev.XTtsAudioDelta):
+            return event.request_id not in self._stopped_audio
+        return True
 
     def on_sent(self, event: Any) -> None:
         """Called by the hub's writer after ``event`` went out on the socket."""

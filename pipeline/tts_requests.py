@@ -38,6 +38,8 @@ class TtsRequests:
         self._send = send
         self.metrics = metrics
         self._active: dict[str, tuple[threading.Event, asyncio.Task]] = {}
+        #: Called with a request id whose audio not yet on the socket must not be sent.
+        self.on_audio_stopped: Callable[[str], None] = lambda request_id: None
 
     def start(self, event: ev.XTtsSpeak, output_rate: int) -> None:
         if event.request_id in self._active:
@@ -77,6 +79,7 @@ class TtsRequests:
         if entry is None:
             raise InvalidInput(f"no x.tts.speak request {request_id} in progress", code=ErrorCode.REQUEST_NOT_FOUND)
         entry[0].set()
+        self.on_audio_stopped(request_id)
 
     def cancel_all(self) -> None:
         for cancel, task in list(self._active.values()):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import json
 import re
 
@@ -200,3 +201,48 @@ async def test_audio_frames_are_never_deflated_on_a_compressed_connection(batchi
             assert [f for f in seen[n:] if f[0] == 2] == [(2, False)] * binary
     finally:
         await hub.stop(grace_s=1)
+
+
+async def test_audio_of_a_cancelled_stream_still_in_the_outbox_is_not_sent():
+    """The writer skips queued audio deltas of a response / x.tts request cancelled since they were
+    queued (a slow socket had held them back); other events still go out, in order."""
+    from types import SimpleNamespace
+
+    from pipeline.hub import Hub
+    from pipeline.session import Session
+    from realtime.protocol import RealtimeProtocol
+
+    class SlowSocket:
+        def __init__(self) -> None:
+            self.frames: list = []
+            self.open = asyncio.Event()
+
+        async def send(self, frame) -> None:
+            await self.open.wait()
+            self.frames.append(json.loads(frame))
+
+    session = Session.__new__(Session)  # only its audio bookkeeping is used here
+    session._stopped_audio = collections.OrderedDict()
+    pcm = np.zeros(2400, np.int16)
+    outbox: asyncio.Queue = asyncio.Queue()
+    for i in range(3):
+        outbox.put_nowait(ev.XTtsAudioDelta(request_id="tts_1", pcm=pcm))
+        outbox.put_nowait(ev.XTtsAudioDelta(request_id="tts_2", pcm=pcm))
+    outbox.put_nowait(ev.XTtsDone(request_id="tts_1", status="cancelled"))
+    ws, sent = SlowSocket(), []
+    hub = SimpleNamespace(sent=SimpleNamespace(count=lambda frame, binary: None))
+    writer = asyncio.create_task(Hub._write(hub, ws, RealtimeProtocol(), outbox, sent.append, session.sendable))
+    await asyncio.sleep(0.05)  # the first delta is stuck in the socket
+    session._stop_audio("tts_1")  # x.tts.cancel arrives
+    ws.open.set()
+    await asyncio.wait_for(_drained(outbox), scaled(5))
+    writer.cancel()
+    kinds = [(f["type"], f.get("request_id")) for f in ws.frames]
+    assert kinds == [("x.tts.audio.delta", "tts_1")] + [("x.tts.audio.delta", "tts_2")] * 3 + [("x.tts.done", "tts_1")]
+    assert len(sent) == len(ws.frames)
+
+
+async def _drained(outbox: asyncio.Queue) -> None:
+    while not outbox.empty():
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
