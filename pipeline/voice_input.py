@@ -232,9 +232,12 @@ class VoiceInput:
 
     def _heard(self, turn: Turn, text: str, language: str | None) -> None:
         """The speculative turn's transcript, for the turn-taking decision (its last words)."""
-        if self._taking is not None and self._vad is not None and turn.utterance == self._utterance:
-            self._perform(self._taking.heard(turn.utterance, text, language, self._vad.stream_ms,
-                                             self.conv.audible()))
+        taking = self._taking
+        if taking is not None and self._vad is not None and turn.utterance == self._utterance:
+            # The turn is of the current utterance: the machine's own number for it (a client commit
+            # or a new machine after a session.update numbers utterances apart from this class).
+            self._perform(taking.heard(taking.utterance, text, language, self._vad.stream_ms,
+                                       self.conv.audible()))
 
     def _do_transcribe(self, d: Transcribe) -> None:
         if self._turn_audio is not None and self._taking is not None:
