@@ -80,15 +80,9 @@ async def test_browser_conversation_with_barge_in(cfg, tmp_path):
     wav = tmp_path / "user.wav"
     fake_microphone_wav(cfg, wav)
     hub = await real_hub(cfg)
-    problems: list[str] = []
     try:
         async with playwright.async_playwright() as p:
-            browser = await p.chromium.launch(executable_path=CHROMIUM, args=chromium_args(wav), headless=True)
-            page = await browser.new_page(viewport={"width": 420, "height": 860})  # phone width
-            page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-            page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error" else None)
-            await page.goto(f"http://127.0.0.1:{hub.port}/")
-            await wait_for(page, "window.voxloop && window.voxloop.connected", 20)
+            browser, page, problems = await open_page(p, wav, hub.port, viewport={"width": 420, "height": 860})  # phone width
             await tell_long_stories(page)  # a long reply, so there is something to talk over
             await page.click("#start")
             await wait_for(page, "window.voxloop.started", 10)
@@ -140,9 +134,7 @@ async def test_browser_smart_turn_a_cough_pauses_and_resumes_the_reply(cfg, tmp_
     hub = await real_hub(cfg)
     try:
         async with playwright.async_playwright() as p:
-            browser, page, problems = await launch(p, wav)
-            await page.goto(f"http://127.0.0.1:{hub.port}/")
-            await wait_for(page, "window.voxloop && window.voxloop.connected", 20)
+            browser, page, problems = await open_page(p, wav, hub.port)
             await tell_long_stories(page)
             await page.check("input[name=mode][value=semantic]")
             await wait_for(page, "window.voxloop.session.audio.input.turn_detection.type === 'semantic_vad'", 10)
@@ -182,12 +174,21 @@ async def tell_long_stories(page) -> None:  # noqa: ANN001
     await wait_for(page, f"window.voxloop.session.instructions === {json.dumps(INSTRUCTIONS)}", 10)
 
 
-async def launch(p, wav: Path):
+async def launch(p, wav: Path, viewport: dict | None = None):
+    """Chromium with ``wav`` as its microphone; (browser, page, the page's errors so far)."""
     browser = await p.chromium.launch(executable_path=CHROMIUM, args=chromium_args(wav), headless=True)
-    page = await browser.new_page()
+    page = await browser.new_page(**({"viewport": viewport} if viewport else {}))
     problems: list[str] = []
     page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
     page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error" else None)
+    return browser, page, problems
+
+
+async def open_page(p, wav: Path, port: int, viewport: dict | None = None):
+    """``launch``, then the server's page, connected."""
+    browser, page, problems = await launch(p, wav, viewport)
+    await page.goto(f"http://127.0.0.1:{port}/")
+    await wait_for(page, "window.voxloop && window.voxloop.connected", 20)
     return browser, page, problems
 
 
@@ -201,9 +202,7 @@ async def test_browser_hold_space_to_talk(cfg, tmp_path):
     hub = await real_hub(cfg)
     try:
         async with playwright.async_playwright() as p:
-            browser, page, problems = await launch(p, wav)
-            await page.goto(f"http://127.0.0.1:{hub.port}/")
-            await wait_for(page, "window.voxloop && window.voxloop.connected", 20)
+            browser, page, problems = await open_page(p, wav, hub.port)
             await page.check("input[name=mode][value=ptt]")
             await wait_for(page, "window.voxloop.session.audio.input.turn_detection === null", 10)
             await page.click("#start")
