@@ -231,14 +231,14 @@ class Conversation:
         self._send(ev.ConversationItemDone(item=done, previous_item_id=event.previous_item_id))
 
     def response_create(self, event: ev.ResponseCreate) -> None:
-        current = self.turns.current
-        if current is not None and current.transcribe_only and not current.finished.is_set():
+        current = self.turns.running
+        if current is not None and current.transcribe_only:
             # create_response false: the user's turn is still being transcribed; answer once its
             # transcript is in the history (or it was dropped: speech went on).
             task = asyncio.create_task(self._create_after(current, event))
             task.add_done_callback(self.task_done)
             return
-        if current is not None and current.committed and not current.finished.is_set():
+        if current is not None and current.committed:
             if current.trace.mode == "push_to_talk" and "llm_start" not in current.trace.t:
                 # GA clients send response.create after commit; voxloop already answers
                 # the commit, so this request joins that response (documented).
@@ -264,10 +264,9 @@ class Conversation:
         turn.trace.mark("vad_end")
         turn.user_item_id, turn.previous_item_id = item_id, previous
         turn.user_text = f"(The user has said nothing for {silence_ms / 1000:.0f} seconds.)"
-        self.turns.emit(turn, ev.ConversationItemAdded(item=self.user_message(item_id, "completed", ""),
-                                                       previous_item_id=previous))
-        self.turns.emit(turn, ev.ConversationItemDone(item=self.user_message(item_id, "completed", ""),
-                                                      previous_item_id=previous))
+        item = self.user_message(item_id, "completed", "")
+        self.turns.emit(turn, ev.ConversationItemAdded(item=item, previous_item_id=previous))
+        self.turns.emit(turn, ev.ConversationItemDone(item=item, previous_item_id=previous))
         self.add_user_message(turn)
         self.spawn(turn, self.guarded_reply(turn))
 

@@ -108,7 +108,7 @@ class Session:
 
     async def wait_idle(self) -> None:
         """Return when no turn is in flight (graceful drain)."""
-        while (turn := self.conversation.turns.current) is not None and not turn.finished.is_set():
+        while (turn := self.conversation.turns.running) is not None:
             await turn.finished.wait()
 
     async def close(self, code: int, reason: str) -> None:

@@ -157,6 +157,12 @@ class TurnControl:
         self.current = turn
         return turn
 
+    @property
+    def running(self) -> Turn | None:
+        """The current turn while it is not finished (a finished one stays ``current`` until the next)."""
+        turn = self.current
+        return turn if turn is not None and not turn.finished.is_set() else None
+
     def is_current(self, turn: Turn | int) -> bool:
         tid = turn if isinstance(turn, int) else turn.turn_id
         return self.current is not None and self.current.turn_id == tid

@@ -288,10 +288,9 @@ class VoiceInput:
         """``turn_detection.idle_timeout_ms``: no speech for that long (stream time) after the last
         response stopped playing: ``input_audio_buffer.timeout_triggered`` and a response."""
         td = self._settings().audio.input.turn_detection
-        vad, last, current = self._vad, self.conv.last_turn, self.conv.turns.current
+        vad, last = self._vad, self.conv.last_turn
         if (td is None or td.idle_timeout_ms is None or vad is None or vad.in_speech
-                or (current is not None and not current.finished.is_set())
-                or last is None or not last.response_started or self.conv.audible()):
+                or self.conv.turns.running is not None or last is None or not last.response_started or self.conv.audible()):
             self._idle_from_ms = None
             return
         if self._idle_from_ms is None:
@@ -344,8 +343,8 @@ class VoiceInput:
         utterance, item = queued or (self._utterance, self._user_item)
         td = self._settings().audio.input.turn_detection
         interrupts = td is None or td.interrupt_response
-        current = self.conv.turns.current
-        if not interrupts and current is not None and current.committed and not current.finished.is_set():
+        current = self.conv.turns.running
+        if not interrupts and current is not None and current.committed:
             # interrupt_response false: the reply in progress is made to its end, then this turn
             # starts (turns of later speech queue behind it); nothing is speculated meanwhile.
             if committed:
