@@ -172,11 +172,13 @@ class Transcriber:
         """Run the model once on 1 s of a tone so the first real call is not slower; with
         ``batch`` > 1 also one batched call of that many 4 s tones (what a full batch of
         questions allocates on a GPU)."""
-        t = np.arange(SAMPLE_RATE, dtype=np.float32) / SAMPLE_RATE
-        self.transcribe(0.1 * np.sin(2 * np.pi * 220 * t).astype(np.float32))
+        def tone(seconds: int) -> np.ndarray:
+            t = np.arange(seconds * SAMPLE_RATE, dtype=np.float32) / SAMPLE_RATE
+            return (0.1 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+
+        self.transcribe(tone(1))
         if batch > 1:
-            t = np.arange(4 * SAMPLE_RATE, dtype=np.float32) / SAMPLE_RATE
-            self.transcribe_batch([0.1 * np.sin(2 * np.pi * 220 * t).astype(np.float32)] * batch)
+            self.transcribe_batch([tone(4)] * batch)
 
     # --- transcription -------------------------------------------------------
 
