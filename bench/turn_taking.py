@@ -16,7 +16,9 @@ within the timeout. A turn is over when its replies are done and nothing happene
 ``QUIET_S``; its reply is then reported played (``x.playback`` finished) without waiting it out.
 Per burst over a playing reply: ``resumed`` (paused, then resumed: pause length), ``cut`` (the
 reply was cancelled or cleared; ``server_vad`` has no pause, so a client stops playback at
-``speech_started``), ``paused`` (never resolved), ``unaffected`` (no speech detected).
+``speech_started``), ``paused`` (never resolved), ``unaffected`` (no speech detected),
+``reply_over`` (the reply had less audio than was played by then: nothing to pause; not a trial).
+The bursts run in a conversation of their own, after the turns.
 
 Writes bench/results/turn_taking-<hardware>-<date>.json (+ .png).
 
@@ -39,7 +41,8 @@ from bench.harness import ROOT, Mic, free_port, hardware, pct, start_server, sto
 
 RATE = 16000
 MODES = {"server_vad": {"type": "server_vad", "silence_duration_ms": 500},
-         "semantic_vad": {"type": "semantic_vad", "eagerness": "auto"}}
+         "semantic_vad": {"type": "semantic_vad", "eagerness": "auto"},
+         "semantic_vad_high": {"type": "semantic_vad", "eagerness": "high"}}
 SHORT = "Answer in one short sentence."
 LONG = "Tell a long story of at least ten sentences."
 INTERRUPTION = "Stop. What is the capital of France?"
@@ -47,6 +50,11 @@ QUIET_S = 1.2  # a turn is over when nothing happened for this long (and its rep
 
 
 # --------------------------------------------------------------------------- the set
+#: Events too frequent to list per burst.
+_CHATTY = frozenset({"response.output_audio.delta", "response.output_audio_transcript.delta",
+                     "conversation.item.input_audio_transcription.delta"})
+
+
 def build_set(cfg, coughs: int) -> tuple[list[dict], list[np.ndarray], np.ndarray]:
     """(turns, cough bursts, the interruption), each turn ``{name, kind, pcm}`` (16 kHz int16)."""
     from bench.turn_set import TurnSet, trim
@@ -121,8 +129,9 @@ class Talker:
             self.arrived.clear()
             await asyncio.wait_for(self.arrived.wait(), max(0.01, deadline - time.monotonic()))
 
-    def since(self, index: int, etype: str) -> list[tuple[float, object]]:
-        return [(t, e) for t, e in self.events[index:] if e.type == etype]
+    def since(self, index: int, etype: str | None) -> list[tuple[float, object]]:
+        """Events from ``index`` on, of type ``etype`` (None: all)."""
+        return [(t, e) for t, e in self.events[index:] if etype is None or e.type == etype]
 
     async def close(self) -> None:
         await self.mic.stop()
@@ -194,12 +203,18 @@ async def over_reply(talker: Talker, sound: np.ndarray, kind: str, timeout_s: fl
     speech_end = talker.say(sound)
     await speech_end
     await asyncio.sleep(2.5)  # long enough for a pause to be resolved
+    # Audio of the reply that had arrived by the burst's start: a reply shorter than what was
+    # played by then (1.5 s) + the VAD's start was over before the burst: nothing to pause.
+    received_ms = 1000 * sum(len(e.pcm) for t, e in talker.events[since:mark]
+                             if e.type == "response.output_audio.delta" and e.response_id == rid) / talker.client.session.output_rate
     started = talker.since(mark, "input_audio_buffer.speech_started")
     paused = talker.since(mark, "x.output_audio_buffer.paused")
     resumed = talker.since(mark, "x.output_audio_buffer.resumed")
     cut = talker.since(mark, "x.output_audio_buffer.cleared") + [
         (t, e) for t, e in talker.since(mark, "response.done") if e.response.id == rid and e.response.status == "cancelled"]
-    if resumed:
+    if received_ms < 1500 + 300 and not paused and not cut:
+        outcome = "reply_over"  # the reply had finished playing: the burst met no reply (not counted)
+    elif resumed:
         outcome = "resumed"
     elif cut or (started and not paused):  # without a pause a client stops playback at speech_started
         outcome = "cut"
@@ -207,7 +222,11 @@ async def over_reply(talker: Talker, sound: np.ndarray, kind: str, timeout_s: fl
         outcome = "paused"  # never resolved: a bug
     else:
         outcome = "unaffected"
-    row = {"kind": kind, "outcome": outcome, "sound_ms": round(1000 * len(sound) / RATE)}
+    row = {"kind": kind, "outcome": outcome, "sound_ms": round(1000 * len(sound) / RATE),
+           "reply_received_ms": round(received_ms),
+           # what the server said about the burst: its events and, if it became a turn, its words
+           "events": [e.type for _, e in talker.since(mark, None) if e.type not in _CHATTY],
+           "heard": [e.transcript for _, e in talker.since(mark, "conversation.item.input_audio_transcription.completed")]}
     if resumed:
         row["paused_ms"] = round(1000 * (resumed[0][0] - paused[0][0]), 1)
     stop = (paused or started)[:1]
@@ -235,15 +254,23 @@ async def session(url: str, mode: str, turns: list[dict], coughs: list[np.ndarra
         try:
             await asyncio.sleep(0.5)
             rows = [dict(await one_turn(talker, t, timeout_s), mode=mode, session=seed) for t in order]
-            bursts = []
-            if coughs or interruption is not None:
-                await client.update_session(instructions=LONG)
+        finally:
+            await talker.close()
+    bursts = []
+    if coughs or interruption is not None:
+        # A fresh conversation: after dozens of one-sentence answers a small LLM keeps answering in
+        # one sentence, and a reply over before the burst leaves nothing to pause.
+        async with RealtimeClient.connect(url) as client:
+            await client.update_session(instructions=LONG, audio={"input": {"turn_detection": MODES[mode]}})
+            talker = Talker(client)
+            try:
+                await asyncio.sleep(0.5)
                 for i, burst in enumerate(coughs):
                     bursts.append(dict(await over_reply(talker, burst, f"cough-{i}", timeout_s), mode=mode))
                 if interruption is not None:
                     bursts.append(dict(await over_reply(talker, interruption, "interruption", timeout_s), mode=mode))
-        finally:
-            await talker.close()
+            finally:
+                await talker.close()
     return rows, bursts
 
 
@@ -259,7 +286,7 @@ def summarize(mode: str, talkers: int, rows: list[dict], bursts: list[dict]) -> 
     eot = [r["end_of_turn_ms"] for r in rows if r.get("end_of_turn_ms") is not None]
     out["end_of_turn_call_p50_ms"], out["end_of_turn_call_p90_ms"] = pct(eot, 50), pct(eot, 90)
     coughs = [b for b in bursts if b["kind"].startswith("cough")]
-    for outcome in ("resumed", "cut", "paused", "unaffected"):
+    for outcome in ("resumed", "cut", "paused", "unaffected", "reply_over"):
         out[f"cough_{outcome}"] = sum(b["outcome"] == outcome for b in coughs)
     out["cough_paused_max_ms"] = max((b.get("paused_ms", 0) for b in coughs), default=None)
     spoken = [b for b in bursts if b["kind"] == "interruption"]

@@ -7,7 +7,8 @@ arrives, and decodes every audio delta (JSON: parse + base64; binary: the fast p
 with ``session.x_binary_audio``). Sessions are spread over ``--processes`` processes (spawned,
 so the client's own CPU does not share the server's event loop or one client GIL).
 
-Per request: first audio (send -> first audio delta) and sentence latency (send -> x.tts.done),
+Per request: first audio (send -> first audio delta), the server's share of it (``x.tts.done``
+``first_audio_ms``) and sentence latency (send -> x.tts.done),
 ms. Requests started before ``--warmup`` seconds are not counted. Used by
 ``python -m bench.tts_load --mode ws``; runnable alone::
 
@@ -76,7 +77,9 @@ async def _session(url: str, index: int, texts: list[str], fmt: str, rate: int, 
             if m["status"] != "completed" or not samples:
                 raise RuntimeError(f"x.tts.speak ended {m['status']} with {samples} samples")
             if t0 >= t_measure:
-                records.append((t0, t1, (first or t1) - t0, t1 - t0, samples / rate))
+                server_first = m.get("first_audio_ms")  # the server's share of the first audio
+                records.append((t0, t1, (first or t1) - t0, t1 - t0, samples / rate,
+                                np.nan if server_first is None else server_first / 1000))
 
 
 def _process(url: str, indices: list[int], fmt: str, rate: int, t_measure: float, t_end: float, out) -> None:
@@ -126,6 +129,8 @@ def summarize(records: list, t_measure: float, t_end: float) -> dict:
     arr = np.array(records)
     elapsed = max(arr[:, 1].max(), t_end) - t_measure
     first, lat, audio = arr[:, 2] * 1000, arr[:, 3] * 1000, arr[:, 4]
+    server = arr[:, 5] * 1000 if arr.shape[1] > 5 else np.array([np.nan])
+    server = server[~np.isnan(server)]
     return {
         "requests": len(arr), "qps": round(len(arr) / elapsed, 2),
         "audio_seconds_per_second": round(float(audio.sum()) / elapsed, 1),
@@ -134,6 +139,9 @@ def summarize(records: list, t_measure: float, t_end: float) -> dict:
         "first_audio_p99_ms": round(float(np.percentile(first, 99)), 2),
         "latency_p50_ms": round(float(np.percentile(lat, 50)), 2),
         "latency_p99_ms": round(float(np.percentile(lat, 99)), 2),
+        # x.tts.done's first_audio_ms: request received -> first delta queued, inside the server
+        "server_first_audio_p50_ms": round(float(np.percentile(server, 50)), 2) if len(server) else None,
+        "server_first_audio_p99_ms": round(float(np.percentile(server, 99)), 2) if len(server) else None,
         "elapsed_s": round(elapsed, 2),
     }  # fmt: skip
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -54,13 +55,15 @@ class TtsRequests:
     async def _run(self, event: ev.XTtsSpeak, rate: int, cancel: threading.Event) -> None:
         rid = event.request_id
         options = synthesis_options(event, rate)
-        sent = 0
+        sent, start, first_ms = 0, time.monotonic(), None
         status, error = "completed", None
         try:
             async for chunk in self.engines.speech.stream(event.text, options, cancel, NORMAL):
                 for piece in split_pcm(chunk.pcm, chunk.sample_rate, self.engines.cfg.server.audio_delta_ms):
                     self._send(ev.XTtsAudioDelta(request_id=rid, pcm=piece))
                     sent += len(piece)
+                if first_ms is None and sent:
+                    first_ms = round(1000 * (time.monotonic() - start), 1)
             if cancel.is_set():
                 status = "cancelled"
         except asyncio.CancelledError:
@@ -72,7 +75,7 @@ class TtsRequests:
         finally:
             self._active.pop(rid, None)
             self._send(ev.XTtsDone(request_id=rid, status=status, audio_ms=round(1000 * sent / rate),
-                                   error=error))
+                                   first_audio_ms=first_ms, error=error))
 
     def cancel(self, request_id: str) -> None:
         entry = self._active.get(request_id)

@@ -86,6 +86,8 @@ class VoiceInput:
             policy = Policy(silence_ms=td.silence_duration_ms, barge_in_min_ms=vad.barge_in_min_ms,
                             interrupt=td.interrupt_response)
         self._mode = td.type
+        if policy.semantic:
+            vad = dataclasses.replace(vad, speculative_pause_ms=turn.pause_ms)
         vad_cfg = dataclasses.replace(
             vad, silence_duration_ms=policy.vad_silence_ms,
             prefix_padding_ms=td.prefix_padding_ms, aggressiveness=td.x_aggressiveness)

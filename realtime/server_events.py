@@ -337,4 +337,8 @@ class XTtsDone(ServerEvent):
     request_id: str
     status: Literal["completed", "cancelled", "failed"] = "completed"
     audio_ms: int = 0
+    #: Server side: ms from receiving the request to its first audio delta queued for the socket
+    #: (None if no audio was sent). A client's own first-audio time minus this is the network and
+    #: its own reading.
+    first_audio_ms: float | None = None
     error: ErrorInfo | None = None

@@ -71,3 +71,10 @@ def test_llm_sequences_and_batch_are_checked():
     with pytest.raises(ConfigError, match="batch_tokens"):
         load_config(None, ["llm.max_sequences=64", "llm.batch_tokens=32"], environ={})
     assert load_config(None, ["llm.max_sequences=200", "llm.batch_tokens=512"], environ={}).llm.max_sequences == 200
+
+
+@pytest.mark.parametrize("key", ["turn.pause_ms", "turn.max_silence_ms", "turn.pause_max_speech_ms"])
+def test_turn_durations_must_be_positive(key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(None, [f"{key}=0"], environ={})
+    assert load_config(None, [f"{key}=120"], environ={}).turn  # a positive value loads

@@ -488,6 +488,7 @@ async def test_tts_speak_cancel_and_its_errors(tts_engines):
         assert refused["request_id"] == "r1" and refused["status"] == "failed"
         assert refused["error"]["type"] == "invalid_request_error"
         assert refused["error"]["code"] == "duplicate_request_id"
+        assert "first_audio_ms" not in refused  # no audio was sent for it
         await ws.send(json.dumps({"type": "x.tts.cancel", "request_id": "r1"}))
         done, _ = await until(ws, "x.tts.done")
         assert done["request_id"] == "r1" and done["status"] == "cancelled" and "error" not in done

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from client_fakes import FakeASR, FakeLLM, real_tts_engines, start_hub
+from client_fakes import FakeASR, FakeLLM, FakeTranscript, real_tts_engines, start_hub
 from conftest import scaled
 from rt import recv, until, user_text
 from test_contract import CLAUSES, quiet, send_audio, session, types
@@ -84,6 +84,22 @@ async def test_a_complete_score_ends_the_turn_at_the_short_pause(tts_engines):
         await hub.stop()
 
 
+async def test_the_short_pause_is_configurable(tts_engines):
+    """turn.pause_ms: the model scores (and the turn can end) only after that much silence."""
+    turn = FakeTurnModel(0.99)
+    hub = await _hub(tts_engines, turn, "turn.pause_ms=390")
+    try:
+        ws = await session(hub, SEMANTIC)
+        await send_audio(ws, ("speech", 0.8), ("silence", 1.2))
+        metrics, _ = await until(ws, "x.turn.metrics")
+        stages = metrics["metrics"]["stages_ms"]
+        assert 390 <= stages["vad_end"] - stages["speech_end"] < 900, stages
+        assert len(turn.samples) == 1
+        await ws.close()
+    finally:
+        await hub.stop()
+
+
 async def test_an_incomplete_score_waits_through_a_long_pause(tts_engines):
     turn, asr = FakeTurnModel(0.05), FakeASR("book a table for four")
     hub = await _hub(tts_engines, turn, asr=asr)
@@ -106,14 +122,19 @@ async def _speak_over_reply(tts_engines, asr_text: str, burst: float):
     llm = FakeLLM(" ".join(CLAUSES), delay_s=0.06)  # still being made when the burst is judged
     hub = await _hub(tts_engines, FakeTurnModel(0.99), "vad.barge_in_min_ms=250", asr=FakeASR(asr_text), llm=llm)
     ws = await session(hub, SEMANTIC)
-    for m in user_text("How is the weather?"):
+    await _burst_over_reply(ws, "How is the weather?", burst)
+    return hub, ws, llm
+
+
+async def _burst_over_reply(ws, text: str, burst: float) -> None:
+    """Ask ``text``; once its reply's audio flows (300 ms reported played), make ``burst`` s of sound."""
+    for m in user_text(text):
         await ws.send(m)
     seen = []
     while len([e for e in seen if e["type"] == "response.output_audio.delta"]) < 5:
         seen.append(await recv(ws))
     await ws.send(json.dumps({"type": "x.playback", "item_id": seen[-1]["item_id"], "audio_end_ms": 300}))
     await send_audio(ws, ("speech", burst), ("silence", 1.2))
-    return hub, ws, llm
 
 
 async def test_a_short_burst_over_the_reply_pauses_then_resumes_it(tts_engines):
@@ -166,6 +187,36 @@ async def test_server_vad_still_cancels_at_once(tts_engines):
         done, seen = await until(ws, "response.done")
         assert done["response"]["status"] == "cancelled"
         assert "x.output_audio_buffer.paused" not in types(seen)
+        await ws.close()
+    finally:
+        await hub.stop()
+
+
+async def test_after_speech_over_a_fresh_reply_a_cough_still_pauses(tts_engines):
+    """A turn ends at a pause, the user goes on over the new reply (paused, then cancelled by the
+    words); a cough over a later reply must still pause it, not cut it."""
+    class Words(FakeASR):  # the long first part is a question, the shorter bursts are what `later` says
+        later = "and then some more"
+
+        def transcribe(self, pcm, language=None):
+            self.samples.append(len(pcm))
+            return FakeTranscript("How long does it take?" if len(pcm) > 16000 * 1.4 else self.later)
+
+    asr = Words()
+    hub = await _hub(tts_engines, FakeTurnModel(0.99), "vad.barge_in_min_ms=250", asr=asr,
+                     llm=FakeLLM(" ".join(CLAUSES), delay_s=0.06))
+    try:
+        ws = await session(hub, SEMANTIC)
+        await send_audio(ws, ("speech", 1.8), ("silence", 0.5), ("speech", 0.9), ("silence", 2.5))
+        _, seen = await until(ws, "response.done")
+        assert "x.output_audio_buffer.paused" in types(seen)  # the second part paused the first reply
+        await until(ws, "response.done")  # ... and was a turn of its own
+        asr.later = ""  # the cough has no words
+        await _burst_over_reply(ws, "Tell me about the sea.", 0.3)
+        done, seen = await until(ws, "response.done")
+        kinds = types(seen)
+        assert done["response"]["status"] == "completed", kinds
+        assert "x.output_audio_buffer.paused" in kinds and "x.output_audio_buffer.resumed" in kinds
         await ws.close()
     finally:
         await hub.stop()

@@ -12,6 +12,7 @@ import base64
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -114,11 +115,15 @@ async def test_tts_only_server_speaks_and_refuses_audio_input():
                 "instructions"
             ] == "Be brief."
 
+            t0 = time.monotonic()
             done, samples = await speak(
                 ws, "r1", "The server speaks without a language model."
             )
+            elapsed_ms = 1000 * (time.monotonic() - t0)
             assert done["status"] == "completed" and samples > 24000  # > 1 s at 24 kHz
             assert abs(done["audio_ms"] - samples / 24) < 2
+            # the server's share of the first audio: inside the request's lifetime
+            assert 0 < done["first_audio_ms"] < elapsed_ms
 
             speech = (np.sin(np.arange(4800) / 5) * 8000).astype(np.int16)
             append_event = json.loads(append(speech)) | {"event_id": "c_2"}

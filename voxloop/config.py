@@ -136,6 +136,11 @@ class TurnConfig:
     model_path: str | None = None
     #: onnxruntime intra-op threads per end-of-turn scoring call.
     threads: int = 1
+    #: ``semantic_vad``: the short pause after speech at which the end-of-turn model scores the
+    #: utterance and the speculative turn starts, ms (whole VAD frames: 150 waits 180 with 30 ms
+    #: frames). ``server_vad`` uses ``vad.speculative_pause_ms``. Shorter answers sooner; each
+    #: pause inside a sentence that long is scored too.
+    pause_ms: int = 150
     #: ``semantic_vad``, eagerness medium/auto: longest silence waited while the model says the
     #: user is not done, ms (low waits 1.5x, high 0.5x; never less than the silence stop).
     max_silence_ms: int = 2000
@@ -148,8 +153,8 @@ class TurnConfig:
     def __post_init__(self) -> None:
         if self.threads < 1:
             raise ConfigError(f"turn.threads must be >= 1, got {self.threads}")
-        if self.max_silence_ms < 1 or self.pause_max_speech_ms < 1:
-            raise ConfigError("turn.max_silence_ms and turn.pause_max_speech_ms must be > 0")
+        if self.max_silence_ms < 1 or self.pause_max_speech_ms < 1 or self.pause_ms < 1:
+            raise ConfigError("turn.pause_ms, turn.max_silence_ms and turn.pause_max_speech_ms must be > 0")
 
 
 @dataclass(frozen=True)
