@@ -100,6 +100,15 @@ class BatchedChat:
                               n_gpu_layers=options.n_gpu_layers, verbose=False)
         except (ValueError, RuntimeError, OSError) as exc:
             raise ModelError(f"cannot load {model_path}: {exc}") from exc
+        weights, kv = self._fixed_bytes()
+        if options.memory_budget_mb and weights + kv > options.memory_budget_mb * 2**20:
+            self._llm.close()
+            where = "GPU" if options.n_gpu_layers else "RAM"
+            raise ModelError(
+                f"the LLM needs {(weights + kv) / 2**20:.0f} MiB of {where} (weights {weights / 2**20:.0f} MiB + "
+                f"KV cache {kv / 2**20:.0f} MiB for {options.max_sequences + 1} sequences x {options.n_ctx} "
+                f"tokens), over llm.memory_budget_mb = {options.memory_budget_mb}: lower llm.max_sequences "
+                "or llm.n_ctx, or raise the budget")
         params = llama_cpp.llama_context_default_params()
         n_seq = options.max_sequences + 1  # + the system prompt's sequence
         params.n_ctx = options.n_ctx * n_seq
@@ -141,7 +150,8 @@ class BatchedChat:
         return cls(resolve_llm(cfg).path, ChatOptions(
             n_ctx=c.n_ctx, max_sequences=c.max_sequences, batch_tokens=c.batch_tokens,
             n_threads=c.n_threads, n_gpu_layers=c.n_gpu_layers, seed=c.seed,
-            temperature=c.temperature, max_tokens=c.max_tokens, system_prompt=c.system_prompt))
+            temperature=c.temperature, max_tokens=c.max_tokens, system_prompt=c.system_prompt,
+            memory_budget_mb=c.memory_budget_mb))
 
     def close(self) -> None:
         if self._ctx:
@@ -253,15 +263,23 @@ class BatchedChat:
             self._finish(r, "error", events)
         return events
 
-    def report(self) -> dict[str, int]:
-        """Fixed memory (weights; KV cache for every sequence, f16) and counters; any thread."""
+    def _fixed_bytes(self) -> tuple[int, int]:
+        """Bytes of the weights and of the KV cache (f16 K and V, every layer) for all sequences."""
         ll, model = self._ll, self._llm.model
         head = ll.llama_model_n_embd(model) // ll.llama_model_n_head(model)
         kv_per_token = 2 * ll.llama_model_n_layer(model) * ll.llama_model_n_head_kv(model) * head * 2
-        kv_tokens = self.options.n_ctx * (self.options.max_sequences + 1)
+        return ll.llama_model_size(model), self._kv_tokens * kv_per_token
+
+    @property
+    def _kv_tokens(self) -> int:
+        return self.options.n_ctx * (self.options.max_sequences + 1)
+
+    def report(self) -> dict[str, int]:
+        """Fixed memory (weights; KV cache for every sequence, f16) and counters; any thread."""
+        weights, kv = self._fixed_bytes()
         return {
-            "weights_bytes": ll.llama_model_size(model), "kv_bytes": kv_tokens * kv_per_token,
-            "kv_tokens": kv_tokens, "sequences": self.options.max_sequences,
+            "weights_bytes": weights, "kv_bytes": kv,
+            "kv_tokens": self._kv_tokens, "sequences": self.options.max_sequences,
             "sequences_held": sum(s.session is not None for s in self._slots),
             "replies_running": len(self._active), "replies_waiting": len(self._waiting),
             "steps": self.steps, "evaluated_tokens": self.evaluated, "prompt_tokens_evaluated": self.prompt_evaluated,

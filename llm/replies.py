@@ -22,6 +22,7 @@ class ChatOptions:
     temperature: float = 0.2
     max_tokens: int = 160
     system_prompt: str | None = None
+    memory_budget_mb: int = 0  # weights + KV cache, MiB; 0: no limit
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,12 @@ def test_llm_sequences_and_batch_are_checked():
     assert load_config(None, ["llm.max_sequences=200", "llm.batch_tokens=512"], environ={}).llm.max_sequences == 200
 
 
+def test_gpu_and_memory_budgets_must_not_be_negative():
+    for key in ("llm.memory_budget_mb", "asr.gpu_budget_mb"):
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            load_config(None, [f"{key}=-1"], environ={})
+
+
 @pytest.mark.parametrize("key", ["turn.pause_ms", "turn.max_silence_ms", "turn.pause_max_speech_ms"])
 def test_turn_durations_must_be_positive(key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

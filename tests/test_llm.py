@@ -298,3 +298,21 @@ def test_a_prompt_over_the_context_fails_alone(engine, cfg):
         engine.step()
     assert isinstance(huge.error, InvalidInput) and huge.stats.finish_reason == "error"
     assert ok.error is None and ok.stats.finish_reason in ("stop", "length")
+
+
+def test_the_memory_budget_refuses_start_up_before_the_kv_cache(cfg):
+    """llm.memory_budget_mb: weights + KV cache over it is an exact error naming what to lower."""
+    from voxloop.models import resolve_llm
+
+    path = resolve_llm(cfg).path
+    # SmolLM2-135M: ~100 MB of weights; 255 + 1 sequences x 2048 tokens of 23 KB: 11 520 MiB.
+    big = ChatOptions(n_ctx=2048, max_sequences=255, batch_tokens=256, memory_budget_mb=1000)
+    with pytest.raises(ModelError, match=r"needs \d+ MiB of RAM .*KV cache 11520 MiB for 256 sequences x 2048 "
+                                         r"tokens\), over llm\.memory_budget_mb = 1000: lower llm\.max_sequences"):
+        BatchedChat(path, big)
+    fits = BatchedChat(path, dataclasses.replace(big, n_ctx=256, max_sequences=2, batch_tokens=32))
+    try:
+        report = fits.report()
+        assert report["weights_bytes"] + report["kv_bytes"] < 1000 * 2**20
+    finally:
+        fits.close()

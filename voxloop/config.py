@@ -220,8 +220,14 @@ class LlmConfig:
     )
     #: Seed for sampling; None is random.
     seed: int | None = 1234
+    #: The LLM's fixed memory, MiB: weights + the KV cache of every sequence (on the GPU with
+    #: ``n_gpu_layers``, else in RAM). Start-up fails over it, before the KV cache is allocated,
+    #: naming what to lower. 0: no limit. ``/metrics``: ``voxloop_llm_memory_bytes``.
+    memory_budget_mb: int = 0
 
     def __post_init__(self) -> None:
+        if self.memory_budget_mb < 0:
+            raise ConfigError(f"llm.memory_budget_mb must be >= 0 (0: no limit), got {self.memory_budget_mb}")
         if not 1 <= self.max_sequences <= 255:  # llama.cpp's 256 sequences, one for the system prompt
             raise ConfigError(f"llm.max_sequences must be 1..255, got {self.max_sequences}")
         if self.batch_tokens < self.max_sequences:
@@ -291,10 +297,10 @@ class TtsConfig:
 
 @dataclass(frozen=True)
 class GpuConfig:
-    """The process's CUDA memory (used where a stage runs on the GPU: the cuda TTS backend).
+    """The PyTorch side's CUDA memory (the cuda TTS backend): allocator and per-stage budgets.
 
-    ASR (CTranslate2) and the LLM (llama.cpp) run on the CPU in this build, so only the TTS
-    stages have GPU budgets here.
+    The ASR (CTranslate2) and the LLM (llama.cpp) allocate outside PyTorch's allocator; their
+    budgets are ``asr.gpu_budget_mb`` and ``llm.memory_budget_mb``.
     """
 
     #: PyTorch allocator backend: "async" (one stream-ordered CUDA pool, ``cudaMallocAsync``,
