@@ -191,6 +191,22 @@ async def one_turn(talker: Talker, turn: dict, timeout_s: float) -> dict:
     return row
 
 
+def burst_outcome(reply_done: bool, received_ms: float, heard_by_ms: float, started: bool, paused: bool,
+                  resumed: bool, cut: bool) -> str:
+    """What a burst over a reply did to it (module doc). ``heard_by_ms``: the reply's audio played by
+    the time the VAD could hear the burst; a reply that was done and had no more audio than that was
+    over: ``reply_over``, the burst met nothing to pause (not a trial)."""
+    if reply_done and received_ms <= heard_by_ms and not paused and not cut:
+        return "reply_over"
+    if resumed:
+        return "resumed"
+    if cut or (started and not paused):  # without a pause a client stops playback at speech_started
+        return "cut"
+    if paused:
+        return "paused"  # never resolved: a bug
+    return "unaffected"
+
+
 async def over_reply(talker: Talker, sound: np.ndarray, kind: str, timeout_s: float) -> dict:
     """Start a long reply, let it play ~1.5 s, make ``sound`` over it; what happened to the reply?"""
     since = len(talker.events)
@@ -203,25 +219,16 @@ async def over_reply(talker: Talker, sound: np.ndarray, kind: str, timeout_s: fl
     speech_end = talker.say(sound)
     await speech_end
     await asyncio.sleep(2.5)  # long enough for a pause to be resolved
-    # Audio of the reply that had arrived by the burst's start: a reply shorter than what was
-    # played by then (1.5 s) + the VAD's start was over before the burst: nothing to pause.
-    received_ms = 1000 * sum(len(e.pcm) for t, e in talker.events[since:mark]
-                             if e.type == "response.output_audio.delta" and e.response_id == rid) / talker.client.session.output_rate
+    before = talker.events[since:mark]
+    received_ms = 1000 * sum(len(e.pcm) for _, e in before if e.type == "response.output_audio.delta"
+                             and e.response_id == rid) / talker.client.session.output_rate
+    reply_done = any(e.type == "response.done" and e.response.id == rid for _, e in before)
     started = talker.since(mark, "input_audio_buffer.speech_started")
     paused = talker.since(mark, "x.output_audio_buffer.paused")
     resumed = talker.since(mark, "x.output_audio_buffer.resumed")
     cut = talker.since(mark, "x.output_audio_buffer.cleared") + [
         (t, e) for t, e in talker.since(mark, "response.done") if e.response.id == rid and e.response.status == "cancelled"]
-    if received_ms < 1500 + 300 and not paused and not cut:
-        outcome = "reply_over"  # the reply had finished playing: the burst met no reply (not counted)
-    elif resumed:
-        outcome = "resumed"
-    elif cut or (started and not paused):  # without a pause a client stops playback at speech_started
-        outcome = "cut"
-    elif paused:
-        outcome = "paused"  # never resolved: a bug
-    else:
-        outcome = "unaffected"
+    outcome = burst_outcome(reply_done, received_ms, 1500 + 300, bool(started), bool(paused), bool(resumed), bool(cut))
     row = {"kind": kind, "outcome": outcome, "sound_ms": round(1000 * len(sound) / RATE),
            "reply_received_ms": round(received_ms),
            # what the server said about the burst: its events and, if it became a turn, its words

@@ -128,3 +128,18 @@ def test_result_files_say_date_hardware_and_command(tmp_path, monkeypatch):
     assert doc["rows"] == [{"a": 1}] and doc["note"] == "n" and doc["date"]
     assert doc["hardware"]["cores"] >= 1 and "--clients 2" in doc["command"]
     assert harness.pct([1, 2, 3, 4], 50) == 2.5 and harness.pct([], 50) is None
+
+
+@pytest.mark.parametrize(("reply_done", "received_ms", "started", "paused", "resumed", "cut", "outcome"), [
+    (True, 1200, True, False, False, False, "reply_over"),  # a short reply had ended: nothing to pause
+    (False, 1200, True, False, False, False, "cut"),  # still being made and not paused: a cut
+    (True, 9000, True, False, False, False, "cut"),  # done but still playing, not paused: a cut
+    (False, 9000, True, True, True, False, "resumed"),
+    (False, 9000, True, True, False, True, "cut"),  # paused, then words cancelled it
+    (False, 9000, True, True, False, False, "paused"),  # never resolved
+    (False, 9000, False, False, False, False, "unaffected"),
+])
+def test_turn_taking_burst_outcomes(reply_done, received_ms, started, paused, resumed, cut, outcome):
+    from bench.turn_taking import burst_outcome
+
+    assert burst_outcome(reply_done, received_ms, 1800, started, paused, resumed, cut) == outcome
