@@ -16,8 +16,9 @@ front end -> engine
   ``("llm", key, session, messages, max_tokens, priority)`` / ``("llm_cancel", key)`` /
   ``("llm_release", session)``.
 engine -> front end
-  ``("step", [(key, clause_index, final, pcm_bytes) | (key, error) ...])``: **one message per GPU
-  step** with everything that step made for that front end's requests (int16 at the voice's rate);
+  ``("step", [(key, clause_index, final, pcm_bytes) | (key, error) ...])``: **at most two messages
+  per GPU step** with what that step made for that front end's requests (int16 at the voice's
+  rate): first chunks as soon as they are decoded, then the rest;
   ``error`` is an exception, or None when the engine closed;
   ``("asr", key, transcript_or_error)``;
   ``("llm", [(key, text, stats, error) ...])``: one message per ``llama_decode`` step with every
@@ -149,7 +150,7 @@ class _FrontEndLink:
 
     # ---------------------------------------------------------------- results (other threads)
     def sink(self, outcomes: list) -> None:
-        """TTS scheduler thread, once per step: this front end's outcomes become one message."""
+        """TTS scheduler thread, at most twice per step: this front end's outcomes become one message."""
         items = []
         with self._lock:
             for request, outcome in outcomes:
@@ -216,14 +217,16 @@ class _FrontEndLink:
         handler(*message[1:])
 
     def _on_speak(self, key: int, sentences: list, options: SynthesisOptions) -> None:
-        try:
-            if self.engine is None:
-                raise ModelError("this process runs no TTS")
-            requests, _ = self.engine.submit_sentences(sentences, options, sink=self.sink)
-        except Exception as exc:  # noqa: BLE001 - Overloaded / InvalidInput go back to the session
-            self._out.put(("step", [(key, exc)]))
-            return
+        # Under the lock the sink takes: a step that ends before the keys are known would drop
+        # its outcomes (the stream would wait forever). submit_sentences never blocks.
         with self._lock:
+            try:
+                if self.engine is None:
+                    raise ModelError("this process runs no TTS")
+                requests, _ = self.engine.submit_sentences(sentences, options, sink=self.sink)
+            except Exception as exc:  # noqa: BLE001 - Overloaded / InvalidInput go back to the session
+                self._out.put(("step", [(key, exc)]))
+                return
             self._requests[key] = requests
             for r in requests:
                 self._keys[r] = key

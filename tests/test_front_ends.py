@@ -226,3 +226,48 @@ def test_the_llm_process_loads_no_onnxruntime_or_torch():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=scaled(120))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_step_that_ends_while_a_speak_is_being_registered_loses_nothing(tmp_path):
+    """The engine's sink may run (on the scheduler thread) before ``_on_speak`` has recorded the
+    request's key: the outcome must still reach the front end, not be dropped."""
+    import pickle
+    import socket
+    import struct
+    import threading
+
+    import numpy as np
+
+    from pipeline.engine_link import EngineHost, frame
+    from tts_engine.engine import AudioChunk
+
+    class Request:
+        def cancel(self) -> None:
+            pass
+
+    class QuickEngine:
+        """A step finishes between ``submit_sentences`` and the key's registration."""
+
+        def submit_sentences(self, sentences, options, sink):
+            requests = [Request() for _ in sentences]
+            chunk = AudioChunk(np.ones(4, np.int16), 22050, 0, True)
+            step = threading.Thread(target=sink, args=([(requests[0], chunk)],))
+            step.start()
+            step.join(0.2)  # the scheduler thread's step, done (or blocked) before we return
+            return requests, 22050
+
+    host = EngineHost(QuickEngine(), str(tmp_path / "engine.sock"))
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.connect(host.path)
+            conn.settimeout(scaled(5))
+            conn.sendall(frame(("speak", 7, [[1, 2, 3]], None)))
+            reader = conn.makefile("rb")
+            while True:
+                size = struct.unpack("!I", reader.read(4))[0]
+                message = pickle.loads(reader.read(size))
+                if message[0] == "step":
+                    break
+        assert message[1] == [(7, 0, True, np.ones(4, np.int16).tobytes())]
+    finally:
+        host.close()

@@ -10,9 +10,11 @@ hands each request its chunk. A request is finished after its last chunk.
 thread) for ``AudioChunk``s; ``cancel()`` (from any thread) ends it at the next step.
 The waiting line is bounded: ``submit`` raises ``Overloaded`` when it is full.
 
-Delivery in bulk: a request submitted with a ``sink`` is not iterated; instead, once per
-step, each sink is called once (on the scheduler thread) with every outcome that step made
-for its requests: ``[(request, AudioChunk | BaseException | None), ...]`` in order, where an
+Delivery in bulk: a request submitted with a ``sink`` is not iterated; instead, each sink is
+called (on the scheduler thread) at most twice per step — once with the step's first chunks,
+as soon as they are decoded (before the longer chunks of running requests), and once with
+the rest — with every outcome made for its requests since the last call:
+``[(request, AudioChunk | BaseException | None), ...]`` in order, where an
 exception ends the request with that error and None ends it without one (scheduler closed).
 A server hands a whole step to its event loop with one wake-up this way, instead of one
 thread and one hand-off per chunk. A sink must be quick and must not raise.
@@ -297,6 +299,7 @@ class BatchScheduler:
                 launched.append((size, batch, audio))
             if size in first:
                 self._finish(launched, frames_dev, admitted)
+                self._flush()  # first chunks leave now, not after the rest of the step is decoded
                 launched, frames_dev = [], None
         if launched:
             self._finish(launched, frames_dev, admitted)
