@@ -47,6 +47,7 @@ SHORT = "Answer in one short sentence."
 LONG = "Tell a long story of at least ten sentences."
 INTERRUPTION = "Stop. What is the capital of France?"
 QUIET_S = 1.2  # a turn is over when nothing happened for this long (and its reply is done)
+PLAYED_MS = 1500  # a burst comes after this much of the reply has played (reported with x.playback)
 
 
 # --------------------------------------------------------------------------- the set
@@ -129,6 +130,14 @@ class Talker:
             self.arrived.clear()
             await asyncio.wait_for(self.arrived.wait(), max(0.01, deadline - time.monotonic()))
 
+    def reply_audio(self, rid: str, start: int, stop: int | None = None) -> list[tuple[float, object]]:
+        """Audio deltas of response ``rid`` among the events from ``start`` (to ``stop``)."""
+        return [(t, e) for t, e in self.events[start:stop] if e.type == "response.output_audio.delta"
+                and e.response_id == rid]
+
+    def audio_ms(self, deltas: list[tuple[float, object]]) -> float:
+        return 1000 * sum(len(e.pcm) for _, e in deltas) / self.client.session.output_rate
+
     def since(self, index: int, etype: str | None) -> list[tuple[float, object]]:
         """Events from ``index`` on, of type ``etype`` (None: all)."""
         return [(t, e) for t, e in self.events[index:] if etype is None or e.type == etype]
@@ -170,14 +179,12 @@ async def one_turn(talker: Talker, turn: dict, timeout_s: float) -> dict:
     row["split"] = len(commits) > 1 or any(t < speech_end for t, _ in created)
     if responses:
         rid = responses[-1]
-        audio = [(t, e) for t, e in talker.events[since:] if e.type == "response.output_audio.delta"
-                 and e.response_id == rid]
+        audio = talker.reply_audio(rid, since)
         done = next(e for _, e in talker.since(since, "response.done") if e.response.id == rid)
         row["status"] = done.response.status
         if audio:
             row["voice_to_voice_ms"] = round(1000 * (audio[0][0] - speech_end), 1)
-            audio_ms = 1000 * sum(len(e.pcm) for _, e in audio) / talker.client.session.output_rate
-            await talker.client.report_playback(audio[0][1].item_id, audio_ms, finished=True)
+            await talker.client.report_playback(audio[0][1].item_id, talker.audio_ms(audio), finished=True)
         else:
             row["missed"] = True
     transcripts = [e.transcript for _, e in talker.since(since, "conversation.item.input_audio_transcription.completed")]
@@ -213,22 +220,22 @@ async def over_reply(talker: Talker, sound: np.ndarray, kind: str, timeout_s: fl
     await talker.client.send_text("Tell me about the sea.")
     _, first = await talker.until(since, lambda e: e.type == "response.output_audio.delta", timeout_s)
     rid, item = first.response_id, first.item_id
-    await asyncio.sleep(1.5)
-    await talker.client.report_playback(item, 1500)
+    await asyncio.sleep(PLAYED_MS / 1000)
+    await talker.client.report_playback(item, PLAYED_MS)
     mark = len(talker.events)
     speech_end = talker.say(sound)
     await speech_end
     await asyncio.sleep(2.5)  # long enough for a pause to be resolved
-    before = talker.events[since:mark]
-    received_ms = 1000 * sum(len(e.pcm) for _, e in before if e.type == "response.output_audio.delta"
-                             and e.response_id == rid) / talker.client.session.output_rate
-    reply_done = any(e.type == "response.done" and e.response.id == rid for _, e in before)
+    received_ms = talker.audio_ms(talker.reply_audio(rid, since, mark))
+    reply_done = any(e.type == "response.done" and e.response.id == rid for _, e in talker.events[since:mark])
     started = talker.since(mark, "input_audio_buffer.speech_started")
     paused = talker.since(mark, "x.output_audio_buffer.paused")
     resumed = talker.since(mark, "x.output_audio_buffer.resumed")
     cut = talker.since(mark, "x.output_audio_buffer.cleared") + [
         (t, e) for t, e in talker.since(mark, "response.done") if e.response.id == rid and e.response.status == "cancelled"]
-    outcome = burst_outcome(reply_done, received_ms, 1500 + 300, bool(started), bool(paused), bool(resumed), bool(cut))
+    # What had played by the time the VAD could hear the burst (its start run: ~100 ms, + margin).
+    heard_by_ms = PLAYED_MS + 300
+    outcome = burst_outcome(reply_done, received_ms, heard_by_ms, bool(started), bool(paused), bool(resumed), bool(cut))
     row = {"kind": kind, "outcome": outcome, "sound_ms": round(1000 * len(sound) / RATE),
            "reply_received_ms": round(received_ms),
            # what the server said about the burst: its events and, if it became a turn, its words

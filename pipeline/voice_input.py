@@ -86,10 +86,9 @@ class VoiceInput:
             policy = Policy(silence_ms=td.silence_duration_ms, barge_in_min_ms=vad.barge_in_min_ms,
                             interrupt=td.interrupt_response)
         self._mode = td.type
-        if policy.semantic:
-            vad = dataclasses.replace(vad, speculative_pause_ms=turn.pause_ms)
         vad_cfg = dataclasses.replace(
             vad, silence_duration_ms=policy.vad_silence_ms,
+            speculative_pause_ms=turn.pause_ms if policy.semantic else vad.speculative_pause_ms,
             prefix_padding_ms=td.prefix_padding_ms, aggressiveness=td.x_aggressiveness)
         if self._vad is None or self._taking is None or self._vad.config != vad_cfg:
             self._vad = VoiceActivityDetector(vad_cfg, ASR_RATE, self.cfg.limits.max_utterance_s)
