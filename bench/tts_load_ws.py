@@ -51,6 +51,13 @@ class WsBackend:
         self.vram = VramSampler(self.server.pid, vram_before) if backend == "cuda" else None
         self.info.update({"server_startup_s": round(time.perf_counter() - t0, 1), "server_args": self.server_args})
 
+    def scrape(self) -> dict:
+        """The server's ``/metrics`` samples ({} when it cannot be read)."""
+        try:
+            return scrape_metrics(metrics_url(self.url))
+        except (OSError, ValueError):
+            return {}
+
     def reset_peak(self) -> None:
         if self.vram is not None:
             self.vram.reset()
@@ -72,6 +79,19 @@ class WsBackend:
         if self.vram is not None:
             self.vram.close()
         stop_server(self.server)
+
+
+def first_audio_parts(before: dict, after: dict) -> dict[str, float] | None:
+    """Mean ms of each part of the first audio (``voxloop_tts_first_audio_part_seconds``) between
+    two scrapes (warm-up included); None when the server exported none (CPU engines)."""
+    name = "voxloop_tts_first_audio_part_seconds"
+    out = {}
+    for labels, count in after.get(f"{name}_count", {}).items():
+        n = count - before.get(f"{name}_count", {}).get(labels, 0.0)
+        total = after[f"{name}_sum"][labels] - before.get(f"{name}_sum", {}).get(labels, 0.0)
+        if n > 0:
+            out[dict(labels)["part"]] = round(1000 * total / n, 2)
+    return out or None
 
 
 def metrics_pool_high_mb(url: str) -> float | None:

@@ -16,9 +16,10 @@ front end -> engine
   ``("llm", key, session, messages, max_tokens, priority)`` / ``("llm_cancel", key)`` /
   ``("llm_release", session)``.
 engine -> front end
-  ``("step", [(key, clause_index, final, pcm_bytes) | (key, error) ...])``: **at most two messages
-  per GPU step** with what that step made for that front end's requests (int16 at the voice's
-  rate): first chunks as soon as they are decoded, then the rest;
+  ``("step", [(key, clause_index, final, pcm_bytes, stamps) | (key, error) ...])``: **at most two
+  messages per GPU step** with what that step made for that front end's requests (int16 at the
+  voice's rate): first chunks as soon as they are decoded, then the rest; ``stamps`` is
+  ``(received, handed_out)`` (``time.monotonic()`` of this host) on a speak's first chunk, else None;
   ``error`` is an exception, or None when the engine closed;
   ``("asr", key, transcript_or_error)``;
   ``("llm", [(key, text, stats, error) ...])``: one message per ``llama_decode`` step with every
@@ -42,11 +43,13 @@ import queue
 import socket
 import struct
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Hashable
 from typing import Any
 
 import numpy as np
 
+from pipeline.speech import FirstAudioTiming
 from pipeline.workers import NORMAL, ModelWorker
 from tts_engine.engine import AudioChunk, SynthesisOptions, resolve_options
 from tts_engine.resample import StreamResampler
@@ -137,6 +140,7 @@ class _FrontEndLink:
         self.number = number
         self._requests: dict[int, list] = {}  # key -> its SpeechRequests
         self._keys: dict[Any, int] = {}  # SpeechRequest -> key
+        self._received: dict[int, float] = {}  # key -> when its speak arrived, until its first chunk
         self._asr: dict[int, threading.Event] = {}  # key -> cancel, while transcribing
         self._replies: dict[int, Any] = {}  # key -> LLM Reply, while generating
         self._sessions: set[Hashable] = set()  # this front end's LLM conversations
@@ -152,14 +156,18 @@ class _FrontEndLink:
     def sink(self, outcomes: list) -> None:
         """TTS scheduler thread, at most twice per step: this front end's outcomes become one message."""
         items = []
+        now = time.monotonic()
         with self._lock:
             for request, outcome in outcomes:
                 key = self._keys.get(request)
                 if key is None:
                     continue
                 if isinstance(outcome, AudioChunk):
-                    items.append((key, outcome.clause_index, outcome.final, outcome.pcm.tobytes()))
+                    received = self._received.pop(key, None) if outcome.clause_index == 0 else None
+                    items.append((key, outcome.clause_index, outcome.final, outcome.pcm.tobytes(),
+                                  None if received is None else (received, now)))
                 else:
+                    self._received.pop(key, None)
                     items.append((key, outcome))
         if items:
             self._out.put(("step", items))
@@ -195,6 +203,7 @@ class _FrontEndLink:
                         r.cancel()
                 self._requests.clear()
                 self._keys.clear()
+                self._received.clear()
                 for cancel in self._asr.values():
                     cancel.set()
                 replies, self._replies = list(self._replies.values()), {}
@@ -219,6 +228,7 @@ class _FrontEndLink:
     def _on_speak(self, key: int, sentences: list, options: SynthesisOptions) -> None:
         # Under the lock the sink takes: a step that ends before the keys are known would drop
         # its outcomes (the stream would wait forever). submit_sentences never blocks.
+        received = time.monotonic()
         with self._lock:
             try:
                 if self.engine is None:
@@ -228,11 +238,13 @@ class _FrontEndLink:
                 self._out.put(("step", [(key, exc)]))
                 return
             self._requests[key] = requests
+            self._received[key] = received
             for r in requests:
                 self._keys[r] = key
 
     def _on_cancel(self, key: int) -> None:
         with self._lock:
+            self._received.pop(key, None)
             for r in self._requests.pop(key, ()):
                 self._keys.pop(r, None)
                 r.cancel()
@@ -434,13 +446,15 @@ class RemoteSpeech(_Streams):
         super()._on_step(message)
 
     async def stream(self, text: str, options: SynthesisOptions, cancel: threading.Event,
-                     priority: int = NORMAL) -> AsyncIterator[AudioChunk]:
+                     priority: int = NORMAL, timing: FirstAudioTiming | None = None) -> AsyncIterator[AudioChunk]:
         if not self.link.connected:
             raise ModelError("the engine process is not connected")
         rate = self.text.output_rate(options)
         sentences = await self.text_worker.submit(lambda t: t.sentence_ids(text), priority, cancel)
         if cancel.is_set() or not sentences:
             return
+        if timing is not None:
+            timing.mark("text")
         key = next(self._keys)
         q: asyncio.Queue = asyncio.Queue()
         self._queues[key] = q
@@ -459,7 +473,11 @@ class RemoteSpeech(_Streams):
                     if item[1] != index:
                         ahead.setdefault(item[1], []).append(item)
                         continue
-                _, clause, final, pcm = item
+                _, clause, final, pcm, stamps = item
+                if stamps is not None and timing is not None:
+                    timing.mark("to_engine", stamps[0])
+                    timing.mark("engine", stamps[1])
+                    timing.mark("from_engine")
                 chunk = AudioChunk(_int16(pcm), self.text.sample_rate, clause, final)
                 yield resampler.process_chunk(chunk, last=final and index == len(sentences) - 1)
                 index += final

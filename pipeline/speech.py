@@ -14,12 +14,17 @@ an async iterator of ``AudioChunk`` at ``options.sample_rate``. Two implementati
   the client's rate happens here, per stream, on the event loop.
 
 Neither blocks the loop on model work.
+
+A caller may pass a ``FirstAudioTiming``: the batching stages mark where the stream's first audio
+spent its time (``FIRST_AUDIO_PARTS``), and the caller marks ``out`` once the first audio event is
+queued; ``x.tts.speak`` exports the parts as ``voxloop_tts_first_audio_part_seconds{part}``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
@@ -27,11 +32,35 @@ from pipeline.workers import NORMAL, ModelWorker
 from tts_engine.engine import AudioChunk, SynthesisOptions
 from tts_engine.resample import StreamResampler
 
+#: Where a stream's first audio spends its time inside the server, in order (seconds each):
+#: ``text`` request -> phoneme ids (text worker, its queue included); ``to_engine`` ids sent ->
+#: the engine process has them (front-end processes only); ``engine`` -> the scheduler hands out
+#: the first chunk (waiting line, encoder, first decode); ``from_engine`` -> the stream's task
+#: resumes with it (link, event-loop wake-up); ``out`` -> the first audio event is queued
+#: (resampling, base64/JSON framing happen here or in the connection's writer).
+FIRST_AUDIO_PARTS = ("text", "to_engine", "engine", "from_engine", "out")
+
+
+class FirstAudioTiming:
+    """Marks along one stream's way to its first audio (``time.monotonic``: one clock for every
+    process of a host, so the engine process's stamps compare with a front end's)."""
+
+    def __init__(self) -> None:
+        self._last = time.monotonic()
+        #: part -> seconds since the previous mark.
+        self.parts: dict[str, float] = {}
+
+    def mark(self, part: str, at: float | None = None) -> None:
+        at = time.monotonic() if at is None else at
+        self.parts[part] = max(0.0, at - self._last)
+        self._last = at
+
 
 class SpeechStage(Protocol):
     def stream(self, text: str, options: SynthesisOptions, cancel: threading.Event,
-               priority: int = NORMAL) -> AsyncIterator[AudioChunk]:
-        """Audio of ``text`` in order; stops early when ``cancel`` is set or the consumer stops."""
+               priority: int = NORMAL, timing: FirstAudioTiming | None = None) -> AsyncIterator[AudioChunk]:
+        """Audio of ``text`` in order; stops early when ``cancel`` is set or the consumer stops.
+        ``timing``: marked up to ``from_engine`` by stages that batch (others leave it empty)."""
         ...
 
     def memory_report(self) -> dict | None:
@@ -50,7 +79,7 @@ class ThreadedSpeech:
         self.worker = worker
 
     def stream(self, text: str, options: SynthesisOptions, cancel: threading.Event,
-               priority: int = NORMAL) -> AsyncIterator[AudioChunk]:
+               priority: int = NORMAL, timing: FirstAudioTiming | None = None) -> AsyncIterator[AudioChunk]:
         return self.worker.stream(lambda tts: tts.synthesize(text, options), cancel, priority=priority)
 
     def memory_report(self) -> dict | None:
@@ -67,7 +96,7 @@ class BatchedSpeech:
         self.engine = engine
         self.text_worker = text_worker
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._queues: dict[Any, asyncio.Queue] = {}  # request -> its outcomes, while streamed
+        self._queues: dict[Any, asyncio.Queue] = {}  # request -> (outcome, handed out at), while streamed
         #: Scheduler hand-offs (event-loop wake-ups) and the outcomes they carried.
         self.handoffs = 0
         self.outcomes = 0
@@ -81,22 +110,24 @@ class BatchedSpeech:
     def _sink(self, outcomes: list) -> None:
         """Scheduler thread: one wake-up of the loop per hand-off (at most two per step)."""
         assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._dispatch, outcomes)
+        self._loop.call_soon_threadsafe(self._dispatch, outcomes, time.monotonic())
 
-    def _dispatch(self, outcomes: list) -> None:
+    def _dispatch(self, outcomes: list, sunk_at: float) -> None:
         self.handoffs += 1
         self.outcomes += len(outcomes)
         for request, outcome in outcomes:
             queue = self._queues.get(request)
             if queue is not None:  # else: the stream already ended (cancelled)
-                queue.put_nowait(outcome)
+                queue.put_nowait((outcome, sunk_at))
 
     async def stream(self, text: str, options: SynthesisOptions, cancel: threading.Event,
-                     priority: int = NORMAL) -> AsyncIterator[AudioChunk]:
+                     priority: int = NORMAL, timing: FirstAudioTiming | None = None) -> AsyncIterator[AudioChunk]:
         self._loop = self._loop or asyncio.get_running_loop()
         sentences = await self.text_worker.submit(lambda engine: engine.sentence_ids(text), priority, cancel)
         if cancel.is_set():
             return
+        if timing is not None:
+            timing.mark("text")
         requests, rate = self.engine.submit_sentences(sentences, options, sink=self._sink)
         queues = [self._queues.setdefault(r, asyncio.Queue()) for r in requests]
         resampler = StreamResampler(self.engine.sample_rate, rate, dtype="int16")
@@ -104,11 +135,14 @@ class BatchedSpeech:
             for n, queue in enumerate(queues):
                 last_request = n == len(queues) - 1
                 while not cancel.is_set():
-                    outcome = await queue.get()
+                    outcome, sunk_at = await queue.get()
                     if outcome is None:  # the engine closed
                         return
                     if isinstance(outcome, BaseException):
                         raise outcome
+                    if timing is not None and "engine" not in timing.parts:
+                        timing.mark("engine", sunk_at)
+                        timing.mark("from_engine")
                     yield resampler.process_chunk(outcome, last=last_request and outcome.final)
                     if outcome.final:
                         break

@@ -79,6 +79,14 @@ class Metrics:
             registry=r,
         )
         self.tts_requests = Counter("voxloop_tts_requests", "x.tts.speak requests", registry=r)
+        self.tts_first_audio_parts = Histogram(
+            "voxloop_tts_first_audio_part_seconds",
+            "x.tts.speak on a batching engine: where the first audio spends its time in the server, by part "
+            "(pipeline.speech.FIRST_AUDIO_PARTS; the parts add up to x.tts.done's first_audio_ms)",
+            ["part"],
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
+            registry=r,
+        )
         self.audio_sent_s = Counter("voxloop_audio_sent_seconds", "Reply audio sent, seconds", registry=r)
 
     def watch_tts_memory(self, report: Callable[[], dict[str, Any] | None]) -> None:

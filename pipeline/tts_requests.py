@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pipeline.respond import split_pcm
+from pipeline.speech import FirstAudioTiming
 from pipeline.trace import Metrics
 from pipeline.workers import NORMAL
 from realtime import events as ev
@@ -57,13 +58,18 @@ class TtsRequests:
         options = synthesis_options(event, rate)
         sent, start, first_ms = 0, time.monotonic(), None
         status, error = "completed", None
+        timing = FirstAudioTiming()
         try:
-            async for chunk in self.engines.speech.stream(event.text, options, cancel, NORMAL):
+            async for chunk in self.engines.speech.stream(event.text, options, cancel, NORMAL, timing):
                 for piece in split_pcm(chunk.pcm, chunk.sample_rate, self.engines.cfg.server.audio_delta_ms):
                     self._send(ev.XTtsAudioDelta(request_id=rid, pcm=piece))
                     sent += len(piece)
                 if first_ms is None and sent:
                     first_ms = round(1000 * (time.monotonic() - start), 1)
+                    if "engine" in timing.parts:  # a batching stage marked the way there
+                        timing.mark("out")
+                        for part, seconds in timing.parts.items():
+                            self.metrics.tts_first_audio_parts.labels(part).observe(seconds)
             if cancel.is_set():
                 status = "cancelled"
         except asyncio.CancelledError:

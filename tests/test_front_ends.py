@@ -136,6 +136,9 @@ async def test_two_front_ends_share_one_engine_limits_metrics_and_drain(server):
         audio = float(re.search(r'^voxloop_messages_sent_total\{kind="audio"\} (\S+)$', metrics, re.M).group(1))
         assert audio >= len(samples)  # every front end's deltas, whichever front end was scraped
         assert 'voxloop_stage_queue_depth{stage="tts_gpu"}' in metrics  # the engine process's scheduler
+        for part in ("text", "to_engine", "engine", "from_engine", "out"):  # both speaks' first audio, by part
+            count = re.search(rf'^voxloop_tts_first_audio_part_seconds_count\{{part="{part}"\}} (\S+)$', metrics, re.M)
+            assert count and float(count.group(1)) == len(samples), part
         # SIGTERM: the front ends drain and close sessions with 1001, the engine process exits 0.
         proc.send_signal(signal.SIGTERM)
         for ws in conns:
@@ -268,6 +271,8 @@ def test_a_step_that_ends_while_a_speak_is_being_registered_loses_nothing(tmp_pa
                 message = pickle.loads(reader.read(size))
                 if message[0] == "step":
                     break
-        assert message[1] == [(7, 0, True, np.ones(4, np.int16).tobytes())]
+        (key, clause, final, pcm, (received, handed_out)), = message[1]
+        assert (key, clause, final, pcm) == (7, 0, True, np.ones(4, np.int16).tobytes())
+        assert received <= handed_out  # a speak's first chunk carries the engine's stamps
     finally:
         host.close()

@@ -219,6 +219,17 @@ async def test_batched_engine_serves_sessions_with_at_most_two_handoffs_per_step
             assert name in metrics, name
         sent_audio = float(re.search(r'voxloop_messages_sent_total\{kind="audio"\} (\S+)', metrics).group(1))
         assert sent_audio == sum(len(d) for _, d in results)
+        # Where the first audio went, by part: one observation per request, parts adding up to
+        # x.tts.done's first_audio_ms (to its 0.1 ms rounding, summed over the three requests).
+        parts = {}
+        for part in ("text", "engine", "from_engine", "out"):
+            count = re.search(rf'voxloop_tts_first_audio_part_seconds_count\{{part="{part}"\}} (\S+)', metrics)
+            total = re.search(rf'voxloop_tts_first_audio_part_seconds_sum\{{part="{part}"\}} (\S+)', metrics)
+            assert count and float(count.group(1)) == 3, part
+            parts[part] = 1000 * float(total.group(1))
+        assert "to_engine" not in metrics  # one process: no link to the engine
+        assert parts["engine"] > 0
+        assert sum(parts.values()) == pytest.approx(sum(done["first_audio_ms"] for done, _ in results), abs=0.5)
     finally:
         await hub.stop(grace_s=1)
 
