@@ -103,6 +103,34 @@ def test_gpu_engine_chunks_equal_whole_utterance(model, voice_path):
         eng.close()
 
 
+def test_gpu_fast_lane_overlaps_running_requests_and_changes_no_sample(model, voice_path):
+    """Requests arriving every 2 ms start on the fast lane (encoder + first chunk on a
+    high-priority stream) while the later chunks of earlier ones run on the main lane: each
+    one's audio is still the whole-utterance audio (same bound as above)."""
+    import time
+
+    from tts_engine.engine import SynthesisOptions
+
+    eng = engine(voice_path, "fp32")
+    quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
+    try:
+        runner = eng.runner
+        assert runner._streams["fast"] is not runner._streams["main"]
+        assert {lane for _, _, lane in runner._decode_steps} == {"fast", "main"}
+        inputs = bench_ids(12)
+        requests = []
+        for ids in inputs:
+            requests.append(eng.submit(ids, quiet))
+            time.sleep(0.002)
+        for ids, request in zip(inputs, requests):
+            audio = np.concatenate([c.pcm for c in request]).astype(np.int32)
+            ref = np.clip(whole(model, ids) * 32767, -32767, 32767).astype(np.int32)
+            assert audio.shape == ref.shape
+            assert np.abs(audio - ref).max() <= 3
+    finally:
+        eng.close()
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_gpu_low_precision_quality(model, voice_path, precision):
     from tts_engine.engine import SynthesisOptions

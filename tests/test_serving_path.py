@@ -119,10 +119,10 @@ def test_first_chunks_reach_the_sink_before_the_step_decodes_the_rest(cfg):
 
     decode = engine.scheduler.runner.decode
 
-    def logged_decode(slots, starts, size):
+    def logged_decode(slots, starts, size, lane="main"):
         with lock:
             log.append(("decode", size, list(starts)))
-        return decode(slots, starts, size)
+        return decode(slots, starts, size, lane)
 
     def wait_for(request, final: bool) -> None:
         deadline = time.monotonic() + scaled(60)

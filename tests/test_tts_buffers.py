@@ -154,7 +154,7 @@ class _FakeStep:
     def __init__(self, memory: "_FakeMemory", mb: int) -> None:
         self.memory, self.mb = memory, mb
 
-    def capture(self, pool: object) -> None:
+    def capture(self) -> None:
         self.memory.used += self.mb * 2**20
 
 
@@ -175,13 +175,13 @@ def test_a_stage_budget_keeps_the_batches_that_fit_and_refuses_when_none_does():
 
     runner = StepRunner.__new__(StepRunner)  # only _capture_stage's state
     runner.memory, runner.stage_bytes = _FakeMemory(), {}
-    steps = {(chunk, b): _FakeStep(runner.memory, b * 10) for chunk in (64, 256) for b in (1, 2, 4, 8)}
-    kept = runner._capture_stage("decode", steps, None, budget_mb=130)  # b1: 20, b2: +40, b4: +80 = 140 > 130
-    assert kept == (1, 2) and sorted(steps) == [(64, 1), (64, 2), (256, 1), (256, 2)]
+    steps = {(chunk, b, "main"): _FakeStep(runner.memory, b * 10) for chunk in (64, 256) for b in (1, 2, 4, 8)}
+    kept = runner._capture_stage("decode", steps, budget_mb=130)  # b1: 20, b2: +40, b4: +80 = 140 > 130
+    assert kept == (1, 2) and sorted(steps) == [(64, 1, "main"), (64, 2, "main"), (256, 1, "main"), (256, 2, "main")]
     assert runner.stage_bytes["decode"] == 60 * 2**20
     runner.memory = _FakeMemory()
     with pytest.raises(ConfigError, match="tts_encode_budget_mb = 5"):
-        runner._capture_stage("encode", {(1, 64): _FakeStep(runner.memory, 10)}, None, budget_mb=5)
+        runner._capture_stage("encode", {(1, 64): _FakeStep(runner.memory, 10)}, budget_mb=5)
     runner.memory.backend = "cudaMallocAsync"
     with pytest.raises(ConfigError, match="allocator = 'native'"):
-        runner._capture_stage("decode", {(64, 1): _FakeStep(runner.memory, 1)}, None, budget_mb=5)
+        runner._capture_stage("decode", {(64, 1, "main"): _FakeStep(runner.memory, 1)}, budget_mb=5)

@@ -108,6 +108,7 @@ class CudaTtsEngine:
             cuda_graphs=tts.cuda_graphs,
             compile=tts.compile,
             cudnn_benchmark=tts.cudnn_benchmark,
+            fast_lane=tts.fast_lane,
             state_budget_mb=cfg.gpu.tts_state_budget_mb,
             encode_budget_mb=cfg.gpu.tts_encode_budget_mb,
             decode_budget_mb=cfg.gpu.tts_decode_budget_mb,

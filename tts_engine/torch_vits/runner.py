@@ -9,13 +9,20 @@ Two kinds of step, both writing into per-request *slots* of device buffers:
 - ``decode``: one chunk per request (padded to a batch bucket): window gather, flow and
   decoder in the chosen precision, int16 conversion (``chunked.py``).
 
-On CPU (tests, CI) the same functions run eagerly with the same padding. Slot
+Two *lanes* on CUDA (``fast_lane``): the ``fast`` lane (a high-priority stream, graphs in a
+memory pool of their own) runs the encoder and first chunks of new requests; the ``main`` lane
+(a normal-priority stream, its own pool) runs every later chunk. A new request's first audio
+then overlaps the long chunks of running requests instead of waiting for them; the GPU favours
+the fast lane's kernels. The lanes touch disjoint slots (a slot is reused only between steps).
+
+On CPU (tests, CI) the same functions run eagerly with the same padding, in call order. Slot
 ``max_slots`` is a scratch slot written by padding entries and never read.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -35,6 +42,9 @@ from tts_engine.torch_vits.model import Vits
 from voxloop.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+#: The lanes a step runs on (see the module docstring).
+LANES = ("fast", "main")
 
 #: Float dtype of flow + decoder per precision; "int8": int8 decoder convolutions (``int8.py``), the rest fp16
 #: (float32 on CPU).
@@ -77,6 +87,9 @@ class RunnerOptions:
     state_budget_mb: int = 0
     encode_budget_mb: int = 0
     decode_budget_mb: int = 0
+    #: CUDA: encoder + first chunks on a high-priority stream beside the later chunks (see above);
+    #: False: one stream, every step in order.
+    fast_lane: bool = True
 
     @property
     def max_slots(self) -> int:
@@ -120,12 +133,13 @@ def bucket_for(size: int, buckets: Sequence[int]) -> int:
 class _Step:
     """A function of fixed-shape tensors; replayed as a CUDA graph when captured."""
 
-    def __init__(self, fn: Callable[..., torch.Tensor], inputs: list[torch.Tensor]) -> None:
-        self.fn, self.inputs = fn, inputs
+    def __init__(self, fn: Callable[..., torch.Tensor], inputs: list[torch.Tensor], pool: object = None) -> None:
+        """``pool``: the graph memory pool of its lane (graphs of one pool must run in order)."""
+        self.fn, self.inputs, self.pool = fn, inputs, pool
         self.graph: torch.cuda.CUDAGraph | None = None
         self.output: torch.Tensor | None = None
 
-    def capture(self, pool: object, warmup: int = 2) -> None:
+    def capture(self, warmup: int = 2) -> None:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -133,7 +147,7 @@ class _Step:
                 self.fn(*self.inputs)
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
+        with torch.cuda.graph(self.graph, pool=self.pool):
             self.output = self.fn(*self.inputs)
         # One launch: with the async allocator a graph's memory is mapped at its first launch, so
         # the stage's memory is measured (and a budget enforced) at start-up, not under load.
@@ -146,8 +160,8 @@ class _Step:
             return self.fn(*self.inputs)
         self.graph.replay()
         assert self.output is not None
-        # All graphs share one memory pool: a graph captured earlier may reuse, as scratch,
-        # the memory of this graph's output. Copy it out before another graph runs.
+        # The graphs of a lane share one memory pool: a graph captured earlier may reuse, as
+        # scratch, the memory of this graph's output. Copy it out before another graph runs.
         return self.output.clone()
 
 
@@ -184,7 +198,14 @@ class StepRunner:
         self.stage_bytes: dict[str, int] = {}
         base = self.memory.footprint() if self.memory else 0
         self.host_pool = host_pool or HostBufferPool(pinned=self.device.type == "cuda")
-        self._staged: list[torch.Tensor] = []  # pool blocks in use by queued steps
+        self._staged: dict[str, list[torch.Tensor]] = {lane: [] for lane in LANES}  # blocks in use by queued steps
+        cuda = self.device.type == "cuda"
+        if cuda and options.fast_lane:  # lower number, higher priority (clamped to what the GPU has)
+            self._streams = {"fast": torch.cuda.Stream(self.device, priority=-16), "main": torch.cuda.Stream(self.device)}
+        elif cuda:
+            self._streams = dict.fromkeys(LANES, torch.cuda.Stream(self.device))
+        else:
+            self._streams = dict.fromkeys(LANES)
         if options.precision not in DTYPES:
             raise ValueError(f"precision must be one of {sorted(DTYPES)}, got {options.precision!r}")
         self.dtype = DTYPES[options.precision]
@@ -206,7 +227,7 @@ class StepRunner:
             self.stage_bytes["state"] = self.memory.footprint() - base
             _check_budget("state", self.stage_bytes["state"], options.state_budget_mb)
         self._encode_steps: dict[tuple[int, int], _Step] = {}
-        self._decode_steps: dict[tuple[int, int], _Step] = {}  # (chunk frames, batch)
+        self._decode_steps: dict[tuple[int, int, str], _Step] = {}  # (chunk frames, batch, lane)
         self.capture_s = 0.0
         self.capture_peak_mb = 0.0
         self._build()
@@ -221,7 +242,8 @@ class StepRunner:
             # Durations are ceil'd: TF32 in the encoder could change an utterance's length.
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
-        pool = torch.cuda.graph_pool_handle() if use_graphs else None
+        main_pool = torch.cuda.graph_pool_handle() if use_graphs else None
+        fast_pool = torch.cuda.graph_pool_handle() if use_graphs and self.options.fast_lane else main_pool
         t0 = time.perf_counter()
         # Only the chunk decoder is compiled: the encoder took ~30 s per shape to compile on the
         # H200 for a 1.6x faster step (bench/results/tts_load-h200-*.md), too slow a start-up.
@@ -235,26 +257,29 @@ class StepRunner:
                 torch.full((b,), self.scratch_slot, dtype=torch.long, device=dev),
                 torch.zeros(b, dtype=torch.long, device=dev),
             ]
-            self._encode_steps[(b, t)] = _Step(self._encode_fn, inputs)
+            self._encode_steps[(b, t)] = _Step(self._encode_fn, inputs, fast_pool)
         decode_fns = {c: functools.partial(self._decode_fn, g) for c, g in self.geometries.items()}
         if compiling:
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 16)
             decode_fns = {c: torch.compile(fn) for c, fn in decode_fns.items()}
-        for chunk in sorted(self.options.chunk_sizes, reverse=True):
+        lanes = [(chunk, "main", main_pool) for chunk in sorted(self.options.chunk_sizes, reverse=True)]
+        if self.options.fast_lane:  # first chunks: graphs of their own in the fast lane's pool
+            lanes.append((self.options.chunk_frames, "fast", fast_pool))
+        for chunk, lane, pool in lanes:
             for b in sorted(self.options.decode_batches, reverse=True):
                 inputs = [
                     torch.full((b,), self.scratch_slot, dtype=torch.long, device=dev),
                     torch.zeros(b, dtype=torch.long, device=dev),
                     torch.zeros(b, dtype=torch.long, device=dev),
                 ]
-                self._decode_steps[(chunk, b)] = _Step(decode_fns[chunk], inputs)
+                self._decode_steps[(chunk, b, lane)] = _Step(decode_fns[chunk], inputs, pool)
                 if compiling and b > 1:
                     for tensor in inputs:  # one compiled graph for every batch > 1
                         torch._dynamo.mark_dynamic(tensor, 0)
         if use_graphs:
             with torch.inference_mode():
-                encode_kept = self._capture_stage("encode", self._encode_steps, pool, self.options.encode_budget_mb)
-                decode_kept = self._capture_stage("decode", self._decode_steps, pool, self.options.decode_budget_mb)
+                encode_kept = self._capture_stage("encode", self._encode_steps, self.options.encode_budget_mb)
+                decode_kept = self._capture_stage("decode", self._decode_steps, self.options.decode_budget_mb)
             torch.cuda.synchronize(dev)
             self.capture_peak_mb = torch.cuda.max_memory_reserved(dev) / 2**20
             torch.cuda.empty_cache()  # drop cuDNN benchmark workspaces; the graphs keep their pool
@@ -264,14 +289,14 @@ class StepRunner:
         if use_graphs:
             log.info("captured %d CUDA graphs in %.1f s", len(self._encode_steps) + len(self._decode_steps), self.capture_s)
 
-    def _capture_stage(self, stage: str, steps: dict[tuple[int, int], _Step], pool: object, budget_mb: int) -> tuple[int, ...]:
+    def _capture_stage(self, stage: str, steps: dict, budget_mb: int) -> tuple[int, ...]:
         """Capture a stage's graphs; returns the batch sizes kept.
 
         Without a budget: largest first (later captures reuse the pool's blocks). With one:
         smallest batch first, measuring after each batch; the batch that goes over the budget is
         dropped with every larger one (logged); ConfigError if even the smallest does not fit.
         """
-        batch_of = (lambda k: k[0]) if stage == "encode" else (lambda k: k[1])  # keys: (b, t) / (chunk, b)
+        batch_of = (lambda k: k[0]) if stage == "encode" else (lambda k: k[1])  # keys: (b, t) / (chunk, b, lane)
         batches = sorted({batch_of(k) for k in steps})
         if budget_mb and self.memory and self.memory.backend == "cudaMallocAsync":
             # Graph memory then lives in CUDA's graph memory pool, whose counters did not attribute it
@@ -281,14 +306,14 @@ class StepRunner:
         start = self.memory.footprint() if self.memory else 0
         if not budget_mb or not self.memory:
             for key in sorted(steps, key=lambda k: -k[0] * k[1]):
-                steps[key].capture(pool)
+                steps[key].capture()
             if self.memory:
                 self.stage_bytes[stage] = self.memory.footprint() - start
             return tuple(batches)
         kept: list[int] = []
         for b in batches:
             for key in [k for k in steps if batch_of(k) == b]:
-                steps[key].capture(pool)
+                steps[key].capture()
             used = self.memory.footprint() - start
             if used > budget_mb * 2**20:
                 if not kept:  # not even the smallest batch fits
@@ -334,8 +359,14 @@ class StepRunner:
 
     # ---------------------------------------------------------------- running
 
+    def _on(self, lane: str) -> contextlib.AbstractContextManager:
+        """Run what follows on ``lane``'s stream (CUDA); on CPU, in call order."""
+        stream = self._streams[lane]
+        return contextlib.nullcontext() if stream is None else torch.cuda.stream(stream)
+
     def encode(self, items: Sequence[EncodeItem]) -> torch.Tensor:
-        """Queue the encoder step for ``items``; returns frames per item [len(items)] (device, not synced)."""
+        """Queue the encoder step for ``items`` on the fast lane; returns frames per item
+        [len(items)] (device, not synced)."""
         n = len(items)
         longest = max(len(it.ids) for it in items)
         t = bucket_for(longest, self.options.phoneme_buckets)
@@ -353,55 +384,83 @@ class StepRunner:
             lengths[i] = len(it.ids)
             scales[i] = (it.noise_scale, it.length_scale, it.noise_w)
             slots[i], sids[i] = it.slot, it.speaker_id
-        with torch.inference_mode():
+        with torch.inference_mode(), self._on("fast"):
             out = self._encode_steps[(b, t)](*staged)
         return out[:n]
 
-    def decode(self, slots: Sequence[int], starts: Sequence[int], chunk: int | None = None) -> torch.Tensor:
-        """Queue one ``chunk``-frame chunk (default ``chunk_frames``) for each (slot, start frame).
+    def decode(self, slots: Sequence[int], starts: Sequence[int], chunk: int | None = None,
+               lane: str = "main") -> torch.Tensor:
+        """Queue one ``chunk``-frame chunk (default ``chunk_frames``) for each (slot, start frame)
+        on ``lane`` ("fast": first chunks only, ``chunk`` = ``chunk_frames``).
 
-        Returns int16 [len(slots), chunk * hop] on the device (not synced).
+        Returns int16 [len(slots), chunk * hop] on the device (not synced). A main-lane decode
+        waits for the fast lane's queued work (an encoder it may read); never the other way.
         """
         chunk = chunk or self.options.chunk_frames
+        if lane == "fast" and chunk != self.options.chunk_frames:
+            raise ValueError(f"the fast lane decodes first chunks ({self.options.chunk_frames} frames), not {chunk}")
+        key_lane = lane if self.options.fast_lane else "main"
         n = len(slots)
         b = bucket_for(n, self.options.decode_batches)
-        staged = [self._stage((b,), torch.long) for _ in range(3)]
+        staged = [self._stage((b,), torch.long, lane) for _ in range(3)]
         slot_arr, start_arr, active = (x.numpy() for x in staged)
         slot_arr[:], start_arr[:], active[:] = self.scratch_slot, 0, 0
         slot_arr[:n], start_arr[:n], active[:n] = slots, starts, 1
-        with torch.inference_mode():
-            out = self._decode_steps[(chunk, b)](*staged)
+        main, fast = self._streams["main"], self._streams["fast"]
+        if lane == "main" and main is not fast:
+            main.wait_stream(fast)
+        with torch.inference_mode(), self._on(lane):
+            out = self._decode_steps[(chunk, b, key_lane)](*staged)
         return out[:n]
 
-    def _stage(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    def _stage(self, shape: tuple[int, ...], dtype: torch.dtype, lane: str = "fast") -> torch.Tensor:
         """A host tensor from the pool (pinned on CUDA, so copies are async), held until ``release_staged``."""
         nbytes = math.prod(shape) * dtype.itemsize
         block = self.host_pool.take(nbytes)
-        self._staged.append(block)
+        self._staged[lane].append(block)
         return block[:nbytes].view(dtype).view(shape)
 
-    def release_staged(self) -> None:
-        """Return the staged host buffers to the pool; call once the queued steps are done
-        (after ``fetch``, whose synchronization covers every step queued before it)."""
-        for block in self._staged:
-            self.host_pool.give(block)
-        self._staged.clear()
+    def release_staged(self, lane: str | None = None) -> None:
+        """Return ``lane``'s staged host buffers (None: every lane's) to the pool; call once its
+        queued steps are done (after ``fetch``/``wait``, whose synchronization covers them)."""
+        for name in LANES if lane is None else (lane,):
+            for block in self._staged[name]:
+                self.host_pool.give(block)
+            self._staged[name].clear()
 
     def max_encode_batch(self, phonemes: int) -> int:
         """Most requests one encoder launch takes when the longest has ``phonemes`` ids."""
         t = bucket_for(phonemes, self.options.phoneme_buckets)
         return max(b for b, tt in self._encode_steps if tt == t)
 
-    def fetch(self, *tensors: torch.Tensor) -> list[np.ndarray]:
-        """Copy device results to host (waits for the queued steps); the arrays live in staged
-        pool buffers: read them before ``release_staged``."""
+    def fetch(self, *tensors: torch.Tensor, lane: str = "main") -> list[np.ndarray]:
+        """Copy device results to host and wait for them (``fetch_async`` + ``wait``)."""
+        host = self.fetch_async(*tensors, lane=lane)
+        self.wait(lane)
+        return host
+
+    def fetch_async(self, *tensors: torch.Tensor, lane: str = "main") -> list[np.ndarray]:
+        """Queue the copies of device results made on ``lane`` to host; the arrays are valid once
+        ``wait(lane)`` returns (or ``busy(lane)`` is False), and live in staged pool buffers:
+        read them before ``release_staged``."""
         if self.device.type != "cuda":
             return [t.numpy() for t in tensors]
-        host = [self._stage(tuple(t.shape), t.dtype) for t in tensors]  # valid until release_staged
-        for h, t in zip(host, tensors):
-            h.copy_(t, non_blocking=True)
-        torch.cuda.current_stream(self.device).synchronize()
+        with self._on(lane):
+            host = [self._stage(tuple(t.shape), t.dtype, lane) for t in tensors]  # valid until release_staged
+            for h, t in zip(host, tensors):
+                h.copy_(t, non_blocking=True)
         return [h.numpy() for h in host]
+
+    def busy(self, lane: str) -> bool:
+        """True while work queued on ``lane`` still runs (never on CPU: it ran when called)."""
+        stream = self._streams[lane]
+        return stream is not None and not stream.query()
+
+    def wait(self, lane: str) -> None:
+        """Block until the work queued on ``lane`` is done."""
+        stream = self._streams[lane]
+        if stream is not None:
+            stream.synchronize()
 
     def memory_mb(self) -> float:
         """Device memory reserved by PyTorch (buffers, graph pools), MiB; 0 on CPU."""

@@ -1,19 +1,23 @@
 """Continuous batching of TTS requests on one GPU stream.
 
 One thread owns the GPU. Each step it (1) drops cancelled requests, freeing their
-slots; (2) admits waiting requests into free slots and runs the encoder for all of
-them in one launch; (3) decodes the next chunk of up to ``max_slots`` running
-requests in one launch, first chunks first (then oldest); (4) waits for the step,
-hands each request its chunk. A request is finished after its last chunk.
+slots; (2) *starts new requests*: admits waiting requests into free slots, runs the encoder
+for all of them in one launch and their first chunks, on the runner's fast lane, and hands
+those chunks out at once; (3) queues the next chunk of every other running request on the
+main lane (one launch per chunk size and ``max_batch``), and **while the GPU runs them**
+starts every request that arrives meanwhile as in (2) on the fast lane (a high-priority
+stream on CUDA), so a new request's first audio does not wait for the long chunks of the
+others; (4) hands out the main lane's chunks. A request is finished after its last chunk.
+A slot is freed only between steps, so the two lanes never share one.
 
 ``submit(ids, scales)`` returns a ``SpeechRequest`` at once: iterate it (from any one
 thread) for ``AudioChunk``s; ``cancel()`` (from any thread) ends it at the next step.
 The waiting line is bounded: ``submit`` raises ``Overloaded`` when it is full.
 
 Delivery in bulk: a request submitted with a ``sink`` is not iterated; instead, each sink is
-called (on the scheduler thread) at most twice per step — once with the step's first chunks,
-as soon as they are decoded (before the longer chunks of running requests), and once with
-the rest — with every outcome made for its requests since the last call:
+called (on the scheduler thread) once per fast-lane launch with its first chunks, as soon as
+they are decoded, and once with the main lane's chunks — with every outcome made for its
+requests since the last call:
 ``[(request, AudioChunk | BaseException | None), ...]`` in order, where an
 exception ends the request with that error and None ends it without one (scheduler closed).
 A server hands a whole step to its event loop with one wake-up this way, instead of one
@@ -52,6 +56,8 @@ from voxloop.errors import InvalidInput, ModelError, Overloaded
 log = logging.getLogger(__name__)
 
 _END = object()
+#: While the main lane runs, how long the scheduler waits for an arrival between looks at the GPU, s.
+POLL_S = 0.0002
 
 #: Receives one step's outcomes for its requests: ``(request, AudioChunk | BaseException | None)``.
 Sink = Callable[[list[tuple["SpeechRequest", object]]], None]
@@ -277,44 +283,69 @@ class BatchScheduler:
             self.fault(self._attempt_batch)
 
     def _step(self) -> None:
-        admitted = self._admit()
-        frames_dev = None
-        if admitted:
-            self._launching(admitted, self.runner.options.encode_batches)
-            frames_dev = self.runner.encode([self._encode_item(r) for r in admitted])
-        options = self.runner.options
+        self._start_new()
+        options, limit = self.runner.options, self._max_batch
         groups: dict[int, list[SpeechRequest]] = {}
-        for r in sorted(self._running.values(), key=lambda r: (r.next_frame > 0, r.seq)):
-            size = options.chunk_frames if r.next_frame == 0 else options.next_chunk(r.next_frame, r.frames or 0)
-            groups.setdefault(size, []).append(r)
-        # First chunks first: their group is decoded, fetched and handed out before the rest.
-        first = [size for size, batch in groups.items() if batch[0].next_frame == 0]
+        for r in sorted(self._running.values(), key=lambda r: r.seq):
+            groups.setdefault(options.next_chunk(r.next_frame, r.frames or 0), []).append(r)
         launched: list[tuple[int, list[SpeechRequest], object]] = []
-        limit = self._max_batch
-        for size in first + sorted(set(groups) - set(first)):
+        for size in sorted(groups):
             for i in range(0, len(groups[size]), limit):
                 batch = groups[size][i : i + limit]
                 self._launching(batch, options.decode_batches)
-                audio = self.runner.decode([r.slot for r in batch], [r.next_frame for r in batch], size)
-                launched.append((size, batch, audio))
-            if size in first:
-                self._finish(launched, frames_dev, admitted)
-                self._flush()  # first chunks leave now, not after the rest of the step is decoded
-                launched, frames_dev = [], None
-        if launched:
-            self._finish(launched, frames_dev, admitted)
-
-    def _finish(self, launched: list, frames_dev: object, admitted: list[SpeechRequest]) -> None:
-        """Wait for the launched decodes (and the encoder's frame counts), then hand out the chunks."""
+                launched.append((size, batch, self.runner.decode([r.slot for r in batch], [r.next_frame for r in batch],
+                                                                 size, lane="main")))  # fmt: skip
+        if not launched:
+            return
         self._attempt = [r for _, batch, _ in launched for r in batch]
-        self._attempt_batch = max(bucket_for(len(b), self.runner.options.decode_batches) for _, b, _ in launched)
-        results = self.runner.fetch(*[audio for _, _, audio in launched], *([frames_dev] if frames_dev is not None else []))
-        if frames_dev is not None:
-            for request, frames in zip(admitted, results[-1]):
-                self._set_frames(request, int(frames))
+        self._attempt_batch = max(bucket_for(len(b), options.decode_batches) for _, b, _ in launched)
+        attempt = (self._attempt, self._attempt_batch)
+        results = self.runner.fetch_async(*[audio for _, _, audio in launched], lane="main")
+        while self.runner.busy("main"):  # new arrivals start on the fast lane meanwhile
+            if self._arrivals(POLL_S):
+                self._start_new()
+        self.runner.wait("main")
+        self._attempt, self._attempt_batch = attempt
         for (size, batch, _), audio in zip(launched, results):
             self._deliver(batch, audio, size)
-        self.runner.release_staged()
+        self.runner.release_staged("main")
+
+    def _arrivals(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for a submission that a free slot can take; True if one came."""
+        if len(self._waiting) >= len(self._free_slots) or len(self._running) >= self._max_batch:
+            time.sleep(timeout_s)  # nothing could start: the rest stays in the bounded inbox
+            return False
+        try:
+            self._waiting.append(self._inbox.get(timeout=timeout_s))
+        except queue.Empty:
+            return False
+        while len(self._waiting) < len(self._free_slots):
+            try:
+                self._waiting.append(self._inbox.get_nowait())
+            except queue.Empty:
+                break
+        self._waiting = [r for r in self._waiting if not r.cancelled]
+        return bool(self._waiting)
+
+    def _start_new(self) -> None:
+        """Admit waiting requests; encoder and first chunks on the fast lane, handed out at once."""
+        options = self.runner.options
+        while admitted := self._admit():
+            self._launching(admitted, options.encode_batches)
+            frames_dev = self.runner.encode([self._encode_item(r) for r in admitted])
+            launched = []
+            for i in range(0, len(admitted), self._max_batch):
+                batch = admitted[i : i + self._max_batch]
+                self._launching(batch, options.decode_batches)
+                launched.append(self.runner.decode([r.slot for r in batch], [0] * len(batch), options.chunk_frames,
+                                                   lane="fast"))  # fmt: skip
+            *audio, frames = self.runner.fetch(*launched, frames_dev, lane="fast")
+            for request, n in zip(admitted, frames):
+                self._set_frames(request, int(n))
+            for i, chunk in zip(range(0, len(admitted), self._max_batch), audio):
+                self._deliver(admitted[i : i + self._max_batch], chunk, options.chunk_frames)
+            self.runner.release_staged("fast")
+            self._flush()  # first chunks leave now, not after the later chunks of the others
 
     def _admit(self) -> list[SpeechRequest]:
         """Waiting requests for one encoder launch: at most ``max_batch`` running, and an
