@@ -125,7 +125,9 @@ def run(args: argparse.Namespace) -> Path:
                                     backend, clients, args.hardware), **ENGINE_CLIENTS})  # fmt: skip
             if args.steps_report:
                 sched = backend.engine.scheduler
-                print(f"[{backend.name}] steps {sched.steps}, mean step {1000 * sched.step_s / max(1, sched.steps):.2f} ms")
+                lanes = ", ".join(f"{lane} lane {n} launches, mean {1000 * sched.lane_s[lane] / max(1, n):.2f} ms"
+                                  for lane, n in sched.lane_launches.items())
+                print(f"[{backend.name}] steps {sched.steps}, mean step {1000 * sched.step_s / max(1, sched.steps):.2f} ms; {lanes}")
             backend.close()
         elif name in ("onnx", "onnx-stream"):
             cls = OnnxBackend if name == "onnx" else OnnxStreamBackend
@@ -218,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--coarse", action="store_true", help="power-of-two decode batch buckets only (faster start-up)")
     add_common_arguments(p)
     p.add_argument("--steps-report", action="store_true")
+    p.add_argument("--fast-lane", choices=("on", "off"), default="on",
+                   help="tts.fast_lane: new requests' encoder + first chunk on a high-priority stream (default on)")
     p.add_argument("--append", action="store_true", help="add rows to an existing results file")
     p.add_argument("--plot", type=Path, help="only render PNGs from this results JSON")
     p.add_argument("--make-sentences", action="store_true")

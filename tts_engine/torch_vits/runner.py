@@ -393,8 +393,8 @@ class StepRunner:
         """Queue one ``chunk``-frame chunk (default ``chunk_frames``) for each (slot, start frame)
         on ``lane`` ("fast": first chunks only, ``chunk`` = ``chunk_frames``).
 
-        Returns int16 [len(slots), chunk * hop] on the device (not synced). A main-lane decode
-        waits for the fast lane's queued work (an encoder it may read); never the other way.
+        Returns int16 [len(slots), chunk * hop] on the device (not synced). The lanes do not wait
+        for each other: decode a slot on the main lane once its encoder is done (fetched).
         """
         chunk = chunk or self.options.chunk_frames
         if lane == "fast" and chunk != self.options.chunk_frames:
@@ -406,9 +406,6 @@ class StepRunner:
         slot_arr, start_arr, active = (x.numpy() for x in staged)
         slot_arr[:], start_arr[:], active[:] = self.scratch_slot, 0, 0
         slot_arr[:n], start_arr[:n], active[:n] = slots, starts, 1
-        main, fast = self._streams["main"], self._streams["fast"]
-        if lane == "main" and main is not fast:
-            main.wait_stream(fast)
         with torch.inference_mode(), self._on(lane):
             out = self._decode_steps[(chunk, b, key_lane)](*staged)
         return out[:n]

@@ -156,6 +156,11 @@ class BatchScheduler:
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._outcomes: list[tuple[SpeechRequest, object]] = []  # this step's, until _flush
+        #: The fast lane's launch in flight: (requests, host results, start), or None.
+        self._fast: tuple | None = None
+        #: Per lane: launches completed and their time from launch to hand-out, s (bench breakdown).
+        self.lane_launches = {"fast": 0, "main": 0}
+        self.lane_s = {"fast": 0.0, "main": 0.0}
         #: Steps run and their wall time, s (for the benchmark's breakdown).
         self.steps = 0
         self.step_s = 0.0
@@ -261,7 +266,8 @@ class BatchScheduler:
         bounds everything that waits. True when there is work for a step.
         """
         self._waiting = [r for r in self._waiting if not r.cancelled]
-        for request in [r for r in self._running.values() if r.cancelled]:
+        in_flight = self._fast[0] if self._fast is not None else ()  # their slots are written now
+        for request in [r for r in self._running.values() if r.cancelled and r not in in_flight]:
             self._release(request)
         if not self._running and not self._waiting:
             try:
@@ -283,11 +289,28 @@ class BatchScheduler:
             self.fault(self._attempt_batch)
 
     def _step(self) -> None:
-        self._start_new()
+        """Start new requests on the fast lane, queue the later chunks of the others on the main
+        lane, and until the main lane is done, hand out finished fast-lane work and start what
+        arrives meanwhile. Neither lane waits for the other."""
+        self._fast_lane()
+        main = self._launch_main()
+        while True:
+            progressed = self._fast_lane()
+            if main is not None and not self.runner.busy("main"):
+                self._finish_main(*main)
+                return
+            if main is None and self._fast is None:
+                return
+            if not progressed:
+                self._arrivals(POLL_S)
+
+    def _launch_main(self) -> tuple | None:
+        """Queue the next chunk of every running request past its first (main lane); None if none."""
         options, limit = self.runner.options, self._max_batch
         groups: dict[int, list[SpeechRequest]] = {}
         for r in sorted(self._running.values(), key=lambda r: r.seq):
-            groups.setdefault(options.next_chunk(r.next_frame, r.frames or 0), []).append(r)
+            if r.next_frame > 0:  # not the fast lane's (their first chunk is not out yet)
+                groups.setdefault(options.next_chunk(r.next_frame, r.frames or 0), []).append(r)
         launched: list[tuple[int, list[SpeechRequest], object]] = []
         for size in sorted(groups):
             for i in range(0, len(groups[size]), limit):
@@ -296,41 +319,25 @@ class BatchScheduler:
                 launched.append((size, batch, self.runner.decode([r.slot for r in batch], [r.next_frame for r in batch],
                                                                  size, lane="main")))  # fmt: skip
         if not launched:
-            return
-        self._attempt = [r for _, batch, _ in launched for r in batch]
-        self._attempt_batch = max(bucket_for(len(b), options.decode_batches) for _, b, _ in launched)
-        attempt = (self._attempt, self._attempt_batch)
+            return None
         results = self.runner.fetch_async(*[audio for _, _, audio in launched], lane="main")
-        while self.runner.busy("main"):  # new arrivals start on the fast lane meanwhile
-            if self._arrivals(POLL_S):
-                self._start_new()
+        return launched, results, time.perf_counter()
+
+    def _finish_main(self, launched: list, results: list, t0: float) -> None:
         self.runner.wait("main")
-        self._attempt, self._attempt_batch = attempt
+        self.lane_s["main"] += time.perf_counter() - t0
+        self.lane_launches["main"] += 1
         for (size, batch, _), audio in zip(launched, results):
             self._deliver(batch, audio, size)
         self.runner.release_staged("main")
+        self._flush()
 
-    def _arrivals(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for a submission that a free slot can take; True if one came."""
-        if len(self._waiting) >= len(self._free_slots) or len(self._running) >= self._max_batch:
-            time.sleep(timeout_s)  # nothing could start: the rest stays in the bounded inbox
-            return False
-        try:
-            self._waiting.append(self._inbox.get(timeout=timeout_s))
-        except queue.Empty:
-            return False
-        while len(self._waiting) < len(self._free_slots):
-            try:
-                self._waiting.append(self._inbox.get_nowait())
-            except queue.Empty:
-                break
-        self._waiting = [r for r in self._waiting if not r.cancelled]
-        return bool(self._waiting)
-
-    def _start_new(self) -> None:
-        """Admit waiting requests; encoder and first chunks on the fast lane, handed out at once."""
-        options = self.runner.options
-        while admitted := self._admit():
+    def _fast_lane(self) -> bool:
+        """Hand out the fast lane's finished work; start waiting requests on it when it is free.
+        True if it did either."""
+        did = False
+        if self._fast is None and (admitted := self._admit()):
+            options = self.runner.options
             self._launching(admitted, options.encode_batches)
             frames_dev = self.runner.encode([self._encode_item(r) for r in admitted])
             launched = []
@@ -339,13 +346,39 @@ class BatchScheduler:
                 self._launching(batch, options.decode_batches)
                 launched.append(self.runner.decode([r.slot for r in batch], [0] * len(batch), options.chunk_frames,
                                                    lane="fast"))  # fmt: skip
-            *audio, frames = self.runner.fetch(*launched, frames_dev, lane="fast")
+            self._fast = (admitted, self.runner.fetch_async(*launched, frames_dev, lane="fast"), time.perf_counter())
+            did = True
+        if self._fast is not None and not self.runner.busy("fast"):
+            admitted, (*audio, frames), t0 = self._fast
+            self._fast = None
+            self.runner.wait("fast")
+            self.lane_s["fast"] += time.perf_counter() - t0
+            self.lane_launches["fast"] += 1
             for request, n in zip(admitted, frames):
                 self._set_frames(request, int(n))
+            size = self.runner.options.chunk_frames
             for i, chunk in zip(range(0, len(admitted), self._max_batch), audio):
-                self._deliver(admitted[i : i + self._max_batch], chunk, options.chunk_frames)
+                self._deliver(admitted[i : i + self._max_batch], chunk, size)
             self.runner.release_staged("fast")
-            self._flush()  # first chunks leave now, not after the later chunks of the others
+            self._flush()  # first chunks leave now, whatever the main lane is doing
+            did = True
+        return did
+
+    def _arrivals(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for submissions that free slots can take."""
+        if len(self._waiting) >= len(self._free_slots) or len(self._running) >= self._max_batch:
+            time.sleep(timeout_s)  # nothing more could start: the rest stays in the bounded inbox
+            return
+        try:
+            self._waiting.append(self._inbox.get(timeout=timeout_s))
+        except queue.Empty:
+            return
+        while len(self._waiting) < len(self._free_slots):
+            try:
+                self._waiting.append(self._inbox.get_nowait())
+            except queue.Empty:
+                break
+        self._waiting = [r for r in self._waiting if not r.cancelled]
 
     def _admit(self) -> list[SpeechRequest]:
         """Waiting requests for one encoder launch: at most ``max_batch`` running, and an
@@ -407,6 +440,7 @@ class BatchScheduler:
             torch.cuda.synchronize(self.runner.device)  # queued copies from staged buffers are done
             torch.cuda.empty_cache()
         self.runner.release_staged()
+        self._fast = None  # its requests are not encoded as far as we know: re-queued below
         failed_batch, old = self._attempt_batch, self._max_batch
         self._max_batch = self._bucket_at_most(max(1, min(old, failed_batch // 2)))
         log.warning("TTS GPU out of memory at batch %d (%s): max batch %d -> %d", failed_batch, exc, old, self._max_batch)
