@@ -220,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--coarse", action="store_true", help="power-of-two decode batch buckets only (faster start-up)")
     add_common_arguments(p)
     p.add_argument("--steps-report", action="store_true")
-    p.add_argument("--fast-lane", choices=("on", "off"), default="on",
-                   help="tts.fast_lane: new requests' encoder + first chunk on a high-priority stream (default on)")
+    p.add_argument("--fast-lane", choices=("overlap", "exclusive", "off"), default="overlap",
+                   help="tts.fast_lane: new requests' encoder + first chunk on a high-priority stream (default overlap)")
     p.add_argument("--append", action="store_true", help="add rows to an existing results file")
     p.add_argument("--plot", type=Path, help="only render PNGs from this results JSON")
     p.add_argument("--make-sentences", action="store_true")

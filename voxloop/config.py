@@ -273,8 +273,10 @@ class TtsConfig:
     #: GPU: torch.compile the chunk decoder before capture (fuses elementwise work; ~1 min more start-up).
     compile: bool = False
     #: GPU: new requests' encoder and first chunk on a high-priority CUDA stream, beside the later
-    #: chunks of running ones, so first audio does not wait for them (False: one stream, in order).
-    fast_lane: bool = True
+    #: chunks of running ones, so first audio does not wait for them: "overlap" (side by side),
+    #: "exclusive" (the later chunks' next launch waits for a first-chunk launch in flight),
+    #: "off" (one stream, in order).
+    fast_lane: str = "overlap"
     #: Pending requests before new ones are refused.
     queue_size: int = 256
     #: GPU: retry hint, ms, in the ``Overloaded`` error of a request dropped because the GPU ran out of

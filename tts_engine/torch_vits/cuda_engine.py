@@ -23,7 +23,7 @@ from tts_engine.engine import AudioChunk, SynthesisOptions, check_phoneme_ids, r
 from tts_engine.resample import StreamResampler
 from tts_engine.torch_vits.buffers import HostBufferPool
 from tts_engine.torch_vits.gpu_memory import GpuMemory, configure_allocator
-from tts_engine.torch_vits.runner import DTYPES, RunnerOptions, StepRunner
+from tts_engine.torch_vits.runner import DTYPES, FAST_LANE_MODES, RunnerOptions, StepRunner
 from tts_engine.torch_vits.scheduler import BatchScheduler, Scales, Sink, SpeechRequest
 from tts_engine.torch_vits.weights import load_vits
 from tts_engine.voice import Voice
@@ -94,6 +94,8 @@ class CudaTtsEngine:
         tts = cfg.tts
         onnx_path = models.resolve_voice(cfg).path
         voice = Voice.load(onnx_path, models.voice_config_path(cfg, onnx_path))
+        if tts.fast_lane not in FAST_LANE_MODES:
+            raise ConfigError(f"tts.fast_lane {tts.fast_lane!r} is not one of {', '.join(FAST_LANE_MODES)}")
         if tts.precision not in DTYPES:
             raise ConfigError(
                 f"tts.precision {tts.precision!r} is not supported by the cuda backend ({', '.join(DTYPES)})"

@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 
 #: The lanes a step runs on (see the module docstring).
 LANES = ("fast", "main")
+#: Values of ``RunnerOptions.fast_lane``.
+FAST_LANE_MODES = ("overlap", "exclusive", "off")
 
 #: Float dtype of flow + decoder per precision; "int8": int8 decoder convolutions (``int8.py``), the rest fp16
 #: (float32 on CPU).
@@ -87,9 +89,11 @@ class RunnerOptions:
     state_budget_mb: int = 0
     encode_budget_mb: int = 0
     decode_budget_mb: int = 0
-    #: CUDA: encoder + first chunks on a high-priority stream beside the later chunks (see above);
-    #: False: one stream, every step in order.
-    fast_lane: bool = True
+    #: CUDA: encoder + first chunks on a high-priority stream beside the later chunks (see above).
+    #: "overlap": the lanes run side by side; "exclusive": the main lane holds its next launch
+    #: while a fast-lane launch runs (it still overlaps the main launch already running);
+    #: "off": one stream, every step in order.
+    fast_lane: str = "overlap"
 
     @property
     def max_slots(self) -> int:
@@ -200,7 +204,9 @@ class StepRunner:
         self.host_pool = host_pool or HostBufferPool(pinned=self.device.type == "cuda")
         self._staged: dict[str, list[torch.Tensor]] = {lane: [] for lane in LANES}  # blocks in use by queued steps
         cuda = self.device.type == "cuda"
-        if cuda and options.fast_lane:  # lower number, higher priority (clamped to what the GPU has)
+        if options.fast_lane not in FAST_LANE_MODES:
+            raise ValueError(f"fast_lane must be one of {FAST_LANE_MODES}, got {options.fast_lane!r}")
+        if cuda and options.fast_lane != "off":  # lower number, higher priority (clamped to what the GPU has)
             self._streams = {"fast": torch.cuda.Stream(self.device, priority=-16), "main": torch.cuda.Stream(self.device)}
         elif cuda:
             self._streams = dict.fromkeys(LANES, torch.cuda.Stream(self.device))
@@ -243,7 +249,7 @@ class StepRunner:
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
         main_pool = torch.cuda.graph_pool_handle() if use_graphs else None
-        fast_pool = torch.cuda.graph_pool_handle() if use_graphs and self.options.fast_lane else main_pool
+        fast_pool = torch.cuda.graph_pool_handle() if use_graphs and self.options.fast_lane != "off" else main_pool
         t0 = time.perf_counter()
         # Only the chunk decoder is compiled: the encoder took ~30 s per shape to compile on the
         # H200 for a 1.6x faster step (bench/results/tts_load-h200-*.md), too slow a start-up.
@@ -263,7 +269,7 @@ class StepRunner:
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 16)
             decode_fns = {c: torch.compile(fn) for c, fn in decode_fns.items()}
         lanes = [(chunk, "main", main_pool) for chunk in sorted(self.options.chunk_sizes, reverse=True)]
-        if self.options.fast_lane:  # first chunks: graphs of their own in the fast lane's pool
+        if self.options.fast_lane != "off":  # first chunks: graphs of their own in the fast lane's pool
             lanes.append((self.options.chunk_frames, "fast", fast_pool))
         for chunk, lane, pool in lanes:
             for b in sorted(self.options.decode_batches, reverse=True):
@@ -399,7 +405,7 @@ class StepRunner:
         chunk = chunk or self.options.chunk_frames
         if lane == "fast" and chunk != self.options.chunk_frames:
             raise ValueError(f"the fast lane decodes first chunks ({self.options.chunk_frames} frames), not {chunk}")
-        key_lane = lane if self.options.fast_lane else "main"
+        key_lane = lane if self.options.fast_lane != "off" else "main"
         n = len(slots)
         b = bucket_for(n, self.options.decode_batches)
         staged = [self._stage((b,), torch.long, lane) for _ in range(3)]

@@ -291,8 +291,13 @@ class BatchScheduler:
     def _step(self) -> None:
         """Start new requests on the fast lane, queue the later chunks of the others on the main
         lane, and until the main lane is done, hand out finished fast-lane work and start what
-        arrives meanwhile. Neither lane waits for the other."""
+        arrives meanwhile. Neither lane waits for the other (``fast_lane = "exclusive"``: the main
+        lane's launch waits for a fast-lane launch in flight)."""
         self._fast_lane()
+        if self.runner.options.fast_lane == "exclusive":
+            while self._fast is not None:
+                if not self._fast_lane():
+                    self._arrivals(POLL_S)
         main = self._launch_main()
         while True:
             progressed = self._fast_lane()
