@@ -164,6 +164,9 @@ def plot(path: Path) -> None:
 
     def series(r: dict) -> str:  # backend, then for ws rows the audio format and server settings
         extra = [f"delta {a.rsplit('=', 1)[1]} ms" for a in r.get("server_args", []) if "audio_delta_ms=" in a]
+        lane = r.get("fast_lane")  # rows of 2026-12-02 runs before the modes were named: True / False
+        if lane is not None:
+            extra.append(f"fast lane {({True: 'overlap', False: 'off'}).get(lane, lane)}")
         return " ".join([r["backend"], *([r["audio_format"]] if r.get("mode") == "ws" else []), *extra])
 
     backends = sorted({series(r) for r in rows})

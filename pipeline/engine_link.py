@@ -16,9 +16,9 @@ front end -> engine
   ``("llm", key, session, messages, max_tokens, priority)`` / ``("llm_cancel", key)`` /
   ``("llm_release", session)``.
 engine -> front end
-  ``("step", [(key, clause_index, final, pcm_bytes, stamps) | (key, error) ...])``: **at most two
-  messages per GPU step** with what that step made for that front end's requests (int16 at the
-  voice's rate): first chunks as soon as they are decoded, then the rest; ``stamps`` is
+  ``("step", [(key, clause_index, final, pcm_bytes, stamps) | (key, error) ...])``: **one message
+  per finished GPU launch** with what it made for that front end's requests (int16 at the
+  voice's rate): a fast-lane launch's first chunks, or a main-lane launch's later ones; ``stamps`` is
   ``(received, handed_out)`` (``time.monotonic()`` of this host) on a speak's first chunk, else None;
   ``error`` is an exception, or None when the engine closed;
   ``("asr", key, transcript_or_error)``;
@@ -154,7 +154,7 @@ class _FrontEndLink:
 
     # ---------------------------------------------------------------- results (other threads)
     def sink(self, outcomes: list) -> None:
-        """TTS scheduler thread, at most twice per step: this front end's outcomes become one message."""
+        """TTS scheduler thread, once per finished launch: this front end's outcomes become one message."""
         items = []
         now = time.monotonic()
         with self._lock:

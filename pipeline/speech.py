@@ -8,9 +8,9 @@ an async iterator of ``AudioChunk`` at ``options.sample_rate``. Two implementati
   onnxruntime, where the threads are the parallelism.
 * ``BatchedSpeech`` (engines that batch across requests, the CUDA engine): the text front end
   runs on a small worker, the sentences are submitted straight to the engine's scheduler with
-  a sink, and the scheduler hands each step's chunks to the event loop in at most **two**
-  wake-ups (first chunks as soon as they are decoded, then the rest; ``loop.call_soon_threadsafe``
-  per hand-off, not per chunk; no thread per request). Resampling to
+  a sink, and the scheduler hands each finished GPU launch's chunks to the event loop in one
+  wake-up (a fast-lane launch's first chunks as soon as they are decoded, a main-lane launch's
+  later ones; ``loop.call_soon_threadsafe`` per hand-off, not per chunk; no thread per request). Resampling to
   the client's rate happens here, per stream, on the event loop.
 
 Neither blocks the loop on model work.
@@ -108,7 +108,7 @@ class BatchedSpeech:
         return self.engine.scheduler.in_flight
 
     def _sink(self, outcomes: list) -> None:
-        """Scheduler thread: one wake-up of the loop per hand-off (at most two per step)."""
+        """Scheduler thread: one wake-up of the loop per hand-off (one per finished GPU launch)."""
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._dispatch, outcomes, time.monotonic())
 

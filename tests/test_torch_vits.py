@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -260,6 +261,66 @@ def test_scheduler_cancel_frees_slot_and_queue_is_bounded():
     finally:
         for _ in range(10):
             runner.go.release()
+        scheduler.close()
+
+
+class _LaneRunner(_BlockingRunner):
+    """Stands in for StepRunner on CUDA: main-lane work stays busy until the test lets it finish."""
+
+    def __init__(self) -> None:
+        super().__init__(slots=4)
+        self.go.release(100)
+        self.main_done = threading.Event()
+        self.hold = True  # each main-lane launch stays busy until main_done is set
+        self.lanes: list[tuple[str, list[int]]] = []
+
+    def decode(self, slots, starts, chunk, lane="main"):
+        self.lanes.append((lane, list(starts)))
+        if lane == "main" and self.hold:
+            self.main_done.clear()
+        return super().decode(slots, starts, chunk, lane)
+
+    def busy(self, lane) -> bool:
+        return lane == "main" and not self.main_done.is_set()
+
+    def wait(self, lane) -> None:
+        if lane == "main":
+            assert self.main_done.wait(scaled(10))
+
+
+def test_scheduler_starts_arrivals_on_the_fast_lane_while_the_main_lane_runs():
+    """A request that arrives while the later chunks of another run gets its first chunk
+    without waiting for them (on CUDA: a second, high-priority stream)."""
+    runner = _LaneRunner()
+    scheduler = BatchScheduler(runner, sample_rate=16000)  # type: ignore[arg-type]
+    try:
+        a = iter(scheduler.submit([1] * 10))
+        assert not next(a).final  # a's first chunk (fast lane); its second now runs on the main lane
+        deadline = time.monotonic() + scaled(10)
+        while ("main", [16]) not in runner.lanes:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        b_chunks: list = []
+        b_first = threading.Event()
+
+        def sink(outcomes):
+            b_chunks.extend(o.final for _, o in outcomes)
+            b_first.set()
+
+        scheduler.submit([1] * 10, sink=sink)
+        assert b_first.wait(scaled(5)), "b's first chunk waited for the main lane"
+        assert not runner.main_done.is_set()  # handed out while the main lane is still busy
+        assert runner.lanes[:3] == [("fast", [0]), ("main", [16]), ("fast", [0])]
+        runner.hold = False
+        runner.main_done.set()
+        assert [c.final for c in a] == [False, True]
+        deadline = time.monotonic() + scaled(10)
+        while len(b_chunks) < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        assert b_chunks == [False, False, True]
+    finally:
+        runner.main_done.set()
         scheduler.close()
 
 
