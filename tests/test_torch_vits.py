@@ -270,22 +270,32 @@ class _LaneRunner(_BlockingRunner):
     def __init__(self) -> None:
         super().__init__(slots=4)
         self.go.release(100)
-        self.main_done = threading.Event()
-        self.hold = True  # each main-lane launch stays busy until main_done is set
+        self.done = {"main": threading.Event(), "fast": threading.Event()}
+        self.main_done = self.done["main"]
+        #: Lanes whose launches stay busy until the test sets ``done[lane]``.
+        self.held = {"main"}
         self.lanes: list[tuple[str, list[int]]] = []
+
+    @property
+    def hold(self) -> bool:
+        return "main" in self.held
+
+    @hold.setter
+    def hold(self, value: bool) -> None:
+        self.held = {"main"} if value else set()
 
     def decode(self, slots, starts, chunk, lane="main"):
         self.lanes.append((lane, list(starts)))
-        if lane == "main" and self.hold:
-            self.main_done.clear()
+        if lane in self.held:
+            self.done[lane].clear()
         return super().decode(slots, starts, chunk, lane)
 
     def busy(self, lane) -> bool:
-        return lane == "main" and not self.main_done.is_set()
+        return lane in self.held and not self.done[lane].is_set()
 
     def wait(self, lane) -> None:
-        if lane == "main":
-            assert self.main_done.wait(scaled(10))
+        if lane in self.held:
+            assert self.done[lane].wait(scaled(10))
 
 
 def test_scheduler_starts_arrivals_on_the_fast_lane_while_the_main_lane_runs():
@@ -321,6 +331,35 @@ def test_scheduler_starts_arrivals_on_the_fast_lane_while_the_main_lane_runs():
         assert b_chunks == [False, False, True]
     finally:
         runner.main_done.set()
+        scheduler.close()
+
+
+def test_scheduler_launches_later_chunks_while_the_fast_lane_keeps_starting_arrivals():
+    """Arrivals that keep the fast lane busy do not starve the later chunks of requests whose
+    first chunk is out: the main lane launches them beside the fast lane's next launch."""
+    runner = _LaneRunner()
+    runner.held = {"fast"}  # fast-lane launches stay busy until the test lets each finish
+    scheduler = BatchScheduler(runner, sample_rate=16000)  # type: ignore[arg-type]
+
+    def wait_until(condition) -> None:
+        deadline = time.monotonic() + scaled(10)
+        while not condition():
+            assert time.monotonic() < deadline, runner.lanes
+            time.sleep(0.001)
+
+    try:
+        a = iter(scheduler.submit([1] * 10))
+        wait_until(lambda: runner.lanes == [("fast", [0])])  # a's first chunk: launched, busy
+        scheduler.submit([1] * 10)  # b waits for the fast lane
+        time.sleep(0.01)
+        runner.done["fast"].set()  # a's launch finishes: a's first chunk out, b's launch starts (busy)
+        assert not next(a).final
+        wait_until(lambda: ("main", [16]) in runner.lanes)  # a's second chunk, while b's launch runs
+        assert runner.lanes[:2] == [("fast", [0]), ("fast", [0])]
+        assert not runner.done["fast"].is_set()  # b's launch is still in flight
+    finally:
+        runner.held = set()
+        runner.done["fast"].set()
         scheduler.close()
 
 

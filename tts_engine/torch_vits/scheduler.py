@@ -289,18 +289,19 @@ class BatchScheduler:
             self.fault(self._attempt_batch)
 
     def _step(self) -> None:
-        """Start new requests on the fast lane, queue the later chunks of the others on the main
-        lane, and until the main lane is done, hand out finished fast-lane work and start what
-        arrives meanwhile. Neither lane waits for the other (``fast_lane = "exclusive"``: the main
-        lane's launch waits for a fast-lane launch in flight)."""
-        self._fast_lane()
-        if self.runner.options.fast_lane == "exclusive":
-            while self._fast is not None:
-                if not self._fast_lane():
-                    self._arrivals(POLL_S)
-        main = self._launch_main()
+        """Start new requests on the fast lane and queue the later chunks of the others on the main
+        lane as soon as it is free; until the main lane's launch is done, hand out finished
+        fast-lane work and start what arrives meanwhile. Neither lane waits for the other
+        (``fast_lane = "exclusive"``: the main lane's launch waits for a fast-lane launch in flight,
+        and once later chunks are ready the fast lane starts nothing new until they are launched)."""
+        exclusive = self.runner.options.fast_lane == "exclusive"
+        main = None
         while True:
-            progressed = self._fast_lane()
+            hold_fast = exclusive and main is None and any(r.next_frame > 0 for r in self._running.values())
+            progressed = self._fast_lane(start=not hold_fast)
+            if main is None and not (exclusive and self._fast is not None):
+                main = self._launch_main()  # later chunks, also of requests whose first just came out
+                progressed |= main is not None
             if main is not None and not self.runner.busy("main"):
                 self._finish_main(*main)
                 return
@@ -337,11 +338,11 @@ class BatchScheduler:
         self.runner.release_staged("main")
         self._flush()
 
-    def _fast_lane(self) -> bool:
-        """Hand out the fast lane's finished work; start waiting requests on it when it is free.
-        True if it did either."""
-        did = False
-        if self._fast is None and (admitted := self._admit()):
+    def _fast_lane(self, start: bool = True) -> bool:
+        """Hand out the fast lane's finished launch; when it is free (and ``start``), launch the
+        waiting requests on it. True if it did either."""
+        did = self._finish_fast()
+        if start and self._fast is None and (admitted := self._admit()):
             options = self.runner.options
             self._launching(admitted, options.encode_batches)
             frames_dev = self.runner.encode([self._encode_item(r) for r in admitted])
@@ -352,22 +353,27 @@ class BatchScheduler:
                 launched.append(self.runner.decode([r.slot for r in batch], [0] * len(batch), options.chunk_frames,
                                                    lane="fast"))  # fmt: skip
             self._fast = (admitted, self.runner.fetch_async(*launched, frames_dev, lane="fast"), time.perf_counter())
-            did = True
-        if self._fast is not None and not self.runner.busy("fast"):
-            admitted, (*audio, frames), t0 = self._fast
-            self._fast = None
-            self.runner.wait("fast")
-            self.lane_s["fast"] += time.perf_counter() - t0
-            self.lane_launches["fast"] += 1
-            for request, n in zip(admitted, frames):
-                self._set_frames(request, int(n))
-            size = self.runner.options.chunk_frames
-            for i, chunk in zip(range(0, len(admitted), self._max_batch), audio):
-                self._deliver(admitted[i : i + self._max_batch], chunk, size)
-            self.runner.release_staged("fast")
-            self._flush()  # first chunks leave now, whatever the main lane is doing
+            self._finish_fast()  # done already on CPU
             did = True
         return did
+
+    def _finish_fast(self) -> bool:
+        """If the fast lane's launch is done: set the frame counts, hand out the first chunks."""
+        if self._fast is None or self.runner.busy("fast"):
+            return False
+        admitted, (*audio, frames), t0 = self._fast
+        self._fast = None
+        self.runner.wait("fast")
+        self.lane_s["fast"] += time.perf_counter() - t0
+        self.lane_launches["fast"] += 1
+        for request, n in zip(admitted, frames):
+            self._set_frames(request, int(n))
+        size = self.runner.options.chunk_frames
+        for i, chunk in zip(range(0, len(admitted), self._max_batch), audio):
+            self._deliver(admitted[i : i + self._max_batch], chunk, size)
+        self.runner.release_staged("fast")
+        self._flush()  # first chunks leave now, whatever the main lane is doing
+        return True
 
     def _arrivals(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for submissions that free slots can take."""
