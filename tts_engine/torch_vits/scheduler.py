@@ -292,8 +292,9 @@ class BatchScheduler:
         """Start new requests on the fast lane and queue the later chunks of the others on the main
         lane as soon as it is free; until the main lane's launch is done, hand out finished
         fast-lane work and start what arrives meanwhile. Neither lane waits for the other
-        (``fast_lane = "exclusive"``: the main lane's launch waits for a fast-lane launch in flight,
-        and once later chunks are ready the fast lane starts nothing new until they are launched)."""
+        (``fast_lane = "exclusive"``: the main lane's launch waits for a fast-lane launch in flight;
+        the fast lane may start at the step's start and while the main launch runs, not while
+        later chunks wait for it)."""
         exclusive = self.runner.options.fast_lane == "exclusive"
         main, first = None, True
         while True:
