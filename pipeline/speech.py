@@ -28,7 +28,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from pipeline.workers import NORMAL, ModelWorker
+from pipeline.workers import NORMAL, URGENT, ModelWorker
 from tts_engine.engine import AudioChunk, SynthesisOptions
 from tts_engine.resample import StreamResampler
 
@@ -80,7 +80,14 @@ class ThreadedSpeech:
 
     def stream(self, text: str, options: SynthesisOptions, cancel: threading.Event,
                priority: int = NORMAL, timing: FirstAudioTiming | None = None) -> AsyncIterator[AudioChunk]:
-        return self.worker.stream(lambda tts: tts.synthesize(text, options), cancel, priority=priority)
+        def synthesize(tts: Any) -> Any:
+            # A reply's first clause (URGENT) in decoder chunks when the engine keeps both forms
+            # (``tts.stream_first_clause``): its first audio is what the user is waiting for.
+            if priority == URGENT and getattr(tts, "can_stream", False) and not tts.streaming:
+                return tts.synthesize(text, options, stream=True)
+            return tts.synthesize(text, options)
+
+        return self.worker.stream(synthesize, cancel, priority=priority)
 
     def memory_report(self) -> dict | None:
         return None

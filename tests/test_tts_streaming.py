@@ -238,3 +238,33 @@ def test_factory_gives_streaming_engines_more_threads_than_sessions(exported):
     engines = create_engines(exported.cfg.replace("tts", onnx_workers=2))
     assert len(engines) == 2 * STREAMS_PER_SESSION and all(e is engines[0] for e in engines)
     assert engines[0].chunked.workers == 2 and engines[0].model is None
+
+
+@pytest.mark.slow
+async def test_stream_first_clause_streams_a_replys_first_clause_only(exported, whole):
+    """``tts.stream_first_clause``: whole sentences by default, decoder chunks for what is asked
+    with ``stream=True`` — which ``ThreadedSpeech`` asks for a reply's first clause (URGENT)."""
+    import threading
+
+    from pipeline.speech import ThreadedSpeech
+    from pipeline.workers import NORMAL, URGENT, ModelWorker
+
+    cfg = exported.cfg.replace("tts", streaming=False, stream_first_clause=True)
+    engine = OnnxTtsEngine.from_config(cfg)  # finds the export made above
+    assert engine.can_stream and not engine.streaming and engine.model is not None
+    options = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
+    reference = list(whole.synthesize(TEXT, options))
+    assert len(list(engine.synthesize(TEXT, options))) == len(reference) == 2  # one chunk per sentence
+    streamed = list(engine.synthesize(TEXT, options, stream=True))
+    assert len(streamed) > 2
+    pcm = np.concatenate([c.pcm for c in streamed if c.clause_index == 0]).astype(np.int32)
+    assert np.abs(pcm - reference[0].pcm).max() <= 8
+    worker = ModelWorker("tts-test", [engine], queue_size=4)
+    try:
+        speech = ThreadedSpeech(worker)
+        counts = {}
+        for priority in (URGENT, NORMAL):
+            counts[priority] = len([c async for c in speech.stream(TEXT, options, threading.Event(), priority)])
+    finally:
+        worker.close()
+    assert counts[URGENT] > counts[NORMAL] == 2

@@ -22,8 +22,9 @@ _CHUNKED_STAMP = "voxloop-export.json"
 
 
 def needs_chunked_voice(cfg: Config) -> bool:
-    """True when the CPU backend streams (``tts.streaming``) a single-speaker voice."""
-    if cfg.tts.backend != "onnx" or not cfg.tts.streaming:
+    """True when the CPU backend streams (``tts.streaming`` or ``tts.stream_first_clause``) a
+    single-speaker voice."""
+    if cfg.tts.backend != "onnx" or not (cfg.tts.streaming or cfg.tts.stream_first_clause):
         return False
     voice = models.resolve_voice(cfg).path
     data = json.loads(models.voice_config_path(cfg, voice).read_text(encoding="utf-8"))

@@ -51,18 +51,22 @@ class OnnxTtsEngine:
         max_text_chars: int | None = None,
         chunked_dir: str | Path | None = None,
         chunk_plan: ChunkPlan | None = None,
+        stream_urgent_only: bool = False,
     ) -> None:
         """``threads``: onnxruntime intra-op threads per session (0 = its choice);
         ``workers``: parallel sessions; ``defaults``: options used where a request says None
         (then the voice's own); ``max_text_chars``: longest accepted text (None = no limit);
         ``chunked_dir``: the voice's chunked export (``tts_engine.chunked_voice.resolve_chunked_voice``):
-        stream each sentence in chunks of ``chunk_plan`` (None: whole sentences)."""
+        stream each sentence in chunks of ``chunk_plan`` (None: whole sentences);
+        ``stream_urgent_only``: with ``chunked_dir``, keep the whole-sentence model too and stream
+        only what is asked with ``synthesize(..., stream=True)`` (a reply's first clause)."""
         self.voice = voice
         self.frontend = TextFrontend(voice.config, max_text_chars=max_text_chars)
         if chunked_dir is not None and voice.config.num_speakers > 1:
             raise ModelError(f"{voice.model_path}: streaming supports single-speaker voices only")
-        #: Whole-sentence model (Piper's graph), or None when streaming.
-        self.model = None if chunked_dir is not None else OnnxVits(voice.model_path, threads=threads, workers=workers)
+        #: Whole-sentence model (Piper's graph), or None when every sentence streams.
+        self.model = (None if chunked_dir is not None and not stream_urgent_only
+                      else OnnxVits(voice.model_path, threads=threads, workers=workers))  # fmt: skip
         #: Chunked model, or None for whole sentences.
         self.chunked = None if chunked_dir is None else ChunkedOnnxVits(chunked_dir, threads=threads, workers=workers)
         self.chunk_plan = chunk_plan or ChunkPlan()
@@ -84,10 +88,11 @@ class OnnxTtsEngine:
             configure(tts.zh_lexicon_path)
         defaults = SynthesisOptions.from_config(tts)
         chunked_dir = None
-        if tts.streaming and voice.config.num_speakers > 1:
+        streams = tts.streaming or tts.stream_first_clause
+        if streams and voice.config.num_speakers > 1:
             log.warning("tts.streaming: %s has %d speakers; speaking whole sentences", onnx_path.name,
                         voice.config.num_speakers)
-        elif tts.streaming:
+        elif streams:
             from tts_engine.chunked_voice import resolve_chunked_voice
 
             chunked_dir = resolve_chunked_voice(cfg).path  # exported here on first use
@@ -99,6 +104,7 @@ class OnnxTtsEngine:
             max_text_chars=cfg.limits.max_text_chars,
             chunked_dir=chunked_dir,
             chunk_plan=ChunkPlan(tts.chunk_frames, tts.tail_chunk_frames or ChunkPlan.tail_frames),
+            stream_urgent_only=not tts.streaming,
         )
         engine.reserve_memory()
         return engine
@@ -114,19 +120,26 @@ class OnnxTtsEngine:
 
     @property
     def streaming(self) -> bool:
-        """True when sentences are spoken in several chunks."""
+        """True when every sentence is spoken in several chunks."""
+        return self.chunked is not None and self.model is None
+
+    @property
+    def can_stream(self) -> bool:
+        """True when ``synthesize(..., stream=True)`` speaks in chunks."""
         return self.chunked is not None
 
-    def synthesize(self, text: str, options: SynthesisOptions | None = None) -> Iterator[AudioChunk]:
+    def synthesize(self, text: str, options: SynthesisOptions | None = None,
+                   stream: bool = False) -> Iterator[AudioChunk]:
         """Speak ``text``; chunks (one per sentence, or several when streaming) as soon as each is ready.
 
-        Text is checked and phonemized at call time (InvalidInput for a bad option or
-        text over the limit); audio is made lazily. Text with no letter or digit yields
-        nothing.
+        ``stream``: in decoder chunks even when the engine speaks whole sentences by default
+        (``stream_urgent_only``; ignored without the chunked export). Text is checked and
+        phonemized at call time (InvalidInput for a bad option or text over the limit); audio
+        is made lazily. Text with no letter or digit yields nothing.
         """
         scales, speaker_id, rate = self._resolve(options)
         sentences = list(self.frontend.sentence_ids(text))
-        return self._speak(sentences, scales, speaker_id, rate)
+        return self._speak(sentences, scales, speaker_id, rate, stream)
 
     def synthesize_ids(self, phoneme_ids: Sequence[int], options: SynthesisOptions | None = None) -> Iterator[AudioChunk]:
         """Speak one already-encoded clause (Piper layout: BOS ... EOS); its last chunk is final."""
@@ -134,21 +147,22 @@ class OnnxTtsEngine:
         return self._speak([self._check_ids(phoneme_ids)], scales, speaker_id, rate)
 
     def _speak(
-        self, sentences: list[list[int]], scales: InferenceScales, speaker_id: int | None, rate: int
+        self, sentences: list[list[int]], scales: InferenceScales, speaker_id: int | None, rate: int,
+        stream: bool = False,
     ) -> Iterator[AudioChunk]:
         resampler = StreamResampler(self.sample_rate, rate)
         last = len(sentences) - 1
         for index, ids in enumerate(sentences):
-            for audio, final in self._pieces(ids, scales, speaker_id):
+            for audio, final in self._pieces(ids, scales, speaker_id, stream):
                 pcm = to_int16(resampler.process(audio, last=final and index == last))
                 if len(pcm) or final:
                     yield AudioChunk(pcm=pcm, sample_rate=rate, clause_index=index, final=final)
 
     def _pieces(
-        self, ids: list[int], scales: InferenceScales, speaker_id: int | None
+        self, ids: list[int], scales: InferenceScales, speaker_id: int | None, stream: bool = False
     ) -> Iterator[tuple[np.ndarray, bool]]:
         """Float32 audio of one sentence at the voice's rate, as ``(audio, is_last)`` pieces."""
-        if self.chunked is not None:
+        if self.chunked is not None and (stream or self.model is None):
             yield from self.chunked.stream(ids, scales, self.chunk_plan, self.sample_rate)
         else:
             assert self.model is not None

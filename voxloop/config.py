@@ -256,6 +256,10 @@ class TtsConfig:
     #: the whole sentence, for ~20% more CPU per sentence; runs the voice exported once as chunked
     #: ONNX, which needs PyTorch (``voxloop models`` exports it). GPU (cuda) always streams.
     streaming: bool = False
+    #: CPU (onnx), with ``streaming = false``: speak the first clause of each reply in decoder chunks
+    #: (its first audio is what the user waits for) and the rest as whole sentences (cheaper, made
+    #: while earlier audio plays). Loads the chunked export beside the whole-sentence voice.
+    stream_first_clause: bool = False
     #: First decoder chunk of a clause, latent frames (one frame = hop samples: 64 = 0.74 s at 22050 Hz).
     chunk_frames: int = 64
     #: Largest later chunk, frames; 0 = the backend's default (GPU: chunk_frames; CPU: 512). Bigger
