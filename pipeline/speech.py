@@ -82,8 +82,10 @@ class ThreadedSpeech:
                priority: int = NORMAL, timing: FirstAudioTiming | None = None) -> AsyncIterator[AudioChunk]:
         def synthesize(tts: Any) -> Any:
             # A reply's first clause (URGENT) in decoder chunks when the engine keeps both forms
-            # (``tts.stream_first_clause``): its first audio is what the user is waiting for.
-            if priority == URGENT and getattr(tts, "can_stream", False) and not tts.streaming:
+            # (``tts.stream_first_clause``) and no other clause waits for a thread: its first audio
+            # is what the user is waiting for, and the chunks' extra CPU is spent only when spare.
+            if (priority == URGENT and getattr(tts, "can_stream", False) and not tts.streaming
+                    and self.worker.queued() == 0):
                 return tts.synthesize(text, options, stream=True)
             return tts.synthesize(text, options)
 

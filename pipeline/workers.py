@@ -76,6 +76,10 @@ class ModelWorker(Generic[E]):
     def idle(self) -> bool:
         return self.pending() == 0
 
+    def queued(self) -> int:
+        """Jobs waiting for a thread (not running)."""
+        return self._queue.qsize()
+
     def _loop(self, engine: E) -> None:
         while True:
             job = self._queue.get()
