@@ -32,11 +32,12 @@ class CudaBackend:
         from voxloop.config import GpuConfig
 
         self.torch = torch
+        fast_lane = getattr(args, "fast_lane", "overlap")  # callers building their own Namespace may omit it
         opts = RunnerOptions(
             chunk_frames=args.chunk_frames, max_frames=args.max_frames, precision=args.precision,
             tail_chunk_frames=args.tail_chunk_frames, decode_batches=batch_buckets(args.max_batch, fine=not args.coarse),
             encode_batches=batch_buckets(args.max_batch, fine=False), compile=args.compile,
-            cudnn_benchmark=args.cudnn_benchmark, fast_lane=getattr(args, "fast_lane", "overlap"),
+            cudnn_benchmark=args.cudnn_benchmark, fast_lane=fast_lane,
         )  # fmt: skip
         t0 = time.perf_counter()
         self.engine = CudaTtsEngine(Voice.load(args.voice), opts, device=args.device, queue_size=4096,
@@ -51,7 +52,7 @@ class CudaBackend:
             "capture_peak_mb": round(runner.capture_peak_mb, 1),
             "memory_after_capture_mb": round(self.torch.cuda.memory_reserved() / 2**20, 1),
             "chunk_frames": args.chunk_frames, "tail_chunk_frames": args.tail_chunk_frames, "compile": args.compile,
-            "cudnn_benchmark": args.cudnn_benchmark, "allocator": args.allocator, "fast_lane": getattr(args, "fast_lane", "overlap"),
+            "cudnn_benchmark": args.cudnn_benchmark, "allocator": args.allocator, "fast_lane": fast_lane,
             "decode_batches": len(opts.decode_batches),
             "precision": args.precision, "max_batch": args.max_batch,
         }  # fmt: skip

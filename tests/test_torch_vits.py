@@ -277,14 +277,6 @@ class _LaneRunner(_BlockingRunner):
         self.delay_s = 0.0  # each decode takes this long
         self.lanes: list[tuple[str, list[int]]] = []
 
-    @property
-    def hold(self) -> bool:
-        return "main" in self.held
-
-    @hold.setter
-    def hold(self, value: bool) -> None:
-        self.held = {"main"} if value else set()
-
     def decode(self, slots, starts, chunk, lane="main"):
         self.lanes.append((lane, list(starts)))
         time.sleep(self.delay_s)
@@ -322,7 +314,7 @@ def test_scheduler_starts_arrivals_on_the_fast_lane_while_the_main_lane_runs():
         scheduler.submit([1] * 10, sink=sink)
         assert b_first.wait(scaled(5)), "b's first chunk waited for the main lane"  # main is held busy
         assert runner.lanes[:3] == [("fast", [0]), ("main", [16]), ("fast", [0])]
-        runner.hold = False
+        runner.held = set()
         runner.main_done.set()
         assert [c.final for c in a] == [False, True]
         deadline = time.monotonic() + scaled(10)

@@ -252,11 +252,11 @@ class StepRunner:
             # Durations are ceil'd: TF32 in the encoder could change an utterance's length.
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
-        main_pool = torch.cuda.graph_pool_handle() if use_graphs else None
-        fast_pool = torch.cuda.graph_pool_handle() if use_graphs and self.options.fast_lane != "off" else main_pool
-        # One capture stream per lane (see _Step): their graphs get cuBLAS workspaces of their own.
-        main_capture = torch.cuda.Stream(dev) if use_graphs else None
-        fast_capture = torch.cuda.Stream(dev) if use_graphs and self.options.fast_lane != "off" else main_capture
+        # Per lane a graph pool and a capture stream (see _Step: cuBLAS workspaces of their own).
+        main_pool, main_capture = (torch.cuda.graph_pool_handle(), torch.cuda.Stream(dev)) if use_graphs else (None, None)
+        fast_pool, fast_capture = main_pool, main_capture
+        if use_graphs and self.options.fast_lane != "off":
+            fast_pool, fast_capture = torch.cuda.graph_pool_handle(), torch.cuda.Stream(dev)
         t0 = time.perf_counter()
         # Only the chunk decoder is compiled: the encoder took ~30 s per shape to compile on the
         # H200 for a 1.6x faster step (bench/results/tts_load-h200-*.md), too slow a start-up.

@@ -274,13 +274,17 @@ class BatchScheduler:
                 self._waiting.append(self._inbox.get(timeout=0.05))
             except queue.Empty:
                 return False
+        self._take_inbox()
+        return bool(self._running or self._waiting)
+
+    def _take_inbox(self) -> None:
+        """Move submissions from the inbox while free slots can take them; drop cancelled ones."""
         while len(self._waiting) < len(self._free_slots):
             try:
                 self._waiting.append(self._inbox.get_nowait())
             except queue.Empty:
                 break
         self._waiting = [r for r in self._waiting if not r.cancelled]
-        return bool(self._running or self._waiting)
 
     def _launching(self, batch: list[SpeechRequest], buckets: Sequence[int]) -> None:
         """Note the launch about to run (for ``_on_oom``) and call the fault hook."""
@@ -301,11 +305,13 @@ class BatchScheduler:
             # exclusive: the fast lane starts once at the step's start; while later chunks then wait
             # for it, it starts nothing more (neither lane can starve the other)
             hold_fast = exclusive and main is None and not first
-            first = False
             progressed = self._fast_lane(start=not hold_fast)
-            if main is None and not (exclusive and self._fast is not None):
+            # Later chunks become ready only at the step's start or as first chunks come out: look
+            # for them then, not on every poll.
+            if main is None and (first or progressed) and not (exclusive and self._fast is not None):
                 main = self._launch_main()  # later chunks, also of requests whose first just came out
                 progressed |= main is not None
+            first = False
             if main is not None and not self.runner.busy("main"):
                 self._finish_main(*main)
                 return
@@ -389,12 +395,7 @@ class BatchScheduler:
             self._waiting.append(self._inbox.get(timeout=timeout_s))
         except queue.Empty:
             return
-        while len(self._waiting) < len(self._free_slots):
-            try:
-                self._waiting.append(self._inbox.get_nowait())
-            except queue.Empty:
-                break
-        self._waiting = [r for r in self._waiting if not r.cancelled]
+        self._take_inbox()
 
     def _admit(self) -> list[SpeechRequest]:
         """Waiting requests for one encoder launch: at most ``max_batch`` running, and an
