@@ -183,6 +183,11 @@ class VoiceActivityDetector:
             return None
         return np.concatenate(self._utterance)
 
+    def pause_audio(self) -> np.ndarray | None:
+        """The utterance so far cut ``TRAILING_MS`` after its last voiced frame (what a ``Pause``
+        carries), or None when idle."""
+        return None if self._utterance is None else self._audio(whole=False)
+
     # --- feeding -------------------------------------------------------------
 
     def feed(self, pcm16: np.ndarray | bytes) -> list[VadEvent]:

@@ -25,6 +25,11 @@ Modes (``Policy``):
   If the speech ends shorter than ``barge_in_min_ms`` or its transcript has no words (a
   cough, "mm-hm", noise) the reply resumes (``ResumeReply``); words, or speech longer than
   ``pause_max_speech_ms``, cancel it (``BargeIn``) and the speech is a turn of its own.
+- ``score_pause_ms`` (``semantic_vad``, ``turn.asr_pause_ms`` shorter than ``turn.pause_ms``): the
+  VAD's pause comes earlier and only starts the speculative turn (its ASR, then its LLM); the score,
+  and the words of speech over a paused reply, are asked once the silence reaches
+  ``score_pause_ms`` (``tick``), so a commit still needs the longer pause. Speech that resumes in
+  between drops the speculation as before.
 """
 
 from __future__ import annotations
@@ -119,16 +124,21 @@ class Policy:
     #: False: the reply plays on; the speech is still a turn when it ends (unless shorter than
     #: ``barge_in_min_ms``).
     interrupt: bool = True
+    #: ``semantic_vad``: silence after the speech's end (ms, stream time) at which the end-of-turn
+    #: score and the words of speech over a paused reply are asked. 0: at the VAD's pause. Longer
+    #: than the VAD's pause: the speculative turn starts at the VAD's pause, the rest waits for it.
+    score_pause_ms: int = 0
 
     @classmethod
     def semantic_vad(cls, eagerness: str, silence_ms: int, barge_in_min_ms: int, max_silence_ms: int,
-                     pause_on_speech: bool, pause_max_speech_ms: int, interrupt: bool = True) -> "Policy":
+                     pause_on_speech: bool, pause_max_speech_ms: int, interrupt: bool = True,
+                     score_pause_ms: int = 0) -> "Policy":
         t = EAGERNESS[eagerness]
         return cls(silence_ms=silence_ms, barge_in_min_ms=barge_in_min_ms, semantic=True,
                    complete=t.complete, incomplete=t.incomplete,
                    max_silence_ms=max(silence_ms, round(max_silence_ms * t.max_silence_scale)),
                    pause_on_speech=pause_on_speech, pause_max_speech_ms=pause_max_speech_ms,
-                   interrupt=interrupt)
+                   interrupt=interrupt, score_pause_ms=score_pause_ms)
 
     def wait_ms(self, probability: float) -> float:
         """Silence to wait after a score under ``complete``: ``silence_ms`` just under it, growing
@@ -227,6 +237,7 @@ class TurnTaking:
         self._speech_end_ms = 0.0
         self._speculating = False
         self._deadline_ms: float | None = None
+        self._judge_at_ms: float | None = None  # score_pause_ms: when the score / words are asked
         self._interrupted = False  # this utterance already cancelled the reply
         self._paused_by: int | None = None  # the utterance that paused the reply
         self._transcript: str | None = None  # of the pausing utterance, once known
@@ -248,7 +259,7 @@ class TurnTaking:
         self.state = SPEAKING
         self._speech_start_ms = t_ms
         self._speculating = False
-        self._deadline_ms = None
+        self._deadline_ms = self._judge_at_ms = None
         self._interrupted = False
         if audible and self._pauses_replies and not self.reply_paused and not out:
             self._paused_by, self._transcript = self.utterance, None
@@ -262,21 +273,23 @@ class TurnTaking:
         self.state = PAUSED
         self._speech_end_ms = t_ms
         p = self.policy
+        later = p.semantic and p.score_pause_ms > 0  # the score / words wait for the longer pause
+        self._judge_at_ms = t_ms + p.score_pause_ms if later else None
         if self._paused_by == self.utterance:  # over the paused reply: its words decide
             self._deadline_ms = t_ms + p.silence_ms
-            return [Transcribe(self.utterance)]
+            return [] if later else [Transcribe(self.utterance)]
         # server_vad ends at the VAD's own silence stop; semantic_vad waits for the score first
         self._deadline_ms = t_ms + p.max_silence_ms if p.semantic else None
         if audible:
             return []  # speech over the playing reply: no turn is started for it yet
-        return self._speculate()
+        return self._speculate(score=not later)
 
     def resumed(self, t_ms: float) -> list[Decision]:
         """Speech came back after the short pause: the speculation is stale."""
         if self.state != PAUSED:
             return []
         self.state = SPEAKING
-        self._deadline_ms = None
+        self._deadline_ms = self._judge_at_ms = None
         self._transcript = None
         self._score = self._words = None
         if self._speculating:
@@ -305,9 +318,13 @@ class TurnTaking:
                 and speaking_ms >= p.barge_in_min_ms):
             self._interrupted = True
             return [BargeIn()]
+        out: list[Decision] = []
+        if self.state == PAUSED and self._judge_at_ms is not None and now_ms >= self._judge_at_ms:
+            self._judge_at_ms = None
+            out = self._judge()
         if self.state == PAUSED and self._deadline_ms is not None and now_ms >= self._deadline_ms:
-            return self._end_of_turn(audible, vad_ended=False)
-        return []
+            out += self._end_of_turn(audible, vad_ended=False)
+        return out
 
     def scored(self, utterance: int, probability: float, now_ms: float, audible: bool) -> list[Decision]:
         """The end-of-turn model's ``probability`` that ``utterance`` is complete (0..1)."""
@@ -366,13 +383,20 @@ class TurnTaking:
         self._deadline_ms = self._speech_end_ms + p.wait_ms(probability)
         return self.tick(now_ms, audible)
 
-    def _speculate(self) -> list[Decision]:
+    def _speculate(self, score: bool = True) -> list[Decision]:
+        """Start the speculative turn; with ``score``, ask for the end-of-turn score now too."""
         self._speculating = True
         self._score = self._words = None
         out: list[Decision] = [StartTurn(self.utterance, speculative=True)]
-        if self.policy.semantic:
+        if self.policy.semantic and score:
             out.append(Score(self.utterance))
         return out
+
+    def _judge(self) -> list[Decision]:
+        """The silence reached ``score_pause_ms``: ask what the VAD's earlier pause did not."""
+        if self._paused_by == self.utterance:
+            return [Transcribe(self.utterance)]
+        return [Score(self.utterance)] if self._speculating else []
 
     def _end_of_turn(self, audible: bool, vad_ended: bool) -> list[Decision]:
         utt = self.utterance

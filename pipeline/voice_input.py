@@ -76,10 +76,15 @@ class VoiceInput:
             self._mode = "push_to_talk"
             return
         vad, turn = self.cfg.vad, self.cfg.turn
+        # turn.asr_pause_ms: the VAD pauses that early (the speculative turn starts), the score waits
+        # for turn.pause_ms, both in whole VAD frames.
+        pause_ms, asr_pause_ms = (-(-ms // vad.frame_ms) * vad.frame_ms
+                                  for ms in (turn.pause_ms, min(turn.asr_pause_ms or turn.pause_ms, turn.pause_ms)))
         if td.type == "semantic_vad":
             policy = Policy.semantic_vad(td.eagerness or "auto", td.silence_duration_ms, vad.barge_in_min_ms,
                                          turn.max_silence_ms, turn.pause_on_speech, turn.pause_max_speech_ms,
-                                         interrupt=td.interrupt_response)
+                                         interrupt=td.interrupt_response,
+                                         score_pause_ms=pause_ms if asr_pause_ms < pause_ms else 0)
             if self.engines.turn is None:  # no end-of-turn model on this server: silence alone
                 policy = dataclasses.replace(policy, semantic=False)
         else:
@@ -88,7 +93,7 @@ class VoiceInput:
         self._mode = td.type
         vad_cfg = dataclasses.replace(
             vad, silence_duration_ms=policy.vad_silence_ms,
-            speculative_pause_ms=turn.pause_ms if policy.semantic else vad.speculative_pause_ms,
+            speculative_pause_ms=asr_pause_ms if policy.semantic else vad.speculative_pause_ms,
             prefix_padding_ms=td.prefix_padding_ms, aggressiveness=td.x_aggressiveness)
         if self._vad is None or self._taking is None or self._vad.config != vad_cfg:
             self._vad = VoiceActivityDetector(vad_cfg, ASR_RATE, self.cfg.limits.max_utterance_s)
@@ -212,8 +217,14 @@ class VoiceInput:
             return turn
         return None
 
+    def _judged_audio(self) -> np.ndarray | None:
+        """Audio to score or transcribe at the short pause: the utterance as a ``Pause`` carries it
+        (also when the VAD's own pause came earlier, ``turn.asr_pause_ms``)."""
+        audio = self._vad.pause_audio() if self._vad is not None else None
+        return self._turn_audio if audio is None else audio
+
     def _do_score(self, d: Score) -> None:
-        audio, worker = self._turn_audio, self.engines.turn
+        audio, worker = self._judged_audio(), self.engines.turn
         if audio is not None and worker is not None and self._taking is not None:
             self._side_task(self._score(worker, audio, self._taking, d.utterance))
 
@@ -241,8 +252,9 @@ class VoiceInput:
                                        self.conv.audible()))
 
     def _do_transcribe(self, d: Transcribe) -> None:
-        if self._turn_audio is not None and self._taking is not None:
-            self._side_task(self._transcribe_burst(self._turn_audio, self._taking, d.utterance))
+        audio = self._judged_audio()
+        if audio is not None and self._taking is not None:
+            self._side_task(self._transcribe_burst(audio, self._taking, d.utterance))
 
     async def _transcribe_burst(self, audio: np.ndarray, taking: TurnTaking, utterance: int) -> None:
         """Words of speech over the paused reply (a cough has none)."""

@@ -84,3 +84,11 @@ def test_turn_durations_must_be_positive(key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config(None, [f"{key}=0"], environ={})
     assert load_config(None, [f"{key}=120"], environ={}).turn  # a positive value loads
+
+
+def test_asr_pause_is_positive_or_none():
+    assert load_config(None, [], environ={}).turn.asr_pause_ms == 60
+    assert load_config(None, ["turn.asr_pause_ms=none"], environ={}).turn.asr_pause_ms is None  # at turn.pause_ms
+    assert load_config(None, ["turn.asr_pause_ms=400"], environ={}).turn.asr_pause_ms == 400  # pause_ms is used
+    with pytest.raises(ConfigError, match=r"turn\.asr_pause_ms must be > 0"):
+        load_config(None, ["turn.asr_pause_ms=0"], environ={})

@@ -100,6 +100,26 @@ async def test_the_short_pause_is_configurable(tts_engines):
         await hub.stop()
 
 
+async def test_an_earlier_asr_pause_starts_the_turn_before_the_score(tts_engines):
+    """turn.asr_pause_ms: the speculative turn (ASR) starts at 60 ms of silence; the score, and so
+    the commit, still wait for turn.pause_ms, on the audio a pause of that length carries."""
+    turn, asr = FakeTurnModel(0.99), FakeASR("what's the capital of France")
+    hub = await _hub(tts_engines, turn, "turn.pause_ms=390", "turn.asr_pause_ms=60", asr=asr)
+    try:
+        ws = await session(hub, SEMANTIC)
+        await send_audio(ws, ("speech", 0.8), ("silence", 1.2))
+        metrics, seen = await until(ws, "x.turn.metrics")
+        stages = metrics["metrics"]["stages_ms"]
+        assert 390 <= stages["vad_end"] - stages["speech_end"] < 900, stages
+        assert stages["asr_start"] - stages["speech_end"] < 300, stages  # long before the score's pause
+        assert len(asr.samples) == 1 and len(turn.samples) == 1  # one ASR run, kept at the commit
+        assert turn.samples[0] - asr.samples[0] == 16 * 120  # scored with 180 ms after the speech, ASR 60
+        assert types(seen).count("input_audio_buffer.committed") == 1
+        await ws.close()
+    finally:
+        await hub.stop()
+
+
 async def test_an_incomplete_score_waits_through_a_long_pause(tts_engines):
     turn, asr = FakeTurnModel(0.05), FakeASR("book a table for four")
     hub = await _hub(tts_engines, turn, asr=asr)

@@ -26,6 +26,9 @@ SEMANTIC = Policy.semantic_vad("medium", silence_ms=500, barge_in_min_ms=250, ma
                                pause_on_speech=True, pause_max_speech_ms=1500)
 SEMANTIC_NO_PAUSE = Policy.semantic_vad("medium", silence_ms=500, barge_in_min_ms=250, max_silence_ms=2000,
                                         pause_on_speech=False, pause_max_speech_ms=1500)
+# turn.asr_pause_ms < turn.pause_ms: the VAD pauses early (ASR), the score waits for 180 ms of silence.
+EARLY_ASR = Policy.semantic_vad("medium", silence_ms=500, barge_in_min_ms=250, max_silence_ms=2000,
+                                pause_on_speech=True, pause_max_speech_ms=1500, score_pause_ms=180)
 
 # Each step: (method, args..., expected decisions). "audible" is the assistant's reply playing.
 CASES = {
@@ -207,6 +210,55 @@ CASES = {
         ("speech_started", 0, True, []),
         ("tick", 250, True, [BargeIn()]),
     ]),
+    "early ASR: the turn starts at the VAD's pause, the score at score_pause_ms": (EARLY_ASR, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True)]),  # detected at 1060
+        ("tick", 1179, False, []),
+        ("heard", 1, "What's the capital of France?", "en", 1170, False, []),  # before the score: kept
+        ("tick", 1180, False, [Score(1)]),
+        ("tick", 1200, False, []),  # once
+        ("scored", 1, 0.95, 1250, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "early ASR: the words after the score commit, as without it": (EARLY_ASR, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True)]),
+        ("tick", 1180, False, [Score(1)]),
+        ("scored", 1, 0.95, 1250, False, []),
+        ("heard", 1, "Please turn on the lights.", "en", 1300, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "early ASR: speech resumes before score_pause_ms: dropped, never scored": (EARLY_ASR, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True)]),
+        ("resumed", 1090, [DropTurn(1)]),
+        ("tick", 1200, False, []),  # no score of the stale pause
+        ("heard", 1, "Tell me a", "en", 1250, False, []),  # its transcript is stale too
+        ("paused", 2000, False, [StartTurn(1, speculative=True)]),
+        ("tick", 2180, False, [Score(1)]),
+        ("scored", 1, 0.2, 2250, False, []),
+        ("tick", 3990, False, []),  # an unsure score waits from the speech's end, as before
+        ("tick", 4000, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "early ASR: a burst over the reply is transcribed at score_pause_ms": (EARLY_ASR, [
+        ("speech_started", 0, True, [PauseReply()]),
+        ("paused", 400, True, []),
+        ("tick", 579, True, []),
+        ("tick", 580, True, [Transcribe(1)]),
+        ("transcribed", 1, "", [ResumeReply(), Discard(1, end_utterance=True)]),
+    ]),
+    "early ASR: speech over the playing reply (no pause) starts no turn": (
+        Policy.semantic_vad("medium", 500, 250, 2000, True, 1500, interrupt=False, score_pause_ms=180), [
+            ("speech_started", 0, True, []),
+            ("paused", 150, True, []),
+            ("tick", 400, True, []),
+            ("speech_ended", 150, False, True, [Discard(1)]),
+        ]),
+    "early ASR: server_vad ignores score_pause_ms": (
+        Policy(silence_ms=500, barge_in_min_ms=250, score_pause_ms=180), [
+            ("speech_started", 0, False, []),
+            ("paused", 1000, False, [StartTurn(1, speculative=True)]),
+            ("tick", 1300, False, []),
+            ("speech_ended", 1000, False, False, [Commit(1)]),
+        ]),
 }
 
 

@@ -141,6 +141,12 @@ class TurnConfig:
     #: frames). ``server_vad`` uses ``vad.speculative_pause_ms``. Shorter answers sooner; each
     #: pause inside a sentence that long is scored too.
     pause_ms: int = 150
+    #: ``semantic_vad``: a shorter pause after speech at which the speculative turn already starts
+    #: (ASR, then the LLM; nothing is sent before the commit), ms (whole VAD frames); the score, and
+    #: so the commit, still wait for ``pause_ms``. Speech resuming in between drops it (a wasted ASR
+    #: run). None, or anything >= ``pause_ms``: at ``pause_ms``. 2 cores, 1 talker: 60 answered
+    #: ~0.3 s sooner than 150 (README, "Turn taking").
+    asr_pause_ms: int | None = 60
     #: ``semantic_vad``, eagerness medium/auto: longest silence waited while the model says the
     #: user is not done, ms (low waits 1.5x, high 0.5x; never less than the silence stop).
     max_silence_ms: int = 2000
@@ -155,6 +161,8 @@ class TurnConfig:
             raise ConfigError(f"turn.threads must be >= 1, got {self.threads}")
         if self.max_silence_ms < 1 or self.pause_max_speech_ms < 1 or self.pause_ms < 1:
             raise ConfigError("turn.pause_ms, turn.max_silence_ms and turn.pause_max_speech_ms must be > 0")
+        if self.asr_pause_ms is not None and self.asr_pause_ms < 1:
+            raise ConfigError(f"turn.asr_pause_ms must be > 0 (none: at turn.pause_ms), got {self.asr_pause_ms}")
 
 
 @dataclass(frozen=True)
