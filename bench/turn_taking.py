@@ -19,6 +19,7 @@ reply was cancelled or cleared; ``server_vad`` has no pause, so a client stops p
 ``speech_started``), ``paused`` (never resolved), ``unaffected`` (no speech detected),
 ``reply_over`` (the reply had less audio than was played by then: nothing to pause; not a trial).
 The bursts run in a conversation of their own, after the turns.
+Per level, from the server's ``/metrics``: speculative turns dropped unseen and ASR runs.
 
 Writes bench/results/turn_taking-<hardware>-<date>.json (+ .png).
 
@@ -37,7 +38,10 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.harness import ROOT, Mic, free_port, hardware, pct, start_server, stop_server, write_json
+from bench.harness import (
+    ROOT, Mic, counter_delta, free_port, hardware, metrics_url, pct, scrape_metrics, start_server, stop_server,
+    write_json,
+)
 
 RATE = 16000
 MODES = {"server_vad": {"type": "server_vad", "silence_duration_ms": 500},
@@ -194,6 +198,8 @@ async def one_turn(talker: Talker, turn: dict, timeout_s: float) -> dict:
         row["end_of_turn"] = metrics[-1].get("end_of_turn")
         row["end_of_turn_ms"] = metrics[-1].get("end_of_turn_ms")
         row["stages_ms"] = metrics[-1].get("stages_ms")
+        if "llm_prompt_tokens" in metrics[-1]:  # what the LLM read for this turn (not from its sequence)
+            row["llm_prompt_evaluated"] = metrics[-1]["llm_prompt_tokens"] - metrics[-1].get("llm_cached_tokens", 0)
     row["reply_paused"] = len(talker.since(since, "x.output_audio_buffer.paused"))  # speech over a reply?
     return row
 
@@ -308,7 +314,27 @@ def summarize(mode: str, talkers: int, rows: list[dict], bursts: list[dict]) -> 
     out["interruption_cut_after_ms"] = [b.get("cut_after_speech_start_ms") for b in spoken]
     out["interruption_stop_after_ms"] = [b.get("stop_after_speech_start_ms") for b in spoken]
     out["interruption_trials"] = len(spoken)
+    prompt = [r["llm_prompt_evaluated"] for r in rows if r.get("llm_prompt_evaluated") is not None]
+    out["llm_prompt_evaluated_p50"] = pct(prompt, 50)
     return out
+
+
+def server_counts(before: dict | None, after: dict | None) -> dict:
+    """From the server's ``/metrics`` around a level: speculative turns dropped unseen (``discarded``:
+    speech resumed, or a burst that was no turn; each had queued an ASR run) and ASR runs (finals,
+    speculative ones, partials, words of bursts). None when a read failed."""
+    if before is None or after is None:
+        return {"server_discarded_turns": None, "server_asr_runs": None}
+    return {"server_discarded_turns": counter_delta(before, after, "voxloop_turns_total", (("status", "discarded"),)),
+            "server_asr_runs": counter_delta(before, after, "voxloop_asr_utterances_total")}
+
+
+def _scrape(url: str) -> dict | None:
+    try:
+        return scrape_metrics(metrics_url(url))
+    except (OSError, ValueError) as exc:
+        print(f"/metrics: {exc}", flush=True)
+        return None
 
 
 def plot(summary: list[dict], rows: list[dict], path: Path) -> None:
@@ -377,11 +403,12 @@ def main(argv: list[str] | None = None) -> int:
         for talkers in args.talkers:
             for mode in args.modes:
                 level_turns = turns if talkers == 1 else random.Random(8).sample(turns, min(args.many_limit, len(turns)))
+                before = _scrape(url)
                 rows, bursts = asyncio.run(run(url, mode, talkers, level_turns, coughs, interruption,
                                                args.turn_timeout_s))
                 all_rows += rows
                 all_bursts += bursts
-                summary.append(summarize(mode, talkers, rows, bursts))
+                summary.append(summarize(mode, talkers, rows, bursts) | server_counts(before, _scrape(url)))
                 print(summary[-1], flush=True)
     finally:
         if server is not None:

@@ -154,3 +154,14 @@ def test_first_audio_parts_are_means_between_two_scrapes():
              f"{name}_sum": {(("part", "engine"),): 0.090, (("part", "text"),): 0.004}}
     assert first_audio_parts(before, after) == {"engine": 20.0, "text": 1.0}
     assert first_audio_parts({}, {}) is None  # a CPU engine exports no parts
+
+
+def test_turn_taking_server_counts():
+    from bench.turn_taking import server_counts
+
+    before = {"voxloop_turns_total": {(("status", "discarded"),): 3.0, (("status", "completed"),): 9.0},
+              "voxloop_asr_utterances_total": {(): 10.0}}
+    after = {"voxloop_turns_total": {(("status", "discarded"),): 5.0, (("status", "completed"),): 19.0},
+             "voxloop_asr_utterances_total": {(): 14.0}}
+    assert server_counts(before, after) == {"server_discarded_turns": 2.0, "server_asr_runs": 4.0}
+    assert server_counts(None, after) == {"server_discarded_turns": None, "server_asr_runs": None}
