@@ -238,9 +238,46 @@ def test_from_config_uses_tts_limits():
     assert (defaults.first_min_chars, defaults.min_chars, defaults.max_chars) == (8, 40, 200)
 
 
+@pytest.mark.parametrize(("text", "words", "clauses"), [
+    ("The capital of France is Paris.", 0, ["The capital of France is Paris."]),
+    ("The capital of France is Paris.", 3, ["The capital of France", "is Paris."]),  # not after "of"
+    ("The capital of France is Paris.", 4, ["The capital of France", "is Paris."]),
+    ("The capital of France is Paris.", 5, ["The capital of France is Paris."]),  # "is" leads on; then the end
+    ("Paris.", 3, ["Paris."]),
+    ("Hello! How can I help you today?", 3, ["Hello!", "How can I help you today?"]),  # punctuation first
+    ("Sure, I can help you with that. Here it is.", 4, ["Sure, I can help", "you with that.", "Here it is."]),
+    ("I would recommend booking a table at a nice place tonight.", 3,
+     ["I would recommend", "booking a table at a nice place tonight."]),
+    ("你好！我是你的语音助手，很高兴认识你。", 2, ["你好！", "我是你的语音助手，很高兴认识你。"]),  # no spaces: no cut
+])
+def test_first_clause_is_cut_after_a_few_words(text, words, clauses):
+    """``first_max_words``: a first clause without punctuation in its first words is cut at a space."""
+    assert segment([text], first_max_words=words) == clauses
+    assert segment(list(text), first_max_words=words) == clauses
+
+
+def test_the_first_clause_is_cut_once_its_last_word_is_complete():
+    seg = ClauseSegmenter(first_max_words=4)
+    assert seg.feed("The capital of France") == []  # "France" may go on
+    assert seg.feed(" is") == ["The capital of France"]
+    assert seg.feed(" Paris.") == [] and seg.flush() == ["is Paris."]
+
+
 def test_bad_limits_are_rejected():
     with pytest.raises(ValueError):
         ClauseSegmenter(min_chars=300, max_chars=200)
+    with pytest.raises(ValueError, match="first_max_words"):
+        ClauseSegmenter(first_max_words=-1)
+
+
+def test_first_clause_max_words_from_config():
+    from voxloop.config import load_config
+    from voxloop.errors import ConfigError
+
+    assert ClauseSegmenter.from_config(TtsConfig()).first_max_words == 0  # off by default
+    assert ClauseSegmenter.from_config(TtsConfig(first_clause_max_words=4)).first_max_words == 4
+    with pytest.raises(ConfigError, match=r"tts\.first_clause_max_words must be >= 0"):
+        load_config(None, ["tts.first_clause_max_words=-1"], environ={})
 
 
 def test_cjk_weight():
@@ -261,7 +298,8 @@ _CORPUS = [
 ]
 
 
-@pytest.mark.parametrize("limits", [{}, {"first_min_chars": 4, "min_chars": 12, "max_chars": 45}])
+@pytest.mark.parametrize("limits", [{}, {"first_min_chars": 4, "min_chars": 12, "max_chars": 45},
+                                    {"first_max_words": 3}])
 @pytest.mark.parametrize("text", _CORPUS)
 def test_any_token_split_gives_the_same_clauses_and_loses_no_text(text, limits):
     reference = segment([text], **limits)

@@ -17,6 +17,10 @@ Rules (English and Chinese):
 * No break after abbreviations (``Mr. Dr. e.g. U.S. etc. a.m.``), initials
   (``J. K.``), a leading list number (``1. ``), or inside quotes/brackets.
 * A newline ends a clause.
+* ``first_max_words`` (0: off): a first clause with no break within its first that many
+  words is cut after them, at a space (speech starts sooner; may be heard as a break). The
+  cut moves past a word that leads into the next one (an article, preposition, conjunction:
+  ``WORDS_LEADING_ON``), so "The capital of" becomes "The capital of France".
 * A clause longer than ``max_chars`` is cut at its last space or between two
   Hanzi (Chinese has no spaces), else at any character.
 
@@ -51,6 +55,13 @@ _ABBREVIATIONS = frozenset(
 )
 # Dotted initialisms before their final '.': e.g, i.e, U.S, a.m, p.m, U.K.
 _INITIALISM = re.compile(r"(?:[A-Za-z]\.)+[A-Za-z]")
+#: Words a first clause cut at ``first_max_words`` never ends with (they lead into the next word).
+WORDS_LEADING_ON = frozenset(
+    "a an the my your our their his her its this that these those and or but so because if than "
+    "to of in on at by for from with about into over as is are was were be am not very "
+    "i you we they he she can could would will should may might must do does did have has had".split()
+)
+_WORD = re.compile(r"\S+")
 
 
 def is_cjk(char: str) -> bool:
@@ -92,13 +103,17 @@ class ClauseSegmenter:
     ``CJK_CHAR_WEIGHT``).
     """
 
-    def __init__(self, first_min_chars: int = 8, min_chars: int = 40, max_chars: int = 200) -> None:
+    def __init__(self, first_min_chars: int = 8, min_chars: int = 40, max_chars: int = 200,
+                 first_max_words: int = 0) -> None:
         if not 0 < first_min_chars <= max_chars or not 0 < min_chars <= max_chars:
             raise ValueError(
                 "need 0 < first_min_chars <= max_chars and 0 < min_chars <= max_chars, got "
                 f"{first_min_chars}, {min_chars}, {max_chars}"
             )
+        if first_max_words < 0:
+            raise ValueError(f"need first_max_words >= 0 (0: off), got {first_max_words}")
         self.first_min_chars = first_min_chars
+        self.first_max_words = first_max_words
         self.min_chars = min_chars
         self.max_chars = max_chars
         self._pending = ""
@@ -111,6 +126,7 @@ class ClauseSegmenter:
             first_min_chars=tts_cfg.first_clause_min_chars,
             min_chars=tts_cfg.clause_min_chars,
             max_chars=tts_cfg.clause_max_chars,
+            first_max_words=tts_cfg.first_clause_max_words,
         )
 
     @property
@@ -144,6 +160,10 @@ class ClauseSegmenter:
         while True:
             self._pending = self._pending.lstrip()
             cut = self._find_break(self._pending, at_end)
+            if self._emitted == 0 and self.first_max_words:
+                words = self._words_cut(self._pending)
+                if words is not None and (cut is None or words < cut):
+                    cut = words
             if cut is not None and clause_weight(self._pending[:cut].rstrip()) > self.max_chars:
                 cut = None  # the forced cut below comes first
             if cut is None and clause_weight(self._pending.rstrip()) > self.max_chars:
@@ -155,6 +175,17 @@ class ClauseSegmenter:
             if clause:
                 clauses.append(clause)
                 self._emitted += 1
+
+    def _words_cut(self, text: str) -> int | None:
+        """End of the first clause's ``first_max_words``-th word (or a later one that does not lead
+        on), once a space follows it; None before that."""
+        for count, match in enumerate(_WORD.finditer(text), start=1):
+            if match.end() == len(text):
+                return None  # the word may go on
+            word = re.sub(r"[^\w']", "", match.group().lower())
+            if count >= self.first_max_words and word not in WORDS_LEADING_ON:
+                return match.end()
+        return None
 
     def _min_chars(self) -> int:
         return self.first_min_chars if self._emitted == 0 else self.min_chars

@@ -144,8 +144,8 @@ class TurnConfig:
     #: ``semantic_vad``: a shorter pause after speech at which the speculative turn already starts
     #: (ASR, then the LLM; nothing is sent before the commit), ms (whole VAD frames); the score, and
     #: so the commit, still wait for ``pause_ms``. Speech resuming in between drops it (a wasted ASR
-    #: run). None, or anything >= ``pause_ms``: at ``pause_ms``. 2 cores, 1 talker: 60 answered
-    #: ~0.3 s sooner than 150 (README, "Turn taking").
+    #: run). None, or anything >= ``pause_ms``: at ``pause_ms``. 2 cores, 1 talker: with 60 the
+    #: transcript (and the LLM's start) came 120-160 ms sooner than with 150 (README, "Turn taking").
     asr_pause_ms: int | None = 60
     #: ``semantic_vad``, eagerness medium/auto: longest silence waited while the model says the
     #: user is not done, ms (low waits 1.5x, high 0.5x; never less than the silence stop).
@@ -304,12 +304,20 @@ class TtsConfig:
     speaker_id: int | None = None
     #: Shortest first clause, characters (speech starts sooner).
     first_clause_min_chars: int = 8
+    #: A first clause with no punctuation within this many words is cut after them, at a space (not
+    #: after an article, preposition or pronoun): speech starts sooner, may be heard as a break (each
+    #: clause is synthesized as a sentence). 2 cores: first clause ~0.1 s sooner with 4 (README). 0: off.
+    first_clause_max_words: int = 0
     #: Shortest later clause cut at a comma, characters.
     clause_min_chars: int = 40
     #: Longest clause before a forced break at a space, characters.
     clause_max_chars: int = 200
     #: User polyphone/lexicon overrides for Chinese (TSV or TOML); None for none.
     zh_lexicon_path: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.first_clause_max_words < 0:
+            raise ConfigError(f"tts.first_clause_max_words must be >= 0 (0: off), got {self.first_clause_max_words}")
 
 
 @dataclass(frozen=True)
