@@ -33,11 +33,12 @@ class CudaBackend:
 
         self.torch = torch
         fast_lane = getattr(args, "fast_lane", "overlap")  # callers building their own Namespace may omit it
+        fast_lanes = getattr(args, "fast_lanes", 1)
         opts = RunnerOptions(
             chunk_frames=args.chunk_frames, max_frames=args.max_frames, precision=args.precision,
             tail_chunk_frames=args.tail_chunk_frames, decode_batches=batch_buckets(args.max_batch, fine=not args.coarse),
             encode_batches=batch_buckets(args.max_batch, fine=False), compile=args.compile,
-            cudnn_benchmark=args.cudnn_benchmark, fast_lane=fast_lane,
+            cudnn_benchmark=args.cudnn_benchmark, fast_lane=fast_lane, fast_lanes=fast_lanes,
         )  # fmt: skip
         t0 = time.perf_counter()
         self.engine = CudaTtsEngine(Voice.load(args.voice), opts, device=args.device, queue_size=4096,
@@ -53,6 +54,7 @@ class CudaBackend:
             "memory_after_capture_mb": round(self.torch.cuda.memory_reserved() / 2**20, 1),
             "chunk_frames": args.chunk_frames, "tail_chunk_frames": args.tail_chunk_frames, "compile": args.compile,
             "cudnn_benchmark": args.cudnn_benchmark, "allocator": args.allocator, "fast_lane": fast_lane,
+            "fast_lanes": fast_lanes,
             "decode_batches": len(opts.decode_batches),
             "precision": args.precision, "max_batch": args.max_batch,
         }  # fmt: skip

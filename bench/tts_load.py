@@ -167,6 +167,8 @@ def plot(path: Path) -> None:
         lane = r.get("fast_lane")  # rows of 2026-12-02 runs before the modes were named: True / False
         if lane is not None:
             extra.append(f"fast lane {({True: 'overlap', False: 'off'}).get(lane, lane)}")
+        if r.get("fast_lanes", 1) > 1:
+            extra.append(f"x{r['fast_lanes']}")
         return " ".join([r["backend"], *([r["audio_format"]] if r.get("mode") == "ws" else []), *extra])
 
     backends = sorted({series(r) for r in rows})
@@ -225,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps-report", action="store_true")
     p.add_argument("--fast-lane", choices=("overlap", "exclusive", "off"), default="overlap",
                    help="tts.fast_lane: new requests' encoder + first chunk on a high-priority stream (default overlap)")
+    p.add_argument("--fast-lanes", type=int, default=1, help="tts.fast_lanes: fast-lane streams side by side (overlap)")
     p.add_argument("--append", action="store_true", help="add rows to an existing results file")
     p.add_argument("--plot", type=Path, help="only render PNGs from this results JSON")
     p.add_argument("--make-sentences", action="store_true")

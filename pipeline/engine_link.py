@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.speech import FirstAudioTiming
+from pipeline.speech import FirstAudioTiming, sentence_ids
 from pipeline.workers import NORMAL, ModelWorker
 from tts_engine.engine import AudioChunk, SynthesisOptions, resolve_options
 from tts_engine.resample import StreamResampler
@@ -428,10 +428,12 @@ class _Streams:
 class RemoteSpeech(_Streams):
     """``SpeechStage`` of a front end: phonemize here, synthesize in the engine process, resample here."""
 
-    def __init__(self, link: EngineClient, text: SpeechText, text_worker: ModelWorker) -> None:
+    def __init__(self, link: EngineClient, text: SpeechText, text_worker: ModelWorker, inline_text_chars: int = 0) -> None:
+        """``inline_text_chars``: see ``pipeline.speech.sentence_ids``."""
         super().__init__(link, "step", (ModelError("the engine process went away"),))
         self.text = text
         self.text_worker = text_worker
+        self.inline_text_chars = inline_text_chars
         self.engine = text  # read by the hub for facts like the sample rate
         self.handoffs = 0
 
@@ -450,7 +452,7 @@ class RemoteSpeech(_Streams):
         if not self.link.connected:
             raise ModelError("the engine process is not connected")
         rate = self.text.output_rate(options)
-        sentences = await self.text_worker.submit(lambda t: t.sentence_ids(text), priority, cancel)
+        sentences = await sentence_ids(self.text_worker, text, priority, cancel, self.inline_text_chars)
         if cancel.is_set() or not sentences:
             return
         if timing is not None:

@@ -103,7 +103,7 @@ class Engines:
         text, asr, llm, turn = await asyncio.get_running_loop().run_in_executor(None, load)
         link = EngineClient(engine_socket)
         worker = ModelWorker("tts-text", [text], queue_size=self.cfg.tts.queue_size)
-        speech = RemoteSpeech(link, text, worker)
+        speech = RemoteSpeech(link, text, worker, self.cfg.tts.inline_text_chars)
         remote_asr = RemoteAsr(link) if "asr" in remote else None
         llm_link = EngineClient(llm_socket) if "llm" in remote and llm_socket else None
         remote_llm = RemoteLlm(llm_link) if llm_link is not None else None
@@ -218,7 +218,7 @@ class Engines:
         batching = len({id(e) for e in engines}) == 1 and hasattr(engines[0], "submit_sentences")
         if batching:
             self.tts = ModelWorker("tts-text", engines[:1], queue_size=self.cfg.tts.queue_size)
-            self.speech = BatchedSpeech(engines[0], self.tts)
+            self.speech = BatchedSpeech(engines[0], self.tts, self.cfg.tts.inline_text_chars)
         else:
             self.tts = ModelWorker("tts", engines, queue_size=self.cfg.tts.queue_size)
             self.speech = ThreadedSpeech(self.tts)

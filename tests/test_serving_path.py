@@ -312,3 +312,46 @@ async def _drained(outbox: asyncio.Queue) -> None:
     while not outbox.empty():
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.05)
+
+
+async def test_short_text_is_phonemized_on_the_loop_when_the_text_thread_is_idle():
+    """``tts.inline_text_chars``: a short text skips the text thread's two hand-offs while that
+    thread is idle; a longer one, or any while the thread is busy, goes through the thread."""
+    import threading
+
+    from pipeline.speech import sentence_ids
+    from pipeline.workers import NORMAL, ModelWorker
+
+    class Text:
+        def __init__(self) -> None:
+            self.threads: list[str] = []
+            self.hold = threading.Event()
+
+        def sentence_ids(self, text: str) -> list[list[int]]:
+            self.threads.append(threading.current_thread().name)
+            if text == "hold":
+                assert self.hold.wait(scaled(5))
+            return [[len(text)]]
+
+    text = Text()
+    worker = ModelWorker("tts-text", [text])
+    cancel = threading.Event()
+    loop_thread = threading.current_thread().name
+    try:
+        assert await sentence_ids(worker, "Hello there.", NORMAL, cancel, 20) == [[12]]
+        assert text.threads == [loop_thread]
+        assert await sentence_ids(worker, "x" * 21, NORMAL, cancel, 20) == [[21]]  # too long
+        assert await sentence_ids(worker, "Hello there.", NORMAL, cancel, 0) == [[12]]  # turned off
+        assert text.threads[1:] == ["tts-text-0", "tts-text-0"]
+        held = asyncio.ensure_future(sentence_ids(worker, "hold", NORMAL, cancel, 0))
+        while len(text.threads) < 4:  # the thread is busy with it
+            await asyncio.sleep(0.001)
+        short = asyncio.ensure_future(sentence_ids(worker, "Hi.", NORMAL, cancel, 20))
+        await asyncio.sleep(0.01)
+        assert not short.done()  # queued behind the busy thread, not run on the loop
+        text.hold.set()
+        assert await held == [[4]] and await short == [[3]]
+        assert text.threads[3:] == ["tts-text-0", "tts-text-0"]
+    finally:
+        text.hold.set()
+        worker.close()

@@ -207,6 +207,8 @@ class _BlockingRunner:
 
     def __init__(self, slots: int = 2, frames: int = 48) -> None:
         self.options = RunnerOptions(chunk_frames=16, decode_batches=tuple(range(1, slots + 1)), phoneme_buckets=(64,))
+        self.fast_lanes = ("fast",)
+        self.lanes = ("fast", "main")
         self.geometry = chunked.ChunkGeometry(16, 0, 0, 4)
         self.frames = frames
         self.go = threading.Semaphore(0)
@@ -215,7 +217,7 @@ class _BlockingRunner:
     def max_encode_batch(self, phonemes: int) -> int:
         return self.options.max_slots
 
-    def encode(self, items):
+    def encode(self, items, lane="fast"):
         return np.full(len(items), self.frames)
 
     def decode(self, slots, starts, chunk, lane="main"):
@@ -270,19 +272,22 @@ class _LaneRunner(_BlockingRunner):
     def __init__(self) -> None:
         super().__init__(slots=4)
         self.go.release(100)
-        self.done = {"main": threading.Event(), "fast": threading.Event()}
+        self.done = {"main": threading.Event(), "fast": threading.Event(), "fast1": threading.Event()}
         self.main_done = self.done["main"]
         #: Lanes whose launches stay busy until the test sets ``done[lane]``.
         self.held = {"main"}
         self.delay_s = 0.0  # each decode takes this long
-        self.lanes: list[tuple[str, list[int]]] = []
+        self.launched: list[tuple[str, list[int]]] = []  # (lane, start frames) per decode
 
     def decode(self, slots, starts, chunk, lane="main"):
-        self.lanes.append((lane, list(starts)))
+        self.launched.append((lane, list(starts)))
         time.sleep(self.delay_s)
         if lane in self.held:
             self.done[lane].clear()
         return super().decode(slots, starts, chunk, lane)
+
+    def lanes_used(self) -> list[str]:
+        return [lane for lane, _ in self.launched]
 
     def busy(self, lane) -> bool:
         return lane in self.held and not self.done[lane].is_set()
@@ -301,7 +306,7 @@ def test_scheduler_starts_arrivals_on_the_fast_lane_while_the_main_lane_runs():
         a = iter(scheduler.submit([1] * 10))
         assert not next(a).final  # a's first chunk (fast lane); its second now runs on the main lane
         deadline = time.monotonic() + scaled(10)
-        while ("main", [16]) not in runner.lanes:
+        while ("main", [16]) not in runner.launched:
             assert time.monotonic() < deadline
             time.sleep(0.001)
         b_chunks: list = []
@@ -313,7 +318,7 @@ def test_scheduler_starts_arrivals_on_the_fast_lane_while_the_main_lane_runs():
 
         scheduler.submit([1] * 10, sink=sink)
         assert b_first.wait(scaled(5)), "b's first chunk waited for the main lane"  # main is held busy
-        assert runner.lanes[:3] == [("fast", [0]), ("main", [16]), ("fast", [0])]
+        assert runner.launched[:3] == [("fast", [0]), ("main", [16]), ("fast", [0])]
         runner.held = set()
         runner.main_done.set()
         assert [c.final for c in a] == [False, True]
@@ -337,19 +342,47 @@ def test_scheduler_launches_later_chunks_while_the_fast_lane_keeps_starting_arri
     def wait_until(condition) -> None:
         deadline = time.monotonic() + scaled(10)
         while not condition():
-            assert time.monotonic() < deadline, runner.lanes
+            assert time.monotonic() < deadline, runner.launched
             time.sleep(0.001)
 
     try:
         a = iter(scheduler.submit([1] * 10))
-        wait_until(lambda: runner.lanes == [("fast", [0])])  # a's first chunk: launched, busy
+        wait_until(lambda: runner.launched == [("fast", [0])])  # a's first chunk: launched, busy
         scheduler.submit([1] * 10)  # b waits for the fast lane
         time.sleep(0.01)
         runner.done["fast"].set()  # a's launch finishes: a's first chunk out, b's launch starts (busy)
         assert not next(a).final
-        wait_until(lambda: ("main", [16]) in runner.lanes)  # a's second chunk, while b's launch runs
-        assert runner.lanes[:2] == [("fast", [0]), ("fast", [0])]
+        wait_until(lambda: ("main", [16]) in runner.launched)  # a's second chunk, while b's launch runs
+        assert runner.launched[:2] == [("fast", [0]), ("fast", [0])]
         assert not runner.done["fast"].is_set()  # b's launch is still in flight
+    finally:
+        runner.held = set()
+        runner.done["fast"].set()
+        scheduler.close()
+
+
+def test_second_fast_lane_starts_an_arrival_while_the_first_is_busy():
+    """``fast_lanes = 2``: a request arriving while a fast launch is in flight is launched on the
+    other fast lane at once and gets its first chunk before that launch is done."""
+    runner = _LaneRunner()
+    runner.options = replace(runner.options, fast_lanes=2)
+    runner.fast_lanes = ("fast", "fast1")
+    runner.lanes = ("fast", "fast1", "main")
+    runner.held = {"fast"}  # the first fast lane's launch stays busy until the test lets it finish
+    scheduler = BatchScheduler(runner, sample_rate=16000)  # type: ignore[arg-type]
+    try:
+        a = iter(scheduler.submit([1] * 10))
+        deadline = time.monotonic() + scaled(10)
+        while runner.lanes_used() != ["fast"]:
+            assert time.monotonic() < deadline, runner.launched
+            time.sleep(0.001)
+        b = iter(scheduler.submit([1] * 10))
+        assert not next(b).final  # b's first chunk, from the second fast lane, while a's is still busy
+        assert runner.launched[:2] == [("fast", [0]), ("fast1", [0])] and not runner.done["fast"].is_set()
+        runner.done["fast"].set()
+        assert [c.final for c in a] == [False, False, True]
+        assert [c.final for c in b] == [False, True]
+        assert set(scheduler.lane_launches) == {"fast", "fast1", "main"} and scheduler.lane_launches["fast1"] == 1
     finally:
         runner.held = set()
         runner.done["fast"].set()

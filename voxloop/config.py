@@ -289,6 +289,14 @@ class TtsConfig:
     #: "exclusive" (the later chunks' next launch waits for a first-chunk launch in flight),
     #: "off" (one stream, in order).
     fast_lane: str = "overlap"
+    #: GPU, with ``fast_lane = "overlap"``: that many fast-lane streams (1-4). A request arriving while
+    #: a first-chunk launch runs starts on a free one at once instead of waiting for it; each more
+    #: lane holds its own encoder and first-chunk CUDA graphs (device memory, start-up time).
+    fast_lanes: int = 1
+    #: Batching engine (GPU): a text of at most this many characters is phonemized on the event loop
+    #: when the text thread is idle (espeak: ~0.4 ms for a 14-word sentence), saving two thread
+    #: hand-offs; longer texts, or any while the thread is busy, go through the thread. 0: always the thread.
+    inline_text_chars: int = 300
     #: Pending requests before new ones are refused.
     queue_size: int = 256
     #: GPU: retry hint, ms, in the ``Overloaded`` error of a request dropped because the GPU ran out of

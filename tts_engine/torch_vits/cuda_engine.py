@@ -23,7 +23,7 @@ from tts_engine.engine import AudioChunk, SynthesisOptions, check_phoneme_ids, r
 from tts_engine.resample import StreamResampler
 from tts_engine.torch_vits.buffers import HostBufferPool
 from tts_engine.torch_vits.gpu_memory import GpuMemory, configure_allocator
-from tts_engine.torch_vits.runner import DTYPES, FAST_LANE_MODES, RunnerOptions, StepRunner
+from tts_engine.torch_vits.runner import DTYPES, FAST_LANE_MODES, MAX_FAST_LANES, RunnerOptions, StepRunner
 from tts_engine.torch_vits.scheduler import BatchScheduler, Scales, Sink, SpeechRequest
 from tts_engine.torch_vits.weights import load_vits
 from tts_engine.voice import Voice
@@ -96,6 +96,9 @@ class CudaTtsEngine:
         voice = Voice.load(onnx_path, models.voice_config_path(cfg, onnx_path))
         if tts.fast_lane not in FAST_LANE_MODES:
             raise ConfigError(f"tts.fast_lane {tts.fast_lane!r} is not one of {', '.join(FAST_LANE_MODES)}")
+        if not 1 <= tts.fast_lanes <= MAX_FAST_LANES or (tts.fast_lanes > 1 and tts.fast_lane != "overlap"):
+            raise ConfigError(f"tts.fast_lanes must be 1..{MAX_FAST_LANES}, and 1 unless tts.fast_lane = 'overlap' "
+                              f"(got {tts.fast_lanes} with {tts.fast_lane!r})")  # fmt: skip
         if tts.precision not in DTYPES:
             raise ConfigError(
                 f"tts.precision {tts.precision!r} is not supported by the cuda backend ({', '.join(DTYPES)})"
@@ -111,6 +114,7 @@ class CudaTtsEngine:
             compile=tts.compile,
             cudnn_benchmark=tts.cudnn_benchmark,
             fast_lane=tts.fast_lane,
+            fast_lanes=tts.fast_lanes,
             state_budget_mb=cfg.gpu.tts_state_budget_mb,
             encode_budget_mb=cfg.gpu.tts_encode_budget_mb,
             decode_budget_mb=cfg.gpu.tts_decode_budget_mb,

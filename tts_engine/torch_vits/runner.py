@@ -9,11 +9,13 @@ Two kinds of step, both writing into per-request *slots* of device buffers:
 - ``decode``: one chunk per request (padded to a batch bucket): window gather, flow and
   decoder in the chosen precision, int16 conversion (``chunked.py``).
 
-Two *lanes* on CUDA (``fast_lane``): the ``fast`` lane (a high-priority stream, graphs in a
-memory pool of their own) runs the encoder and first chunks of new requests; the ``main`` lane
-(a normal-priority stream, its own pool) runs every later chunk. A new request's first audio
-then overlaps the long chunks of running requests instead of waiting for them; the GPU favours
-the fast lane's kernels. The lanes touch disjoint slots (a slot is reused only between steps).
+Lanes on CUDA (``fast_lane``): a *fast* lane (a high-priority stream, graphs in a memory pool
+of their own) runs the encoder and first chunks of new requests; the ``main`` lane (a
+normal-priority stream, its own pool) runs every later chunk. A new request's first audio then
+overlaps the long chunks of running requests instead of waiting for them; the GPU favours the
+fast lane's kernels. With ``fast_lanes`` > 1 there are that many fast lanes ("fast", "fast1",
+...), each with its own graphs, so a request arriving while one fast launch runs starts on
+another at once. The lanes touch disjoint slots (a slot is reused only between steps).
 
 On CPU (tests, CI) the same functions run eagerly with the same padding, in call order. Slot
 ``max_slots`` is a scratch slot written by padding entries and never read.
@@ -43,8 +45,13 @@ from voxloop.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-#: The lanes a step runs on (see the module docstring).
-LANES = ("fast", "main")
+#: Most fast lanes (``RunnerOptions.fast_lanes``).
+MAX_FAST_LANES = 4
+
+
+def fast_lane_names(n: int) -> tuple[str, ...]:
+    """Names of ``n`` fast lanes: "fast", "fast1", ..."""
+    return tuple("fast" if i == 0 else f"fast{i}" for i in range(n))
 #: Values of ``RunnerOptions.fast_lane``.
 FAST_LANE_MODES = ("overlap", "exclusive", "off")
 
@@ -94,6 +101,10 @@ class RunnerOptions:
     #: while a fast-lane launch runs (it still overlaps the main launch already running);
     #: "off": one stream, every step in order.
     fast_lane: str = "overlap"
+    #: Fast lanes side by side (1..``MAX_FAST_LANES``; with ``fast_lane`` "overlap"): a request
+    #: arriving while a fast launch runs starts on a free one at once. Each has its own encoder and
+    #: first-chunk graphs (device memory).
+    fast_lanes: int = 1
 
     @property
     def max_slots(self) -> int:
@@ -206,16 +217,23 @@ class StepRunner:
         self.stage_bytes: dict[str, int] = {}
         base = self.memory.footprint() if self.memory else 0
         self.host_pool = host_pool or HostBufferPool(pinned=self.device.type == "cuda")
-        self._staged: dict[str, list[torch.Tensor]] = {lane: [] for lane in LANES}  # blocks in use by queued steps
         cuda = self.device.type == "cuda"
         if options.fast_lane not in FAST_LANE_MODES:
             raise ValueError(f"fast_lane must be one of {FAST_LANE_MODES}, got {options.fast_lane!r}")
+        if not 1 <= options.fast_lanes <= MAX_FAST_LANES or (options.fast_lanes > 1 and options.fast_lane != "overlap"):
+            raise ValueError(f"fast_lanes must be 1..{MAX_FAST_LANES}, and 1 unless fast_lane is 'overlap'; "
+                             f"got {options.fast_lanes} with {options.fast_lane!r}")  # fmt: skip
+        #: The fast lanes, then "main".
+        self.fast_lanes = fast_lane_names(options.fast_lanes)
+        self.lanes = (*self.fast_lanes, "main")
+        self._staged: dict[str, list[torch.Tensor]] = {lane: [] for lane in self.lanes}  # blocks in use by queued steps
         if cuda and options.fast_lane != "off":  # lower number, higher priority (clamped to what the GPU has)
-            self._streams = {"fast": torch.cuda.Stream(self.device, priority=-16), "main": torch.cuda.Stream(self.device)}
+            self._streams = {lane: torch.cuda.Stream(self.device, priority=-16) for lane in self.fast_lanes}
+            self._streams["main"] = torch.cuda.Stream(self.device)
         elif cuda:
-            self._streams = dict.fromkeys(LANES, torch.cuda.Stream(self.device))
+            self._streams = dict.fromkeys(self.lanes, torch.cuda.Stream(self.device))
         else:
-            self._streams = dict.fromkeys(LANES)
+            self._streams = dict.fromkeys(self.lanes)
         if options.precision not in DTYPES:
             raise ValueError(f"precision must be one of {sorted(DTYPES)}, got {options.precision!r}")
         self.dtype = DTYPES[options.precision]
@@ -236,7 +254,7 @@ class StepRunner:
         if self.memory:
             self.stage_bytes["state"] = self.memory.footprint() - base
             _check_budget("state", self.stage_bytes["state"], options.state_budget_mb)
-        self._encode_steps: dict[tuple[int, int], _Step] = {}
+        self._encode_steps: dict[tuple[int, int, str], _Step] = {}  # (batch, phonemes, fast lane)
         self._decode_steps: dict[tuple[int, int, str], _Step] = {}  # (chunk frames, batch, lane)
         self.capture_s = 0.0
         self.capture_peak_mb = 0.0
@@ -254,30 +272,32 @@ class StepRunner:
             torch.backends.cudnn.allow_tf32 = False
         # Per lane a graph pool and a capture stream (see _Step: cuBLAS workspaces of their own).
         main_pool, main_capture = (torch.cuda.graph_pool_handle(), torch.cuda.Stream(dev)) if use_graphs else (None, None)
-        fast_pool, fast_capture = main_pool, main_capture
+        pools = dict.fromkeys(self.lanes, (main_pool, main_capture))
         if use_graphs and self.options.fast_lane != "off":
-            fast_pool, fast_capture = torch.cuda.graph_pool_handle(), torch.cuda.Stream(dev)
+            for lane in self.fast_lanes:
+                pools[lane] = (torch.cuda.graph_pool_handle(), torch.cuda.Stream(dev))
         t0 = time.perf_counter()
         # Only the chunk decoder is compiled: the encoder took ~30 s per shape to compile on the
         # H200 for a 1.6x faster step (bench/results/tts_load-h200-*.md), too slow a start-up.
         compiling = self.options.compile and dev.type == "cuda"
         # Largest first: later captures reuse the pool's blocks.
-        for b, t in sorted(self.options.encode_buckets(), key=lambda bt: -bt[0] * bt[1]):
-            inputs = [
-                torch.zeros(b, t, dtype=torch.long, device=dev),
-                torch.ones(b, dtype=torch.long, device=dev),
-                torch.tensor([[0.0, 1.0, 0.0]] * b, device=dev),
-                torch.full((b,), self.scratch_slot, dtype=torch.long, device=dev),
-                torch.zeros(b, dtype=torch.long, device=dev),
-            ]
-            self._encode_steps[(b, t)] = _Step(self._encode_fn, inputs, fast_pool, fast_capture)
+        for lane in self.fast_lanes:
+            for b, t in sorted(self.options.encode_buckets(), key=lambda bt: -bt[0] * bt[1]):
+                inputs = [
+                    torch.zeros(b, t, dtype=torch.long, device=dev),
+                    torch.ones(b, dtype=torch.long, device=dev),
+                    torch.tensor([[0.0, 1.0, 0.0]] * b, device=dev),
+                    torch.full((b,), self.scratch_slot, dtype=torch.long, device=dev),
+                    torch.zeros(b, dtype=torch.long, device=dev),
+                ]
+                self._encode_steps[(b, t, lane)] = _Step(self._encode_fn, inputs, *pools[lane])
         decode_fns = {c: functools.partial(self._decode_fn, g) for c, g in self.geometries.items()}
         if compiling:
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 16)
             decode_fns = {c: torch.compile(fn) for c, fn in decode_fns.items()}
         lanes = [(chunk, "main", main_pool, main_capture) for chunk in sorted(self.options.chunk_sizes, reverse=True)]
-        if self.options.fast_lane != "off":  # first chunks: graphs of their own in the fast lane's pool
-            lanes.append((self.options.chunk_frames, "fast", fast_pool, fast_capture))
+        if self.options.fast_lane != "off":  # first chunks: graphs of their own in each fast lane's pool
+            lanes += [(self.options.chunk_frames, lane, *pools[lane]) for lane in self.fast_lanes]
         for chunk, lane, pool, capture_stream in lanes:
             for b in sorted(self.options.decode_batches, reverse=True):
                 inputs = [
@@ -309,7 +329,7 @@ class StepRunner:
         smallest batch first, measuring after each batch; the batch that goes over the budget is
         dropped with every larger one (logged); ConfigError if even the smallest does not fit.
         """
-        batch_of = (lambda k: k[0]) if stage == "encode" else (lambda k: k[1])  # keys: (b, t) / (chunk, b, lane)
+        batch_of = (lambda k: k[0]) if stage == "encode" else (lambda k: k[1])  # keys: (b, t, lane) / (chunk, b, lane)
         batches = sorted({batch_of(k) for k in steps})
         if budget_mb and self.memory and self.memory.backend == "cudaMallocAsync":
             # Graph memory then lives in CUDA's graph memory pool, whose counters did not attribute it
@@ -377,16 +397,19 @@ class StepRunner:
         stream = self._streams[lane]
         return contextlib.nullcontext() if stream is None else torch.cuda.stream(stream)
 
-    def encode(self, items: Sequence[EncodeItem]) -> torch.Tensor:
-        """Queue the encoder step for ``items`` on the fast lane; returns frames per item
-        [len(items)] (device, not synced). ``fetch`` it (lane "fast", or None) before a main-lane
+    def encode(self, items: Sequence[EncodeItem], lane: str = "fast") -> torch.Tensor:
+        """Queue the encoder step for ``items`` on fast lane ``lane``; returns frames per item
+        [len(items)] (device, not synced). ``fetch`` it (that lane, or None) before a main-lane
         ``decode`` reads its slots."""
+        if lane not in self.fast_lanes:
+            raise ValueError(f"the encoder runs on a fast lane {self.fast_lanes}, not {lane!r}")
         n = len(items)
         longest = max(len(it.ids) for it in items)
         t = bucket_for(longest, self.options.phoneme_buckets)
-        b = bucket_for(n, [bb for bb, tt in self._encode_steps if tt == t])
-        staged = [self._stage((b, t), torch.long), self._stage((b,), torch.long), self._stage((b, 3), torch.float32),
-                  self._stage((b,), torch.long), self._stage((b,), torch.long)]  # fmt: skip
+        b = bucket_for(n, [bb for bb, tt, _ in self._encode_steps if tt == t])
+        staged = [self._stage((b, t), torch.long, lane), self._stage((b,), torch.long, lane),
+                  self._stage((b, 3), torch.float32, lane), self._stage((b,), torch.long, lane),
+                  self._stage((b,), torch.long, lane)]  # fmt: skip
         ids, lengths, scales, slots, sids = (x.numpy() for x in staged)
         ids[:] = 0
         lengths[:] = 1
@@ -398,21 +421,23 @@ class StepRunner:
             lengths[i] = len(it.ids)
             scales[i] = (it.noise_scale, it.length_scale, it.noise_w)
             slots[i], sids[i] = it.slot, it.speaker_id
-        with torch.inference_mode(), self._on("fast"):
-            out = self._encode_steps[(b, t)](*staged)
+        with torch.inference_mode(), self._on(lane):
+            out = self._encode_steps[(b, t, lane)](*staged)
         return out[:n]
 
     def decode(self, slots: Sequence[int], starts: Sequence[int], chunk: int | None = None,
                lane: str = "main") -> torch.Tensor:
         """Queue one ``chunk``-frame chunk (default ``chunk_frames``) for each (slot, start frame)
-        on ``lane`` ("fast": first chunks only, ``chunk`` = ``chunk_frames``).
+        on ``lane`` (a fast lane: first chunks only, ``chunk`` = ``chunk_frames``).
 
         Returns int16 [len(slots), chunk * hop] on the device (not synced). The lanes do not wait
         for each other: decode a slot on the main lane once its encoder is done (fetched).
         """
         chunk = chunk or self.options.chunk_frames
-        if lane == "fast" and chunk != self.options.chunk_frames:
-            raise ValueError(f"the fast lane decodes first chunks ({self.options.chunk_frames} frames), not {chunk}")
+        if lane not in self.lanes:
+            raise ValueError(f"no lane {lane!r} (lanes: {self.lanes})")
+        if lane != "main" and chunk != self.options.chunk_frames:
+            raise ValueError(f"a fast lane decodes first chunks ({self.options.chunk_frames} frames), not {chunk}")
         key_lane = lane if self.options.fast_lane != "off" else "main"
         n = len(slots)
         b = bucket_for(n, self.options.decode_batches)
@@ -424,7 +449,7 @@ class StepRunner:
             out = self._decode_steps[(chunk, b, key_lane)](*staged)
         return out[:n]
 
-    def _stage(self, shape: tuple[int, ...], dtype: torch.dtype, lane: str = "fast") -> torch.Tensor:
+    def _stage(self, shape: tuple[int, ...], dtype: torch.dtype, lane: str) -> torch.Tensor:
         """A host tensor from the pool (pinned on CUDA, so copies are async), held until ``release_staged``."""
         nbytes = math.prod(shape) * dtype.itemsize
         block = self.host_pool.take(nbytes)
@@ -434,7 +459,7 @@ class StepRunner:
     def release_staged(self, lane: str | None = None) -> None:
         """Return ``lane``'s staged host buffers (None: every lane's) to the pool; call once its
         queued steps are done (after ``fetch``/``wait``, whose synchronization covers them)."""
-        for name in LANES if lane is None else (lane,):
+        for name in self.lanes if lane is None else (lane,):
             for block in self._staged[name]:
                 self.host_pool.give(block)
             self._staged[name].clear()
@@ -442,14 +467,14 @@ class StepRunner:
     def max_encode_batch(self, phonemes: int) -> int:
         """Most requests one encoder launch takes when the longest has ``phonemes`` ids."""
         t = bucket_for(phonemes, self.options.phoneme_buckets)
-        return max(b for b, tt in self._encode_steps if tt == t)
+        return max(b for b, tt, _ in self._encode_steps if tt == t)
 
     def fetch(self, *tensors: torch.Tensor, lane: str | None = None) -> list[np.ndarray]:
         """Copy device results made on ``lane`` to host and wait for them (``fetch_async`` +
         ``wait``); None (callers outside the scheduler): wait for every lane first, so the result
         of ``encode`` (fast lane) and a later ``decode`` (main lane) of its slots are in order."""
         if lane is None:
-            for name in LANES:
+            for name in self.lanes:
                 self.wait(name)
             lane = "main"
         host = self.fetch_async(*tensors, lane=lane)

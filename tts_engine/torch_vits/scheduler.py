@@ -5,9 +5,9 @@ slots; (2) *starts new requests*: admits waiting requests into free slots, runs 
 for all of them in one launch and their first chunks, on the runner's fast lane, and hands
 those chunks out at once; (3) queues the next chunk of every other running request on the
 main lane (one launch per chunk size and ``max_batch``), and **while the GPU runs them**
-starts every request that arrives meanwhile as in (2) on the fast lane (a high-priority
-stream on CUDA), so a new request's first audio does not wait for the long chunks of the
-others; (4) hands out the main lane's chunks. A request is finished after its last chunk.
+starts every request that arrives meanwhile as in (2) on a free fast lane (a high-priority
+stream on CUDA; ``fast_lanes`` of them), so a new request's first audio does not wait for the
+long chunks of the others; (4) hands out the main lane's chunks. A request is finished after its last chunk.
 A slot is freed only between steps, so the two lanes never share one.
 
 ``submit(ids, scales)`` returns a ``SpeechRequest`` at once: iterate it (from any one
@@ -156,11 +156,11 @@ class BatchScheduler:
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._outcomes: list[tuple[SpeechRequest, object]] = []  # this step's, until _flush
-        #: The fast lane's launch in flight: (requests, host results, start), or None.
-        self._fast: tuple | None = None
+        #: Per fast lane, its launch in flight: (requests, batches, host results, start).
+        self._fast: dict[str, tuple] = {}
         #: Per lane: launches completed and their time from launch to hand-out, s (bench breakdown).
-        self.lane_launches = {"fast": 0, "main": 0}
-        self.lane_s = {"fast": 0.0, "main": 0.0}
+        self.lane_launches = dict.fromkeys(runner.lanes, 0)
+        self.lane_s = dict.fromkeys(runner.lanes, 0.0)
         #: Steps run and their wall time, s (for the benchmark's breakdown).
         self.steps = 0
         self.step_s = 0.0
@@ -266,7 +266,7 @@ class BatchScheduler:
         bounds everything that waits. True when there is work for a step.
         """
         self._waiting = [r for r in self._waiting if not r.cancelled]
-        in_flight = self._fast[0] if self._fast is not None else ()  # their slots are written now
+        in_flight = {r for launch in self._fast.values() for r in launch[0]}  # their slots are written now
         for request in [r for r in self._running.values() if r.cancelled and r not in in_flight]:
             self._release(request)
         if not self._running and not self._waiting:
@@ -308,14 +308,14 @@ class BatchScheduler:
             progressed = self._fast_lane(start=not hold_fast)
             # Later chunks become ready only at the step's start or as first chunks come out: look
             # for them then, not on every poll.
-            if main is None and (first or progressed) and not (exclusive and self._fast is not None):
+            if main is None and (first or progressed) and not (exclusive and self._fast):
                 main = self._launch_main()  # later chunks, also of requests whose first just came out
                 progressed |= main is not None
             first = False
             if main is not None and not self.runner.busy("main"):
                 self._finish_main(*main)
                 return
-            if main is None and self._fast is None:
+            if main is None and not self._fast:
                 return
             if not progressed:
                 self._arrivals(POLL_S)
@@ -349,42 +349,47 @@ class BatchScheduler:
         self._flush()
 
     def _fast_lane(self, start: bool = True) -> bool:
-        """Hand out the fast lane's finished launch; when it is free (and ``start``), launch the
-        waiting requests on it. True if it did either."""
+        """Hand out the fast lanes' finished launches; on each free fast lane (if ``start``),
+        launch waiting requests. True if it did either."""
         did = self._finish_fast()
-        if start and self._fast is None and (admitted := self._admit()):
+        for lane in self.runner.fast_lanes if start else ():
+            if lane in self._fast:
+                continue
+            admitted = self._admit()
+            if not admitted:
+                break
             options = self.runner.options
             self._launching(admitted, options.encode_batches)
-            frames_dev = self.runner.encode([self._encode_item(r) for r in admitted])
+            frames_dev = self.runner.encode([self._encode_item(r) for r in admitted], lane=lane)
             batches = [admitted[i : i + self._max_batch] for i in range(0, len(admitted), self._max_batch)]
             launched = []
             for batch in batches:
                 self._launching(batch, options.decode_batches)
                 launched.append(self.runner.decode([r.slot for r in batch], [0] * len(batch), options.chunk_frames,
-                                                   lane="fast"))  # fmt: skip
-            results = self.runner.fetch_async(*launched, frames_dev, lane="fast")
-            self._fast = (admitted, batches, results, time.perf_counter())
+                                                   lane=lane))  # fmt: skip
+            results = self.runner.fetch_async(*launched, frames_dev, lane=lane)
+            self._fast[lane] = (admitted, batches, results, time.perf_counter())
             self._finish_fast()  # done already on CPU
             did = True
         return did
 
     def _finish_fast(self) -> bool:
-        """If the fast lane's launch is done: set the frame counts, hand out the first chunks."""
-        if self._fast is None or self.runner.busy("fast"):
-            return False
-        admitted, batches, (*audio, frames), t0 = self._fast
-        self._fast = None
-        self.runner.wait("fast")
-        self.lane_s["fast"] += time.perf_counter() - t0
-        self.lane_launches["fast"] += 1
-        for request, n in zip(admitted, frames):
-            self._set_frames(request, int(n))
-        size = self.runner.options.chunk_frames
-        for batch, chunk in zip(batches, audio):
-            self._deliver(batch, chunk, size)
-        self.runner.release_staged("fast")
-        self._flush()  # first chunks leave now, whatever the main lane is doing
-        return True
+        """For each fast lane whose launch is done: set the frame counts, hand out the first chunks."""
+        done = [lane for lane in self._fast if not self.runner.busy(lane)]
+        for lane in done:
+            admitted, batches, (*audio, frames), t0 = self._fast.pop(lane)
+            self.runner.wait(lane)
+            self.lane_s[lane] += time.perf_counter() - t0
+            self.lane_launches[lane] += 1
+            for request, n in zip(admitted, frames):
+                self._set_frames(request, int(n))
+            size = self.runner.options.chunk_frames
+            for batch, chunk in zip(batches, audio):
+                self._deliver(batch, chunk, size)
+            self.runner.release_staged(lane)
+        if done:
+            self._flush()  # first chunks leave now, whatever the main lane is doing
+        return bool(done)
 
     def _arrivals(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for submissions that free slots can take."""
@@ -457,7 +462,7 @@ class BatchScheduler:
             torch.cuda.synchronize(self.runner.device)  # queued copies from staged buffers are done
             torch.cuda.empty_cache()
         self.runner.release_staged()
-        self._fast = None  # its requests are not encoded as far as we know: re-queued below
+        self._fast = {}  # their requests are not encoded as far as we know: re-queued below
         failed_batch, old = self._attempt_batch, self._max_batch
         self._max_batch = self._bucket_at_most(max(1, min(old, failed_batch // 2)))
         log.warning("TTS GPU out of memory at batch %d (%s): max batch %d -> %d", failed_batch, exc, old, self._max_batch)
