@@ -200,6 +200,9 @@ async def one_turn(talker: Talker, turn: dict, timeout_s: float) -> dict:
         row["stages_ms"] = metrics[-1].get("stages_ms")
         if "llm_prompt_tokens" in metrics[-1]:  # what the LLM read for this turn (not from its sequence)
             row["llm_prompt_evaluated"] = metrics[-1]["llm_prompt_tokens"] - metrics[-1].get("llm_cached_tokens", 0)
+            row["llm_prompt_tokens"] = metrics[-1]["llm_prompt_tokens"]  # the history the prompt step attends to
+        if "llm_engine_first_token_ms" in metrics[-1]:  # submit -> first token inside the engine
+            row["llm_engine_first_token_ms"] = metrics[-1]["llm_engine_first_token_ms"]
     row["reply_paused"] = len(talker.since(since, "x.output_audio_buffer.paused"))  # speech over a reply?
     return row
 

@@ -35,7 +35,12 @@ so the cached prefix stays valid over the following turns (llm/prompt.py).
 Threads: ``submit``, ``cancel`` and ``release`` may be called from any thread (they
 queue a command); ``step`` and ``generate`` only from the thread that owns the engine.
 llama.cpp's CPU threads: ``n_threads`` 0 uses half the cores (the TTS runs at the same
-time; on a loaded 2-core host one LLM thread had far smaller stalls than two).
+time; on a loaded 2-core host one LLM thread had far smaller stalls than two). A step that
+reads prompt tokens may use ``prefill_threads`` instead, when its caller says the other
+cores are idle (``step(spare_cores=True)``): a turn's first token waits for that step, and
+its attention over the conversation's history grows with every turn (SmolLM2-135M, 20 new
+tokens, one thread of a 2-core VM: 121 ms after 32 cached tokens, 275 ms after 1536; two
+threads on idle cores 64 / 144 ms, but 245-1760 ms with the other core busy).
 """
 
 from __future__ import annotations
@@ -93,6 +98,9 @@ class BatchedChat:
         self.options = options
         self.model_path = model_path
         threads = options.n_threads if options.n_threads > 0 else max(1, len(os.sched_getaffinity(0)) // 2)
+        self._threads = threads
+        self._prefill_threads = max(threads, options.prefill_threads)
+        self._threads_batch = threads  # the context's n_threads_batch now
         try:
             # Llama loads the weights (the plain low-level loader crashed on some hosts) and gives
             # the tokenizer and template; its own small context is not used for generation.
@@ -136,6 +144,7 @@ class BatchedChat:
         self.prompt_evaluated = 0
         self.evaluated = 0
         self.steps = 0
+        self.wide_steps = 0  # steps that ran on ``prefill_threads``
         #: Tokens in the last step's batch, and how many replies it advanced.
         self.last_batch = (0, 0)
         self.last_stats: GenerationStats | None = None  # of the last ``stream``/``generate``
@@ -149,7 +158,7 @@ class BatchedChat:
         c = cfg.llm
         return cls(resolve_llm(cfg).path, ChatOptions(
             n_ctx=c.n_ctx, max_sequences=c.max_sequences, batch_tokens=c.batch_tokens,
-            n_threads=c.n_threads, n_gpu_layers=c.n_gpu_layers, seed=c.seed,
+            n_threads=c.n_threads, prefill_threads=c.prefill_threads, n_gpu_layers=c.n_gpu_layers, seed=c.seed,
             temperature=c.temperature, max_tokens=c.max_tokens, system_prompt=c.system_prompt,
             memory_budget_mb=c.memory_budget_mb))
 
@@ -197,21 +206,27 @@ class BatchedChat:
         """True while replies are running or waiting (engine thread)."""
         return bool(self._active or self._waiting or self._inbox)
 
-    def step(self, wait_s: float = 0.0) -> list[ReplyEvent]:
+    def step(self, wait_s: float = 0.0, spare_cores: bool = False) -> list[ReplyEvent]:
         """Take queued commands, then run one batch (one ``llama_decode``) if there is work.
 
         With nothing to do, waits up to ``wait_s`` for a command and returns [].
+        ``spare_cores``: nothing else runs on the CPU now, so a batch with prompt tokens may
+        use ``prefill_threads`` (module doc).
         """
         events: list[ReplyEvent] = []
-        if not self.busy() and wait_s > 0:
-            with self._wake:
-                self._wake.wait_for(lambda: bool(self._inbox), timeout=wait_s)
+        self.wait(wait_s)
         self._take_commands(events)
         self._drop_cancelled(events)
         self._admit(events)
         if self._active:
-            self._run_batch(events)
+            self._run_batch(events, spare_cores)
         return events
+
+    def wait(self, timeout_s: float) -> None:
+        """With nothing to do, wait up to ``timeout_s`` for a command (a submit, cancel or release)."""
+        if not self.busy() and timeout_s > 0:
+            with self._wake:
+                self._wake.wait_for(lambda: bool(self._inbox), timeout=timeout_s)
 
     def generate(self, session: Hashable, messages: Sequence[dict],
                  options: ReplyOptions = ReplyOptions()) -> tuple[str, GenerationStats]:
@@ -282,7 +297,7 @@ class BatchedChat:
             "kv_tokens": self._kv_tokens, "sequences": self.options.max_sequences,
             "sequences_held": sum(s.session is not None for s in self._slots),
             "replies_running": len(self._active), "replies_waiting": len(self._waiting),
-            "steps": self.steps, "evaluated_tokens": self.evaluated, "prompt_tokens_evaluated": self.prompt_evaluated,
+            "steps": self.steps, "wide_steps": self.wide_steps, "evaluated_tokens": self.evaluated, "prompt_tokens_evaluated": self.prompt_evaluated,
             "last_batch_tokens": self.last_batch[0], "last_batch_sequences": self.last_batch[1],
         }
 
@@ -411,7 +426,7 @@ class BatchedChat:
 
     # --- one step ---------------------------------------------------------------------
 
-    def _run_batch(self, events: list[ReplyEvent]) -> None:
+    def _run_batch(self, events: list[ReplyEvent], spare_cores: bool = False) -> None:
         rows: list[tuple[int, int, int, bool]] = []  # (token, pos, seq, wants logits)
         sampled: list[tuple[Reply, int]] = []  # (reply, batch index of its logits)
         decoding = [r for r in self._active if r._next is not None]
@@ -439,6 +454,9 @@ class BatchedChat:
             budget -= len(chunk)
             prompt_rows += len(chunk)
         self._fill(rows)
+        wide = spare_cores and prompt_rows > 0 and self._prefill_threads > self._threads
+        self._set_batch_threads(self._prefill_threads if wide else self._threads)
+        self.wide_steps += wide
         rc = self._decode()
         while rc == 1 and self._evict_idle():  # no room in the KV cache: give up an idle conversation
             rc = self._decode()
@@ -469,6 +487,12 @@ class BatchedChat:
         r._next = token
         if piece:
             events.append(ReplyEvent(r, piece))
+
+    def _set_batch_threads(self, n: int) -> None:
+        """llama.cpp's threads for batches of more than one token (one token keeps ``n_threads``)."""
+        if n != self._threads_batch:
+            self._ll.llama_set_n_threads(self._ctx, self._threads, n)
+            self._threads_batch = n
 
     def _fill(self, rows: list[tuple[int, int, int, bool]]) -> None:
         b = self._batch

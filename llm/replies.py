@@ -17,6 +17,7 @@ class ChatOptions:
     max_sequences: int = 8
     batch_tokens: int = 32
     n_threads: int = 0
+    prefill_threads: int = 0  # threads of a prompt step on idle cores; <= n_threads: n_threads
     n_gpu_layers: int = 0
     seed: int | None = None
     temperature: float = 0.2

@@ -127,7 +127,12 @@ class Engines:
         if asr is not None:
             self.asr = BatchingAsr(asr, max_batch=self.cfg.asr.max_batch)
         if llm is not None:
-            self.llm = BatchedLlm(llm)
+            self.llm = BatchedLlm(llm, spare_cores=self.cpu_stages_idle)
+
+    def cpu_stages_idle(self) -> bool:
+        """No ASR, end-of-turn or TTS job queued or running here: the LLM may take more cores
+        (``llm.prefill_threads``). Any thread."""
+        return all(w is None or w.pending() == 0 for w in (self.asr, self.turn, self.tts))
 
     def load_asr_model(self) -> Any:
         """The ``Transcriber`` of ``cfg.asr``, warmed up (seconds)."""
@@ -208,7 +213,7 @@ class Engines:
         e.asr = None if asr is None else BatchingAsr(asr, max_batch=cfg.asr.max_batch)
         e._set_turn(turn)
         if llm is not None:
-            e.llm = BatchedLlm(llm) if hasattr(llm, "step") else SerialLlm(llm)
+            e.llm = BatchedLlm(llm, spare_cores=e.cpu_stages_idle) if hasattr(llm, "step") else SerialLlm(llm)
         e._set_tts(tts)
         return e
 

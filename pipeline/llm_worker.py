@@ -34,8 +34,10 @@ IDLE_WAIT_S = 0.2
 class BatchedLlm:
     """Runs a ``BatchedChat`` on its own thread; streams replies to asyncio callers."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, spare_cores: Callable[[], bool] | None = None) -> None:
+        """``spare_cores``: True when no other stage uses the CPU now (``BatchedChat.step``)."""
         self.engine = engine
+        self._spare_cores = spare_cores
         self._closed = threading.Event()
         self._routes: dict[asyncio.AbstractEventLoop, _LoopRoute] = {}
         self._thread = threading.Thread(target=self._run, name="llm-0", daemon=True)
@@ -90,7 +92,11 @@ class BatchedLlm:
     def _run(self) -> None:
         while not self._closed.is_set():
             try:
-                events = self.engine.step(wait_s=IDLE_WAIT_S)
+                if self._spare_cores is None:
+                    events = self.engine.step(wait_s=IDLE_WAIT_S)
+                else:  # asked once the step's work is known, not before the wait for it
+                    self.engine.wait(IDLE_WAIT_S)
+                    events = self.engine.step(spare_cores=self._spare_cores())
             except Exception as exc:  # a bug: end the running replies rather than hang them
                 log.exception("LLM step failed")
                 events = self.engine.abort(exc)

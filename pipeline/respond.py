@@ -146,6 +146,8 @@ class Responder:
                 turn.generation = stats
                 turn.trace.info.update(llm_prompt_tokens=stats.prompt_tokens, llm_cached_tokens=stats.cached_tokens,
                                        llm_batch=getattr(stats, "first_batch", 1))
+                if getattr(stats, "first_token_s", None) is not None:  # the engine's own, from its submit
+                    turn.trace.info["llm_engine_first_token_ms"] = round(1000 * stats.first_token_s, 1)
 
             stream = self.engines.llm.stream(self.session_id, req.messages, req.max_tokens, turn.cancel,
                                              priority=req.priority, on_done=done)

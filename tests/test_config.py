@@ -74,7 +74,7 @@ def test_llm_sequences_and_batch_are_checked():
 
 
 def test_gpu_and_memory_budgets_must_not_be_negative():
-    for key in ("llm.memory_budget_mb", "asr.gpu_budget_mb"):
+    for key in ("llm.memory_budget_mb", "asr.gpu_budget_mb", "llm.prefill_threads"):
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
             load_config(None, [f"{key}=-1"], environ={})
 

@@ -111,6 +111,28 @@ def test_batched_replies_equal_unbatched_at_temperature_0(clean, cfg, n):
 
 
 @pytest.mark.slow
+def test_prompt_steps_on_spare_cores_take_prefill_threads_and_give_the_same_reply(cfg):
+    """``step(spare_cores=True)`` runs prompt steps on ``llm.prefill_threads`` (not the one-token
+    steps after them), and a greedy reply is the same as with the LLM's own threads."""
+    q = chat(cfg.llm.system_prompt, "Name three animals that live in the sea.")
+    texts, wide = [], []
+    for spare in (False, True):
+        e = BatchedChat.from_config(cfg.replace("llm", n_threads=1, prefill_threads=2))
+        try:
+            reply = e.submit("a", q, GREEDY)
+            parts = []
+            while not reply.done:
+                parts += [ev.text for ev in e.step(spare_cores=spare)]
+            texts.append("".join(parts))
+            wide.append(e.report()["wide_steps"])
+            assert reply.stats.completion_tokens > 2
+        finally:
+            e.close()
+    assert texts[0] == texts[1]
+    assert wide == [0, 1]  # the prompt fits one step (batch_tokens); the decode steps stay on one thread
+
+
+@pytest.mark.slow
 def test_cancelling_one_reply_leaves_the_others_intact(clean, cfg):
     engine = clean
     questions = QUESTIONS[:4]

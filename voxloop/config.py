@@ -216,6 +216,11 @@ class LlmConfig:
     batch_tokens: int = 32
     #: CPU threads for llama.cpp; 0 lets it choose.
     n_threads: int = 0
+    #: CPU threads for a step that reads prompt tokens while no ASR, end-of-turn or TTS job is queued
+    #: or running in the process (a turn's first token waits for that step); 0 (or <= the LLM's
+    #: threads): the LLM's threads. More threads than idle cores stall the step (llama.cpp waits for
+    #: its slowest thread), so keep it <= the cores.
+    prefill_threads: int = 0
     #: Layers offloaded to GPU (needs a CUDA build of llama-cpp-python); 0 = CPU only.
     n_gpu_layers: int = 0
     #: Reply length cap, tokens.
@@ -234,6 +239,8 @@ class LlmConfig:
     memory_budget_mb: int = 0
 
     def __post_init__(self) -> None:
+        if self.prefill_threads < 0:
+            raise ConfigError(f"llm.prefill_threads must be >= 0 (0: the LLM's threads), got {self.prefill_threads}")
         if self.memory_budget_mb < 0:
             raise ConfigError(f"llm.memory_budget_mb must be >= 0 (0: no limit), got {self.memory_budget_mb}")
         if not 1 <= self.max_sequences <= 255:  # llama.cpp's 256 sequences, one for the system prompt
