@@ -3,6 +3,7 @@
     engine = BatchedChat.from_config(load_config())
     reply = engine.submit("session-1", messages, ReplyOptions(max_tokens=64))   # any thread
     engine.cancel(reply)                      # any thread; stops it at the next step
+    engine.prefill("session-1", messages)     # any thread; read a cut history before the next turn
     events = engine.step()                    # the owning thread: one llama_decode
     text, stats = engine.generate("s", messages)   # notebook use: submit + step until done
 
@@ -178,10 +179,26 @@ class BatchedChat:
         A reply still running in the same conversation is cancelled (a new turn supersedes it).
         ``tag`` is kept on the returned ``Reply`` for the caller.
         """
-        check_messages(messages)
         limit = self.options.max_tokens if options.max_tokens is None else options.max_tokens
         if limit < 1:
             raise InvalidInput(f"max_tokens must be >= 1, got {limit}")
+        return self._queue(session, messages, options, tag, limit)
+
+    def prefill(self, session: Hashable, messages: Sequence[dict], options: ReplyOptions = ReplyOptions(),
+                tag: object = None) -> Reply:
+        """Queue reading ``messages`` into ``session``'s sequence without a reply (it ends with finish
+        reason "prefilled"): the next turn, ``messages`` + a new user message, reads only the new one.
+
+        For a history whose oldest messages were just dropped (every cached token after the cut
+        moved): read ahead while the user listens, not when the next turn waits for its first token.
+        It reads only in steps where no reply generates or reads its prompt. The next turn's submit
+        cancels it if still running; what it read is kept.
+        """
+        return self._queue(session, messages, options, tag, 0)
+
+    def _queue(self, session: Hashable, messages: Sequence[dict], options: ReplyOptions, tag: object,
+               limit: int) -> Reply:
+        check_messages(messages)
         reply = Reply(next(self._ids), session, list(messages), options, tag=tag, _limit=limit)
         self._command(("submit", reply))
         return reply
@@ -380,7 +397,7 @@ class BatchedChat:
     def _start(self, reply: Reply, slot: _Slot) -> None:
         """Give ``reply`` the sequence ``slot``: fit its prompt, keep the reusable prefix."""
         o = self.options
-        budget = o.n_ctx - reply._limit
+        budget = o.n_ctx - (reply._limit or o.max_tokens)  # a prefill fits as the turn after it will
         fitted = self.prompt.fit(reply.messages, budget, slot.cut if slot.session == reply.session else None)
         tokens = fitted.tokens
         slot.session, slot.reply, slot.cut, slot.used = reply.session, reply, fitted.cut, time.perf_counter()
@@ -439,7 +456,10 @@ class BatchedChat:
         budget = max(self.options.batch_tokens - len(rows), min(MIN_PREFILL, self.options.batch_tokens))
         budget = min(budget, self.options.batch_tokens - len(rows))
         reading = sorted((r for r in self._active if r._pending), key=lambda r: (r.options.priority, r.id))
+        if decoding or any(r._limit for r in reading):  # prefills read only in idle steps: a step
+            reading = [r for r in reading if r._limit]  # of 32 prompt tokens is slow for the others
         prompt_rows = 0
+        prefilled: list[Reply] = []  # prefills whose last prompt token is in this batch
         for r in reading:
             if budget <= 0:
                 break
@@ -447,7 +467,10 @@ class BatchedChat:
             slot = r._slot
             for j, t in enumerate(chunk):
                 last = j == len(chunk) - 1 and not r._pending
-                if last:
+                if last and r._limit == 0:
+                    prefilled.append(r)
+                    last = False  # no logits: nothing is sampled
+                elif last:
                     sampled.append((r, len(rows)))
                 rows.append((t, len(slot.tokens), slot.seq, last))
                 slot.tokens.append(t)
@@ -467,6 +490,8 @@ class BatchedChat:
         if rc != 0:
             self._fail_batch(rows, rc, events)
             return
+        for r in prefilled:
+            self._finish(r, "prefilled", events)
         now = time.perf_counter()
         for r, index in sampled:
             self._take_token(r, self._ll.llama_sampler_sample(r._sampler, self._ctx, index), now, events)

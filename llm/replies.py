@@ -49,7 +49,7 @@ class GenerationStats:
     dropped_messages: int  # oldest messages left out to fit n_ctx
     first_token_s: float | None  # None when nothing was generated
     total_s: float
-    finish_reason: str  # "stop" | "length" | "cancelled" | "error"
+    finish_reason: str  # "stop" | "length" | "cancelled" | "error" | "prefilled" (``BatchedChat.prefill``)
     first_batch: int = 0  # conversations in the llama_decode step that gave its first token
 
 

@@ -586,6 +586,9 @@ class RemoteLlm(_Streams):
             if not done and self.link.connected:
                 self.link.send(("llm_cancel", key))
 
+    def prefill(self, session: Hashable, messages: list[dict]) -> None:
+        pass  # not sent to the LLM process (yet): its next turn reads a cut history itself
+
     def release(self, session: Hashable) -> None:
         if self.link.connected:
             self.link.send(("llm_release", session))

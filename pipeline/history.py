@@ -41,6 +41,11 @@ class History:
                 self._dropped += 1
         return index
 
+    @property
+    def dropped(self) -> int:
+        """Messages dropped from the front so far (a change: the history was cut)."""
+        return self._dropped
+
     def _chars(self) -> int:
         return sum(len(m.content) for m in self._messages)
 

@@ -23,7 +23,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Hashable, Iterator
 from typing import Any
 
-from pipeline.workers import NORMAL, ModelWorker
+from pipeline.workers import BACKGROUND, NORMAL, ModelWorker
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,13 @@ class BatchedLlm:
         finally:
             if not reply.done:
                 self.engine.cancel(reply)
+
+    def prefill(self, session: Hashable, messages: list[dict]) -> None:
+        """Read ``messages`` into ``session``'s sequence ahead of its next turn (``BatchedChat.prefill``),
+        after the turns of other sessions waiting for their first token."""
+        from llm.batched import ReplyOptions
+
+        self.engine.prefill(session, messages, ReplyOptions(priority=BACKGROUND), tag=(_DISCARD, None))
 
     def release(self, session: Hashable) -> None:
         """The session ended: free its KV sequence."""
@@ -133,6 +140,16 @@ class _LoopRoute:
             pass
 
 
+class _Discard:
+    """The route of a prefill: nobody awaits its events."""
+
+    def deliver(self, events: list) -> None:
+        pass
+
+
+_DISCARD = _Discard()
+
+
 def _deliver(events: list) -> None:
     for event in events:
         event.reply.tag[1].put_nowait(event)
@@ -155,6 +172,9 @@ class SerialLlm:
                 on_done(stats)
 
         return self.worker.stream(generate, cancel, priority=priority)
+
+    def prefill(self, session: Hashable, messages: list[dict]) -> None:
+        pass  # nothing is cached between turns
 
     def release(self, session: Hashable) -> None:
         pass

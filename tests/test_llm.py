@@ -133,6 +133,46 @@ def test_prompt_steps_on_spare_cores_take_prefill_threads_and_give_the_same_repl
 
 
 @pytest.mark.slow
+def test_a_prefilled_history_leaves_the_next_turn_only_its_new_message(engine, cfg):
+    history = long_history(cfg.llm.system_prompt, 4)
+    session = fresh("p")
+    reply = engine.prefill(session, history)
+    while not reply.done:
+        engine.step()
+    assert reply.stats.finish_reason == "prefilled" and reply.stats.completion_tokens == 0
+    assert reply.stats.first_token_s is None
+    read_before = engine.prompt_evaluated
+    text, stats = engine.generate(session, history + [{"role": "user", "content": "And the moon?"}], GREEDY)
+    assert text
+    # The new user message and the chat template around it: what the turn after a cut reads.
+    assert 0 < engine.prompt_evaluated - read_before == stats.prompt_tokens - stats.cached_tokens <= 20
+    assert stats.cached_tokens >= reply.stats.prompt_tokens - 5  # all but the assistant's generation prompt
+
+
+@pytest.mark.slow
+def test_a_prefill_waits_while_another_conversation_generates(clean, cfg):
+    other = clean.submit("g", chat(cfg.llm.system_prompt, QUESTIONS[0]), GREEDY)
+    prefill = clean.prefill("p", long_history(cfg.llm.system_prompt, 2))
+    while not other.done:
+        clean.step()
+        assert clean.cached_tokens("p") == len(clean._prefix)  # the system prompt is shared, not read
+    while not prefill.done:
+        clean.step()
+    assert prefill.stats.finish_reason == "prefilled" and clean.cached_tokens("p") == prefill.stats.prompt_tokens
+
+
+@pytest.mark.slow
+def test_the_next_turn_cancels_a_prefill_and_keeps_what_it_read(clean, cfg):
+    history = long_history(cfg.llm.system_prompt, 6)
+    reply = clean.prefill("c", history)
+    clean.step()
+    clean.step()  # two prompt chunks read
+    text, stats = clean.generate("c", history + [{"role": "user", "content": "And the moon?"}], GREEDY)
+    assert reply.stats.finish_reason == "cancelled" and text
+    assert stats.cached_tokens >= len(clean._prefix) + 2 * cfg.llm.batch_tokens
+
+
+@pytest.mark.slow
 def test_cancelling_one_reply_leaves_the_others_intact(clean, cfg):
     engine = clean
     questions = QUESTIONS[:4]
