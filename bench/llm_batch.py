@@ -16,12 +16,11 @@ Writes ``bench/results/llm_batch-<hardware>-<date>.json``.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import numpy as np
 
-from bench.harness import write_json
+from bench.llm_engine import measure
 
 QUESTIONS = [f"Tell me a long story about {thing}." for thing in (
     "a dragon and a knight", "a lighthouse keeper", "a lost cat in Paris", "a robot who learns to paint",
@@ -84,24 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     args = p.parse_args(argv)
-    from llm.batched import BatchedChat, ReplyOptions
-    from voxloop.config import load_config
-
-    cfg = load_config(None, args.overrides)
-    engine = BatchedChat.from_config(cfg)
-    engine.generate("warmup", [{"role": "user", "content": "Hello!"}], ReplyOptions(max_tokens=4))
-    engine.release("warmup")
-    rows = []
-    load_before = os.getloadavg()
-    for n in args.sizes:
-        rows.append(run_level(engine, cfg.llm.system_prompt, n, args.tokens))
-        print(rows[-1], flush=True)
-    path = write_json("llm_batch", rows, {
-        "config": {k: getattr(cfg.llm, k) for k in ("n_ctx", "max_sequences", "batch_tokens", "n_threads",
-                                                   "n_gpu_layers")},
-        "load_avg_before_after": [load_before, os.getloadavg()],
-        "note": "steps counted only while every conversation of the level decodes one token"})
-    print(path)
+    measure("llm_batch", args.overrides, args.sizes, lambda engine, system, n: run_level(engine, system, n, args.tokens),
+            "steps counted only while every conversation of the level decodes one token")  # fmt: skip
     return 0
 
 

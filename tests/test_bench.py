@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 #: Library modules of the package; every other module is a benchmark (it has a ``main``).
 LIBRARIES = {"bench.harness", "bench.tts_backends", "bench.gpu_steps", "bench.zh_evaluation", "bench.scaleout.topology",
-             "bench.turn_set"}
+             "bench.turn_set", "bench.llm_engine"}
 #: A benchmark may use another's code only when it is that benchmark's own mode (WebSocket mode:
 #: the server process, and the client processes, which also run alone).
 MODES = {("bench.tts_load", "bench.tts_load_ws"), ("bench.tts_load", "bench.ws_clients")}
