@@ -99,11 +99,9 @@ class BatchedLlm:
     def _run(self) -> None:
         while not self._closed.is_set():
             try:
-                if self._spare_cores is None:
-                    events = self.engine.step(wait_s=IDLE_WAIT_S)
-                else:  # asked once the step's work is known, not before the wait for it
-                    self.engine.wait(IDLE_WAIT_S)
-                    events = self.engine.step(spare_cores=self._spare_cores())
+                self.engine.wait(IDLE_WAIT_S)
+                # asked once the step's work is known, not before the wait for it
+                events = self.engine.step(spare_cores=self._spare_cores is not None and self._spare_cores())
             except Exception as exc:  # a bug: end the running replies rather than hang them
                 log.exception("LLM step failed")
                 events = self.engine.abort(exc)
