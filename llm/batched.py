@@ -39,9 +39,9 @@ llama.cpp's CPU threads: ``n_threads`` 0 uses half the cores (the TTS runs at th
 time; on a loaded 2-core host one LLM thread had far smaller stalls than two). A step that
 reads prompt tokens may use ``prefill_threads`` instead, when its caller says the other
 cores are idle (``step(spare_cores=True)``): a turn's first token waits for that step, and
-its attention over the conversation's history grows with every turn (SmolLM2-135M, 20 new
-tokens, one thread of a 2-core VM: 121 ms after 32 cached tokens, 275 ms after 1536; two
-threads on idle cores 64 / 144 ms, but 245-1760 ms with the other core busy).
+its attention over the conversation's history grows with every turn (``bench.llm_history``:
+one thread of a 2-core VM, 104 ms after 24 cached tokens, 287 ms after 1654). With another
+core busy, more threads are slower: llama.cpp waits for its slowest thread.
 """
 
 from __future__ import annotations
