@@ -30,6 +30,13 @@ Modes (``Policy``):
   and the words of speech over a paused reply, are asked once the silence reaches
   ``score_pause_ms`` (``tick``), so a commit still needs the longer pause. Speech that resumes in
   between drops the speculation as before.
+- ``score_early`` (with ``score_pause_ms``; ``turn.score_early``): the score is asked already at the
+  VAD's pause, with the ``StartTurn``, so it is known when the silence reaches ``score_pause_ms``
+  (the model's run is off the critical path). A score (and the words) arriving before then is kept:
+  at ``score_pause_ms`` (``tick``) it commits, or sets the wait for silence, as a score arriving
+  then would. The model hears less silence after the last word (bench/turn_score_early.py); speech
+  that resumes in between drops the score with the speculation. The words of speech over a paused
+  reply are still asked at ``score_pause_ms``.
 """
 
 from __future__ import annotations
@@ -128,17 +135,20 @@ class Policy:
     #: score and the words of speech over a paused reply are asked. 0: at the VAD's pause. Longer
     #: than the VAD's pause: the speculative turn starts at the VAD's pause, the rest waits for it.
     score_pause_ms: int = 0
+    #: ``semantic_vad`` with ``score_pause_ms``: ask the score at the VAD's pause already; it is acted
+    #: on once the silence reaches ``score_pause_ms`` (a commit still needs the longer pause).
+    score_early: bool = False
 
     @classmethod
     def semantic_vad(cls, eagerness: str, silence_ms: int, barge_in_min_ms: int, max_silence_ms: int,
                      pause_on_speech: bool, pause_max_speech_ms: int, interrupt: bool = True,
-                     score_pause_ms: int = 0) -> "Policy":
+                     score_pause_ms: int = 0, score_early: bool = False) -> "Policy":
         t = EAGERNESS[eagerness]
         return cls(silence_ms=silence_ms, barge_in_min_ms=barge_in_min_ms, semantic=True,
                    complete=t.complete, incomplete=t.incomplete,
                    max_silence_ms=max(silence_ms, round(max_silence_ms * t.max_silence_scale)),
                    pause_on_speech=pause_on_speech, pause_max_speech_ms=pause_max_speech_ms,
-                   interrupt=interrupt, score_pause_ms=score_pause_ms)
+                   interrupt=interrupt, score_pause_ms=score_pause_ms, score_early=score_early)
 
     def wait_ms(self, probability: float) -> float:
         """Silence to wait after a score under ``complete``: ``silence_ms`` just under it, growing
@@ -282,7 +292,7 @@ class TurnTaking:
         self._deadline_ms = t_ms + p.max_silence_ms if p.semantic else None
         if audible:
             return []  # speech over the playing reply: no turn is started for it yet
-        return self._speculate(score=not later)
+        return self._speculate(score=not later or p.score_early)
 
     def resumed(self, t_ms: float) -> list[Decision]:
         """Speech came back after the short pause: the speculation is stale."""
@@ -321,17 +331,19 @@ class TurnTaking:
         out: list[Decision] = []
         if self.state == PAUSED and self._judge_at_ms is not None and now_ms >= self._judge_at_ms:
             self._judge_at_ms = None
-            out = self._judge()
+            out = self._judge(now_ms, audible)
         if self.state == PAUSED and self._deadline_ms is not None and now_ms >= self._deadline_ms:
             out += self._end_of_turn(audible, vad_ended=False)
         return out
 
     def scored(self, utterance: int, probability: float, now_ms: float, audible: bool) -> list[Decision]:
-        """The end-of-turn model's ``probability`` that ``utterance`` is complete (0..1)."""
+        """The end-of-turn model's ``probability`` that ``utterance`` is complete (0..1).
+
+        Before ``score_pause_ms`` (``score_early``) it is kept; ``tick`` acts on it then."""
         if utterance != self.utterance or self.state != PAUSED or not self._speculating:
             return []  # stale: speech resumed or the turn already ended
         self._score = probability
-        return self._decide(now_ms, audible)
+        return [] if self._judge_at_ms is not None else self._decide(now_ms, audible)
 
     def heard(self, utterance: int, text: str, language: str | None, now_ms: float, audible: bool) -> list[Decision]:
         """The speculative turn's transcript of ``utterance`` (``semantic_vad``: its last words count)."""
@@ -339,7 +351,7 @@ class TurnTaking:
                 or not self._speculating):
             return []
         self._words = (text, language)
-        return [] if self._score is None else self._decide(now_ms, audible)
+        return [] if self._score is None or self._judge_at_ms is not None else self._decide(now_ms, audible)
 
     def transcribed(self, utterance: int, text: str) -> list[Decision]:
         """Transcript of ``utterance``'s audio (asked by ``Transcribe``: speech over the paused reply)."""
@@ -392,11 +404,16 @@ class TurnTaking:
             out.append(Score(self.utterance))
         return out
 
-    def _judge(self) -> list[Decision]:
-        """The silence reached ``score_pause_ms``: ask what the VAD's earlier pause did not."""
+    def _judge(self, now_ms: float, audible: bool) -> list[Decision]:
+        """The silence reached ``score_pause_ms``: ask what the VAD's earlier pause did not, or act on
+        the score asked there (``score_early``; if it has not come yet, ``scored`` acts on it)."""
         if self._paused_by == self.utterance:
             return [Transcribe(self.utterance)]
-        return [Score(self.utterance)] if self._speculating else []
+        if not self._speculating:
+            return []
+        if not self.policy.score_early:
+            return [Score(self.utterance)]
+        return [] if self._score is None else self._decide(now_ms, audible)
 
     def _end_of_turn(self, audible: bool, vad_ended: bool) -> list[Decision]:
         utt = self.utterance

@@ -61,6 +61,7 @@ class VoiceInput:
         self._speech_start_at: float | None = None  # monotonic time of the utterance's speech start
         self._speech_end_ms = 0  # stream time where the utterance's speech last ended
         self._turn_audio: np.ndarray | None = None  # the utterance up to its last pause or end
+        self._pauses = 0  # VAD pauses and resumes so far: a score asked before the last one is stale
         self._side_tasks: set[asyncio.Task] = set()  # end-of-turn scores, transcripts over a paused reply
         self._partial_task: asyncio.Task | None = None
         self._partial_text = ""
@@ -84,7 +85,8 @@ class VoiceInput:
             policy = Policy.semantic_vad(td.eagerness or "auto", td.silence_duration_ms, vad.barge_in_min_ms,
                                          turn.max_silence_ms, turn.pause_on_speech, turn.pause_max_speech_ms,
                                          interrupt=td.interrupt_response,
-                                         score_pause_ms=pause_ms if asr_pause_ms < pause_ms else 0)
+                                         score_pause_ms=pause_ms if asr_pause_ms < pause_ms else 0,
+                                         score_early=turn.score_early)
             if self.engines.turn is None:  # no end-of-turn model on this server: silence alone
                 policy = dataclasses.replace(policy, semantic=False)
         else:
@@ -160,9 +162,11 @@ class VoiceInput:
             self._perform(pause)  # before speech_started: the client keeps the paused audio (docs/protocol.md)
             self._send(ev.InputAudioBufferSpeechStarted(audio_start_ms=event.t_ms, item_id=self._user_item))
         elif isinstance(event, Pause):
+            self._pauses += 1
             self._turn_audio, self._speech_end_ms = event.audio, event.t_ms
             self._perform(taking.paused(event.t_ms, audible))
         elif isinstance(event, Resume):
+            self._pauses += 1
             self._perform(taking.resumed(event.t_ms))
         elif isinstance(event, SpeechEnd):
             self._turn_audio, self._speech_end_ms = event.audio, event.t_ms
@@ -226,14 +230,18 @@ class VoiceInput:
     def _do_score(self, d: Score) -> None:
         audio, worker = self._judged_audio(), self.engines.turn
         if audio is not None and worker is not None and self._taking is not None:
-            self._side_task(self._score(worker, audio, self._taking, d.utterance))
+            self._side_task(self._score(worker, audio, self._taking, d.utterance, self._pauses))
 
-    async def _score(self, worker: Any, audio: np.ndarray, taking: TurnTaking, utterance: int) -> None:
+    async def _score(self, worker: Any, audio: np.ndarray, taking: TurnTaking, utterance: int, pauses: int) -> None:
         t0 = time.monotonic()
         try:
             probability = await worker.submit(lambda model: model.score(audio), priority=URGENT)
         except VoxloopError as exc:
             log.warning("%s: end-of-turn score failed (%s); waiting for silence", self.conv.id, exc)
+            return
+        if pauses != self._pauses:
+            # Speech resumed after the pause it scored (asked there with turn.score_early): the
+            # utterance's number is the same at its next pause, its audio is not.
             return
         turn = self._speculative_turn()
         if turn is not None:

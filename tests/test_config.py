@@ -92,3 +92,9 @@ def test_asr_pause_is_positive_or_none():
     assert load_config(None, ["turn.asr_pause_ms=400"], environ={}).turn.asr_pause_ms == 400  # pause_ms is used
     with pytest.raises(ConfigError, match=r"turn\.asr_pause_ms must be > 0"):
         load_config(None, ["turn.asr_pause_ms=0"], environ={})
+
+
+def test_score_early_is_off_unless_asked():
+    assert load_config(None, [], environ={}).turn.score_early is False
+    assert load_config(None, [], environ={"VOXLOOP_TURN__SCORE_EARLY": "true"}).turn.score_early is True
+    assert load_config(None, ["turn.score_early=true"], environ={}).turn.score_early is True

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 
@@ -114,6 +115,60 @@ async def test_an_earlier_asr_pause_starts_the_turn_before_the_score(tts_engines
         assert stages["asr_start"] - stages["speech_end"] < 300, stages  # long before the score's pause
         assert len(asr.samples) == 1 and len(turn.samples) == 1  # one ASR run, kept at the commit
         assert turn.samples[0] - asr.samples[0] == 16 * 120  # scored with 180 ms after the speech, ASR 60
+        assert types(seen).count("input_audio_buffer.committed") == 1
+        await ws.close()
+    finally:
+        await hub.stop()
+
+
+async def test_an_early_score_is_asked_at_the_asr_pause_and_commits_at_the_score_pause(tts_engines):
+    """turn.score_early: the score is asked with the speculative turn, on the audio its ASR got (60 ms
+    of silence after the speech); the commit still waits for turn.pause_ms."""
+    turn, asr = FakeTurnModel(0.99), FakeASR("what's the capital of France")
+    hub = await _hub(tts_engines, turn, "turn.pause_ms=390", "turn.asr_pause_ms=60", "turn.score_early=true", asr=asr)
+    try:
+        ws = await session(hub, SEMANTIC)
+        await send_audio(ws, ("speech", 0.8), ("silence", 1.2))
+        metrics, seen = await until(ws, "x.turn.metrics")
+        stages = metrics["metrics"]["stages_ms"]
+        assert 390 <= stages["vad_end"] - stages["speech_end"] < 900, stages
+        assert len(asr.samples) == 1 and turn.samples == asr.samples  # scored what the ASR heard
+        assert metrics["metrics"]["end_of_turn"] == 0.99
+        assert types(seen).count("input_audio_buffer.committed") == 1
+        await ws.close()
+    finally:
+        await hub.stop()
+
+
+class SlowFirstTurnModel(FakeTurnModel):
+    """Scores ``first`` after ``delay_s`` on its first call, ``probability`` at once after that."""
+
+    def __init__(self, first: float, delay_s: float, probability: float) -> None:
+        super().__init__(probability)
+        self.first, self.delay_s = first, delay_s
+
+    def score(self, pcm):
+        if not self.samples:
+            super().score(pcm)
+            time.sleep(self.delay_s)
+            return self.first
+        return super().score(pcm)
+
+
+async def test_an_early_score_of_a_pause_that_speech_went_on_from_is_ignored(tts_engines):
+    """turn.score_early: the first pause's score (complete) comes back after the speech resumed and
+    paused again (same utterance), past the second pause's turn.pause_ms: it is stale (committing on
+    it would end the turn ~1 s after the speech); the second pause's score (incomplete) decides."""
+    turn = SlowFirstTurnModel(0.99, 2.0, 0.05)
+    hub = await _hub(tts_engines, turn, "turn.pause_ms=390", "turn.asr_pause_ms=60", "turn.score_early=true",
+                     asr=FakeASR("what's the capital of France"))
+    try:
+        ws = await session(hub, SEMANTIC)
+        await send_audio(ws, ("speech", 0.8), ("silence", 0.25), ("speech", 0.8), ("silence", 2.6))
+        metrics, seen = await until(ws, "x.turn.metrics")
+        stages = metrics["metrics"]["stages_ms"]
+        assert len(turn.samples) == 2 and metrics["metrics"]["end_of_turn"] == 0.05
+        assert stages["vad_end"] - stages["speech_end"] > 1500, stages  # waited as 0.05 says, not 0.99
         assert types(seen).count("input_audio_buffer.committed") == 1
         await ws.close()
     finally:

@@ -29,6 +29,10 @@ SEMANTIC_NO_PAUSE = Policy.semantic_vad("medium", silence_ms=500, barge_in_min_m
 # turn.asr_pause_ms < turn.pause_ms: the VAD pauses early (ASR), the score waits for 180 ms of silence.
 EARLY_ASR = Policy.semantic_vad("medium", silence_ms=500, barge_in_min_ms=250, max_silence_ms=2000,
                                 pause_on_speech=True, pause_max_speech_ms=1500, score_pause_ms=180)
+# turn.score_early: the score is asked at the VAD's pause too, and acted on at score_pause_ms.
+EARLY_SCORE = Policy.semantic_vad("medium", silence_ms=500, barge_in_min_ms=250, max_silence_ms=2000,
+                                  pause_on_speech=True, pause_max_speech_ms=1500, score_pause_ms=180,
+                                  score_early=True)
 
 # Each step: (method, args..., expected decisions). "audible" is the assistant's reply playing.
 CASES = {
@@ -251,6 +255,84 @@ CASES = {
             ("paused", 150, True, []),
             ("tick", 400, True, []),
             ("speech_ended", 150, False, True, [Discard(1)]),
+        ]),
+    "early score: known before score_pause_ms, it commits exactly then": (EARLY_SCORE, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),  # detected at 1060
+        ("heard", 1, "What's the capital of France?", "en", 1090, False, []),
+        ("scored", 1, 0.95, 1110, False, []),  # kept: the silence is not 180 ms yet
+        ("tick", 1179, False, []),
+        ("tick", 1180, False, [Commit(1, end_utterance=True)]),
+        ("tick", 1200, False, []),  # once
+    ]),
+    "early score: known before score_pause_ms, the words after it commit": (EARLY_SCORE, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.95, 1110, False, []),
+        ("tick", 1180, False, []),  # complete by the model; the words may still say otherwise
+        ("heard", 1, "Please turn on the lights.", "en", 1250, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "early score: arriving after score_pause_ms, it decides on arrival": (EARLY_SCORE, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("heard", 1, "What's the capital of France?", "en", 1090, False, []),
+        ("tick", 1180, False, []),  # not asked again
+        ("scored", 1, 0.95, 1230, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "early score: speech resuming before score_pause_ms drops it": (EARLY_SCORE, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("heard", 1, "I'd like to book a table for", "en", 1080, False, []),
+        ("scored", 1, 0.95, 1100, False, []),
+        ("resumed", 1150, [DropTurn(1)]),
+        ("tick", 1180, False, []),  # the kept score went with the speculation
+        ("scored", 1, 0.95, 1190, False, []),  # a score of the stale pause arriving late
+        ("paused", 2000, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("heard", 1, "I'd like to book a table for four people tonight.", "en", 2090, False, []),
+        ("tick", 2180, False, []),  # no score of this pause yet: no commit on the old one
+        ("scored", 1, 0.96, 2220, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "early score: a low one sets the wait for silence at score_pause_ms": (EARLY_SCORE, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.6, 1100, False, []),
+        ("heard", 1, "Could you remind me to call my mother", "en", 1120, False, []),
+        ("tick", 1180, False, []),  # waits 500 + 1500 x (0.9 - 0.6) / 0.6 from the speech's end
+        ("tick", 2249, False, []),
+        ("tick", 2250, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "early score: complete, but the words say the sentence goes on: the wait starts at score_pause_ms": (
+        EARLY_SCORE, [
+            ("speech_started", 0, False, []),
+            ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
+            ("scored", 1, 0.98, 1100, False, []),
+            ("heard", 1, "Tell me a joke about", "en", 1120, False, []),
+            ("tick", 1180, False, []),  # capped half way between incomplete and complete: 1250 ms
+            ("tick", 2249, False, []),
+            ("tick", 2250, False, [Commit(1, end_utterance=True)]),
+        ]),
+    "early score: speech over the paused reply is still transcribed at score_pause_ms": (EARLY_SCORE, [
+        ("speech_started", 0, True, [PauseReply()]),
+        ("paused", 400, True, []),
+        ("tick", 579, True, []),
+        ("tick", 580, True, [Transcribe(1)]),
+        ("transcribed", 1, "", [ResumeReply(), Discard(1, end_utterance=True)]),
+    ]),
+    "early score off (score_early=False): the score is asked at score_pause_ms, as before": (
+        Policy.semantic_vad("medium", 500, 250, 2000, True, 1500, score_pause_ms=180, score_early=False), [
+            ("speech_started", 0, False, []),
+            ("paused", 1000, False, [StartTurn(1, speculative=True)]),
+            ("heard", 1, "What's the capital of France?", "en", 1090, False, []),
+            ("tick", 1179, False, []),
+            ("tick", 1180, False, [Score(1)]),
+            ("scored", 1, 0.95, 1230, False, [Commit(1, end_utterance=True)]),
+        ]),
+    "early score without score_pause_ms: scored and decided at the VAD's pause": (
+        Policy.semantic_vad("medium", 500, 250, 2000, True, 1500, score_early=True), [
+            ("speech_started", 0, False, []),
+            ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
+            ("heard", 1, "What's the capital of France?", "en", 1090, False, []),
+            ("scored", 1, 0.95, 1100, False, [Commit(1, end_utterance=True)]),
         ]),
     "early ASR: server_vad ignores score_pause_ms": (
         Policy(silence_ms=500, barge_in_min_ms=250, score_pause_ms=180), [

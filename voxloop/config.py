@@ -147,6 +147,16 @@ class TurnConfig:
     #: run). None, or anything >= ``pause_ms``: at ``pause_ms``. 2 cores, 1 talker: with 60 the
     #: transcript (and the LLM's start) came 120-160 ms sooner than with 150 (README, "Turn taking").
     asr_pause_ms: int | None = 60
+    #: ``semantic_vad`` with ``asr_pause_ms`` shorter than ``pause_ms``: the end-of-turn score is
+    #: asked at ``asr_pause_ms`` already, with the speculative turn, and acted on (commit, or the wait
+    #: for silence) once the silence reaches ``pause_ms``: the model's run (43 ms on the H200 host's
+    #: CPU) leaves the critical path. The model then hears 60 ms of silence after the last word, not
+    #: ``pause_ms``: on bench/turn_set.py's 48 pauses (bench/results/turn_score_early-*-2026-12-02.json)
+    #: the decision (complete or not) against a score at 120 ms changed for 2 (auto/medium; one each
+    #: way), 0 (high), 5 (low); against 150 ms for 2, 8, 5. Early scores are lower (mean -0.12 vs
+    #: 120 ms, |diff| p50 0.06, max 0.64), so a turn the model is unsure of waits longer for silence
+    #: (auto: up to +0.95 s). Not on every pause the same decision: off by default.
+    score_early: bool = False
     #: ``semantic_vad``, eagerness medium/auto: longest silence waited while the model says the
     #: user is not done, ms (low waits 1.5x, high 0.5x; never less than the silence stop).
     max_silence_ms: int = 2000
