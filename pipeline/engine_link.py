@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline import gc_pauses
 from pipeline.speech import FirstAudioTiming, sentence_ids
 from pipeline.workers import NORMAL, ModelWorker
 from tts_engine.engine import AudioChunk, SynthesisOptions, resolve_options
@@ -115,7 +116,8 @@ class EngineHost:
         return {"tts_memory": memory() if memory else None,
                 "tts_in_flight": self.engine.scheduler.in_flight if self.engine is not None else None,
                 "llm": self.llm.report() if self.llm is not None else None,
-                "asr": self.asr.report() if self.asr is not None else None}
+                "asr": self.asr.report() if self.asr is not None else None,
+                "gc": gc_pauses.PAUSES.snapshot()}
 
     def _report(self) -> None:
         while not self._closed.wait(REPORT_INTERVAL_S):
@@ -442,6 +444,10 @@ class RemoteSpeech(_Streams):
 
     def scheduled(self) -> int | None:
         return self.link.report.get("tts_in_flight", 0)
+
+    def gc_report(self) -> dict | None:
+        """The engine process's garbage-collection pauses (``pipeline.gc_pauses``), once reported."""
+        return self.link.report.get("gc")
 
     def _on_step(self, message: tuple) -> None:
         self.handoffs += 1

@@ -33,6 +33,7 @@ import tempfile
 import threading
 import time
 
+from pipeline.gc_pauses import freeze_loaded
 from voxloop.config import Config
 from voxloop.errors import ConfigError
 
@@ -85,6 +86,7 @@ def serve_front_ends(cfg: Config) -> int:
         log.info("voxloop: %d front ends on port %d%s, loading the engine", n, cfg.server.port,
                  ", an LLM process" if llm_socket else "")
         engine, host = _load_engine(cfg, engine_socket)
+        freeze_loaded(cfg.server.gc_freeze, "engine process")
         reserved.close()
         while not stop.wait(0.5):
             for p in procs + helpers:
@@ -159,6 +161,7 @@ def run_llm_process(cfg: Config, llm_socket: str) -> None:
     engines = Engines(cfg)
     engines._set_asr_llm(None, engines.load_llm_model())
     host = EngineHost(None, llm_socket, llm=engines.llm)
+    freeze_loaded(cfg.server.gc_freeze, "LLM process")
     parent = os.getppid()
     while not stop.wait(0.5) and os.getppid() == parent:  # ends with the engine process
         pass
@@ -191,6 +194,7 @@ async def _front_end(cfg: Config, engine_socket: str, llm_socket: str | None, sh
 
     async def load() -> None:
         await engines.load_front_end(engine_socket, llm_socket)
+        freeze_loaded(cfg.server.gc_freeze, "front end")
         with loaded.get_lock():
             loaded.value += 1
 

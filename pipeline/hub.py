@@ -34,7 +34,7 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from pipeline import heap
+from pipeline import gc_pauses, heap
 from pipeline.deflate import AudioPassthroughDeflateFactory
 from pipeline.engines import Engines
 from pipeline.loadwatch import LoopLagMonitor, QueueDepthCollector, SendCounters
@@ -102,6 +102,8 @@ class Hub:
         self.traces.gpu_report = self.tts_memory_report
         self.sessions: dict[str, Session] = {}
         self.metrics.watch_process()
+        gc_pauses.PAUSES.install()
+        self.metrics.watch_gc(self.gc_reports)
         self.sent = SendCounters(self.metrics.registry)
         self.loop_lag = LoopLagMonitor(self.metrics.registry)
         self.metrics.register(QueueDepthCollector(
@@ -116,6 +118,14 @@ class Hub:
         """The GPU TTS engine's memory figures once loaded; None for engines without (CPU)."""
         speech = self.engines.speech
         return speech.memory_report() if speech is not None else None
+
+    def gc_reports(self) -> dict[str, dict]:
+        """Garbage-collection pauses by process: this one and, with front ends, the engine process's."""
+        reports = {"front_end" if self.cfg.server.front_ends > 1 else "server": gc_pauses.PAUSES.snapshot()}
+        engine = getattr(self.engines.speech, "gc_report", None)
+        if engine is not None and (report := engine()) is not None:
+            reports["engine"] = report
+        return reports
 
     def stage_depths(self) -> dict[str, int]:
         """Jobs queued or running per loaded stage; ``tts_gpu``: requests in the GPU scheduler."""

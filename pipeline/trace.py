@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
+from pipeline import gc_pauses
 from pipeline.heap import malloc_heap
 
 #: Stage marks in the order a turn passes them.
@@ -109,6 +111,10 @@ class Metrics:
         """Export the ASR's batching (``BatchingAsr``: calls, utterances), read at each scrape."""
         self.register(_AsrCollector(report))
 
+    def watch_gc(self, reports: Callable[[], dict[str, dict]]) -> None:
+        """Export garbage-collection pauses (``pipeline.gc_pauses``) per process, read at each scrape."""
+        self.register(_GcCollector(reports))
+
     def watch_process(self) -> None:
         """Export what a leak would grow, read at each scrape: tasks on the event loop (the hub
         answers /metrics there), Python allocator blocks, the C heap (glibc). For bench.soak."""
@@ -188,6 +194,28 @@ class _ProcessCollector(Collector):
             for kind, value in heap.items():
                 family.add_metric([kind], value)
             yield family
+
+
+class _GcCollector(Collector):
+    """``voxloop_gc_pause_seconds{process, generation}`` from ``GcPauses.snapshot()`` per process."""
+
+    def __init__(self, reports: Callable[[], dict[str, dict]]) -> None:
+        self.reports = reports
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(
+            "voxloop_gc_pause_seconds",
+            "Python garbage collections (each holds every thread of its process), seconds, by process and generation",
+            labels=["process", "generation"],
+        )
+        for process, snapshot in self.reports().items():
+            for generation, figures in snapshot.items():
+                cumulative, buckets = 0, []
+                for bound, count in zip((*gc_pauses.BUCKETS_S, float("inf")), figures["buckets"], strict=True):
+                    cumulative += count
+                    buckets.append((floatToGoString(bound), cumulative))
+                family.add_metric([process, generation], buckets, figures["sum"])
+        yield family
 
 
 class _TtsMemoryCollector(Collector):

@@ -136,6 +136,11 @@ async def test_two_front_ends_share_one_engine_limits_metrics_and_drain(server):
         audio = float(re.search(r'^voxloop_messages_sent_total\{kind="audio"\} (\S+)$', metrics, re.M).group(1))
         assert audio >= len(samples)  # every front end's deltas, whichever front end was scraped
         assert 'voxloop_stage_queue_depth{stage="tts_gpu"}' in metrics  # the engine process's scheduler
+        # Garbage-collection pauses of the scraped front end and of the engine process (its report),
+        # each with at least the full collection before its gc.freeze() after loading.
+        for process in ("front_end", "engine"):
+            pattern = rf'^voxloop_gc_pause_seconds_count\{{generation="2",process="{process}"\}} [1-9]'
+            assert re.search(pattern, metrics, re.M), process
         for part in ("text", "to_engine", "engine", "from_engine", "out"):  # both speaks' first audio, by part
             count = re.search(rf'^voxloop_tts_first_audio_part_seconds_count\{{part="{part}"\}} (\S+)$', metrics, re.M)
             assert count and float(count.group(1)) == len(samples), part

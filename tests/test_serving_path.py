@@ -215,7 +215,8 @@ async def test_batched_engine_serves_sessions_with_one_handoff_per_gpu_launch(ba
         assert status == 200
         for name in ("voxloop_event_loop_lag_seconds_count", "voxloop_outbox_depth_messages_gcount",
                      'voxloop_stage_queue_depth{stage="tts_gpu"}', 'voxloop_messages_sent_total{kind="audio"}',
-                     'voxloop_bytes_sent_total{kind="event"}'):
+                     'voxloop_bytes_sent_total{kind="event"}',
+                     'voxloop_gc_pause_seconds_count{generation="0",process="server"}'):
             assert name in metrics, name
         sent_audio = float(re.search(r'voxloop_messages_sent_total\{kind="audio"\} (\S+)', metrics).group(1))
         assert sent_audio == sum(len(d) for _, d in results)

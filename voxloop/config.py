@@ -71,6 +71,11 @@ class ServerConfig:
     #: Unset: the stages configured on the GPU (``asr.device = "cuda"``, ``llm.n_gpu_layers != 0``);
     #: the others load in each front end.
     engine_stages: tuple[str, ...] | None = None
+    #: Once the models are loaded, collect and ``gc.freeze()`` every object alive in each serving
+    #: process (engine, front ends, LLM process): Python's full garbage collections then skip the
+    #: ~170 000 objects of the loaded libraries and models, each of which holds every thread of the
+    #: process for tens of ms (``pipeline/gc_pauses.py``; ``/metrics``: ``voxloop_gc_pause_seconds``).
+    gc_freeze: bool = True
 
     def __post_init__(self) -> None:
         bad = [o for o in self.allowed_origins if o != "*" and not _ORIGIN.fullmatch(o)]

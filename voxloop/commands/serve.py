@@ -65,7 +65,7 @@ async def _serve(cfg) -> None:
     engines = Engines(cfg)
     hub = Hub(cfg, engines)
     await hub.start()  # /health answers while models load; /ready turns 200 after
-    loader = asyncio.create_task(engines.load())
+    loader = asyncio.create_task(_load(engines, cfg))
     serving = asyncio.create_task(hub.serve_until_signal())
     await asyncio.wait({loader, serving}, return_when=asyncio.FIRST_COMPLETED)
     if loader.done() and loader.exception() is not None:
@@ -74,3 +74,10 @@ async def _serve(cfg) -> None:
         raise loader.exception()  # a VoxloopError (e.g. ModelError) becomes a clear CLI error
     await serving
     log.info("stopped")
+
+
+async def _load(engines, cfg) -> None:  # noqa: ANN001
+    from pipeline.gc_pauses import freeze_loaded
+
+    await engines.load()
+    freeze_loaded(cfg.server.gc_freeze, "server")

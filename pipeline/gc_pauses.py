@@ -1,0 +1,91 @@
+"""Python's cyclic garbage collector in a serving process: frozen after loading, its pauses measured.
+
+A collection holds the GIL: while it runs, no thread of the process moves — not the event loop,
+not the GPU scheduler that launches the next step. A full (generation 2) collection walks every
+container object alive, and a process with the models loaded holds ~170 000 of them (PyTorch
+alone: a full collection takes 24-30 ms on the 2-core VM, ``tests/test_gc_pauses.py`` measures
+the freeze). ``freeze_loaded`` (``server.gc_freeze``, on by default) collects once after the models
+are loaded and moves every survivor to the permanent generation (``gc.freeze()``), so later
+collections only walk what serving created.
+
+``PAUSES`` records every collection's duration per generation (a ``gc.callbacks`` hook: plain
+counters, no lock, since the hook can run inside any allocation, even one made while a
+Prometheus metric holds its lock). ``/metrics`` exports them as ``voxloop_gc_pause_seconds``
+(``pipeline.trace``), for the serving process and, with ``server.front_ends`` > 1, for the
+engine process too (its report over the engine link).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+
+log = logging.getLogger(__name__)
+
+#: Upper bounds of the pause histogram's buckets, seconds.
+BUCKETS_S = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25)
+
+
+class GcPauses:
+    """Durations of this process's garbage collections, per generation (0, 1, 2)."""
+
+    def __init__(self) -> None:
+        self._counts = [[0] * (len(BUCKETS_S) + 1) for _ in range(3)]  # per generation; last: +Inf
+        self._sums = [0.0, 0.0, 0.0]
+        self._started = 0.0
+        self._installed = False
+        self._lock = threading.Lock()  # install/uninstall only, never in the hook
+
+    def install(self) -> None:
+        """Start measuring (idempotent)."""
+        with self._lock:
+            if not self._installed:
+                gc.callbacks.append(self._hook)
+                self._installed = True
+
+    def uninstall(self) -> None:
+        with self._lock:
+            if self._installed:
+                gc.callbacks.remove(self._hook)
+                self._installed = False
+
+    def _hook(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        seconds = time.perf_counter() - self._started
+        generation = min(int(info.get("generation", 2)), 2)
+        counts = self._counts[generation]
+        for i, bound in enumerate(BUCKETS_S):
+            if seconds <= bound:
+                counts[i] += 1
+                break
+        else:
+            counts[-1] += 1
+        self._sums[generation] += seconds
+
+    def snapshot(self) -> dict[str, dict]:
+        """``{"0": {"buckets": [count per bucket of BUCKETS_S, then +Inf], "sum": seconds}, "1": …, "2": …}``
+        (counts per bucket, not cumulative; plain data, so it travels over the engine link)."""
+        return {str(g): {"buckets": list(self._counts[g]), "sum": self._sums[g]} for g in range(3)}
+
+
+#: This process's pauses; ``install()``-ed by ``freeze_loaded`` and by the hub.
+PAUSES = GcPauses()
+
+
+def freeze_loaded(enabled: bool, where: str) -> int:
+    """After the models are loaded: with ``enabled`` (``server.gc_freeze``) collect once and
+    ``gc.freeze()`` what survived; returns the number of objects frozen (0 when not enabled)."""
+    PAUSES.install()
+    if not enabled:
+        return 0
+    t0 = time.perf_counter()
+    gc.collect()
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    log.info("%s: %d objects moved out of the garbage collector's reach (gc.freeze, %.0f ms)",
+             where, frozen, 1000 * (time.perf_counter() - t0))
+    return frozen

@@ -1,0 +1,58 @@
+"""``pipeline.gc_pauses``: the loaded objects leave the collector's reach; every pause is counted."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from pipeline import gc_pauses
+from pipeline.trace import Metrics
+
+
+@pytest.fixture
+def unfrozen():
+    yield
+    gc.unfreeze()  # the rest of the test session collects as before
+
+
+def test_freeze_moves_what_is_loaded_out_of_the_collections(unfrozen):
+    loaded = [{"weights": [i]} for i in range(50_000)]  # 100 000 containers, like a loaded library
+    tracked = len(gc.get_objects())
+    frozen = gc_pauses.freeze_loaded(True, "test")
+    assert frozen >= 100_000 and gc.get_freeze_count() == frozen
+    assert len(gc.get_objects()) <= tracked - 100_000  # a full collection no longer walks them
+    assert loaded[-1]["weights"] == [49_999]
+
+
+def test_freeze_off_leaves_the_collector_alone(unfrozen):
+    before = gc.get_freeze_count()
+    assert gc_pauses.freeze_loaded(False, "test") == 0
+    assert gc.get_freeze_count() == before
+
+
+def test_every_collection_is_counted_by_generation_and_exported():
+    pauses = gc_pauses.GcPauses()
+    pauses.install()
+    pauses.install()  # idempotent: one hook
+    try:
+        before = pauses.snapshot()
+        gc.collect(2)
+        gc.collect(1)
+        after = pauses.snapshot()
+    finally:
+        pauses.uninstall()
+    assert sum(after["2"]["buckets"]) == sum(before["2"]["buckets"]) + 1
+    assert sum(after["1"]["buckets"]) == sum(before["1"]["buckets"]) + 1
+    assert after["2"]["sum"] > before["2"]["sum"]
+    assert len(after["0"]["buckets"]) == len(gc_pauses.BUCKETS_S) + 1
+    gc.collect(2)
+    assert pauses.snapshot() == after  # uninstalled: nothing more counted
+
+    metrics = Metrics()
+    metrics.watch_gc(lambda: {"server": after, "engine": before})
+    text = metrics.exposition().decode()
+    full = sum(after["2"]["buckets"])
+    assert f'voxloop_gc_pause_seconds_count{{generation="2",process="server"}} {float(full)}' in text
+    assert f'voxloop_gc_pause_seconds_bucket{{generation="2",le="+Inf",process="server"}} {float(full)}' in text
+    assert 'voxloop_gc_pause_seconds_sum{generation="0",process="engine"}' in text
