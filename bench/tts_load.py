@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> Path:
 
     for name in args.backends:
         if args.mode == "ws":
-            from bench.tts_load_ws import WsBackend, first_audio_parts
+            from bench.tts_load_ws import WsBackend, first_audio_parts, gc_pauses
             from bench.ws_clients import run_load
 
             backend = WsBackend(args, name, max(levels))
@@ -109,10 +109,12 @@ def run(args: argparse.Namespace) -> Path:
                         backend.reset_peak()
                         before = backend.scrape()
                         row = run_load(backend.url, clients, duration, warmup, fmt, rate)
-                        parts = first_audio_parts(before, backend.scrape())
+                        after = backend.scrape()
+                        parts = first_audio_parts(before, after)
                         peak = backend.peak_vram_mb()
                         record({"backend": backend.name, "hardware": args.hardware, **row,
                                 "server_first_audio_parts_mean_ms": parts,
+                                "server_gc_pauses": gc_pauses(before, after),
                                 "peak_vram_mb": None if peak is None else round(peak, 1), **backend.info})
             finally:
                 backend.close()

@@ -96,6 +96,22 @@ def first_audio_parts(before: dict, after: dict) -> dict[str, float] | None:
     return out or None
 
 
+def gc_pauses(before: dict, after: dict) -> dict[str, dict] | None:
+    """Garbage collections between two scrapes (``voxloop_gc_pause_seconds``), per "process/generation":
+    count, total ms and how many took over 5 ms (the scraped front end's and the engine process's)."""
+    name = "voxloop_gc_pause_seconds"
+    out = {}
+    for labels, count in after.get(f"{name}_count", {}).items():
+        lab = dict(labels)
+        key = f"{lab['process']}/{lab['generation']}"
+        n = count - before.get(f"{name}_count", {}).get(labels, 0.0)
+        total = after[f"{name}_sum"][labels] - before.get(f"{name}_sum", {}).get(labels, 0.0)
+        fast = tuple(sorted({**lab, "le": "0.005"}.items()))
+        under = after.get(f"{name}_bucket", {}).get(fast, 0.0) - before.get(f"{name}_bucket", {}).get(fast, 0.0)
+        out[key] = {"count": int(n), "total_ms": round(1000 * total, 1), "over_5ms": int(n - under)}
+    return out or None
+
+
 def metrics_pool_high_mb(url: str) -> float | None:
     """``voxloop_gpu_pool_bytes{kind="reserved",stat="high"}`` (CUDA pool high-water since start), MiB, or None."""
     try:

@@ -56,3 +56,24 @@ def test_every_collection_is_counted_by_generation_and_exported():
     assert f'voxloop_gc_pause_seconds_count{{generation="2",process="server"}} {float(full)}' in text
     assert f'voxloop_gc_pause_seconds_bucket{{generation="2",le="+Inf",process="server"}} {float(full)}' in text
     assert 'voxloop_gc_pause_seconds_sum{generation="0",process="engine"}' in text
+
+
+def test_the_load_bench_reads_the_pauses_between_two_scrapes():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from bench.tts_load_ws import gc_pauses as bench_gc_pauses
+
+    def scrape(reports: dict) -> dict:
+        metrics = Metrics()
+        metrics.watch_gc(lambda: reports)
+        out: dict = {}
+        for family in text_string_to_metric_families(metrics.exposition().decode()):
+            for sample in family.samples:
+                out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+        return out
+
+    quiet = {str(g): {"buckets": [0] * (len(gc_pauses.BUCKETS_S) + 1), "sum": 0.0} for g in range(3)}
+    busy = {**quiet, "2": {"buckets": [0, 0, 0, 0, 1, 0, 2, 0, 0, 0, 0], "sum": 0.045}}  # 5 ms, two of 20 ms
+    got = bench_gc_pauses(scrape({"engine": quiet}), scrape({"engine": busy}))
+    assert got["engine/2"] == {"count": 3, "total_ms": 45.0, "over_5ms": 2}
+    assert got["engine/0"] == {"count": 0, "total_ms": 0.0, "over_5ms": 0}
