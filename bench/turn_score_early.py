@@ -17,6 +17,15 @@ the judge pause), decisions that change (score >= ``complete`` or not), the scor
 (``Policy.wait_ms``) minus the judged one's; pauses where speech resumed in between (an early score
 would be wasted).
 
+``rule_*``: the rule ``turn.score_early`` follows (pipeline/turn_taking.py): the early score is used
+only if it is ``>= complete`` (a commit at the judge pause), any other is dropped and the score asked
+again at the judge pause (its result decides, as without ``score_early``). Against scoring at the
+judge pause only, the decision changes just where the early score alone is complete
+(``rule_decisions_changed``, listed in ``rule_changed`` with ``true_end``: the pause is the end of a
+complete, paused or filler clip, where a commit is right); ``rule_commit_early``: pauses whose
+commit does not wait for the score's run; ``rule_score_again``: pauses that cost a second score. The
+words' check (``words_cap``) is not applied here (no transcripts).
+
 Writes ``bench/results/turn_score_early-<hardware>-<date>.json``.
 
     python -m bench.turn_score_early --early-ms 60 --judge-ms 120 150
@@ -101,6 +110,7 @@ def summarize(rows: list[dict], judge_ms: list[int], max_silence_ms: int = 2000)
         for ms in judge_ms:
             both = [r for r in rows if r.get(f"score_{ms}") is not None]
             changed = [r for r in both if (r["score_early"] >= t.complete) != (r[f"score_{ms}"] >= t.complete)]
+            rule_changed = [r for r in both if r["score_early"] >= t.complete > r[f"score_{ms}"]]
             diffs = [abs(r["score_early"] - r[f"score_{ms}"]) for r in both]
             signed = [r["score_early"] - r[f"score_{ms}"] for r in both]
             # Both under complete: the silence waited (Policy.wait_ms; the words' cap aside) early - judged.
@@ -123,8 +133,20 @@ def summarize(rows: list[dict], judge_ms: list[int], max_silence_ms: int = 2000)
                 "changed": [{"clip": r["clip"], "pause": r["pause"], "early": r["score_early"], "judged": r[f"score_{ms}"]}
                             for r in changed],
                 "resumed_before_judge": sum(r["resumed_ms"] is not None and r[f"score_{ms}"] is None for r in rows),
+                # turn.score_early's rule: an early score >= complete commits, any other is asked again.
+                "rule_decisions_changed": len(rule_changed),
+                "rule_commit_early": sum(r["score_early"] >= t.complete for r in both),
+                "rule_score_again": sum(r["score_early"] < t.complete for r in both),
+                "rule_changed": [{"clip": r["clip"], "pause": r["pause"], "early": r["score_early"],
+                                  "judged": r[f"score_{ms}"], "true_end": true_end(r)} for r in rule_changed],
             })
     return out
+
+
+def true_end(row: dict) -> bool:
+    """The pause is where the speaker is done: the last words of a complete, paused or filler clip."""
+    return (row["kind"] in ("complete", "paused", "filler") and row["resumed_ms"] is None
+            and row["t_ms"] >= row["speech_end_ms"])
 
 
 def _round(x: float) -> float:
@@ -169,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             print(row, flush=True)
     summary = summarize(rows, judge_ms, cfg.turn.max_silence_ms)
     for s in summary:
-        print({k: v for k, v in s.items() if k != "changed"}, flush=True)
+        print({k: v for k, v in s.items() if k not in ("changed", "rule_changed")}, flush=True)
     path = write_json("turn_score_early", summary, {
         "early_ms": frames_ms(args.early_ms, cfg.vad.frame_ms), "judge_ms": judge_ms,
         "vad": dataclasses.asdict(vad_cfg), "chunk_ms": CHUNK_MS, "clips": len(clips),

@@ -31,12 +31,16 @@ Modes (``Policy``):
   ``score_pause_ms`` (``tick``), so a commit still needs the longer pause. Speech that resumes in
   between drops the speculation as before.
 - ``score_early`` (with ``score_pause_ms``; ``turn.score_early``): the score is asked already at the
-  VAD's pause, with the ``StartTurn``, so it is known when the silence reaches ``score_pause_ms``
-  (the model's run is off the critical path). A score (and the words) arriving before then is kept:
-  at ``score_pause_ms`` (``tick``) it commits, or sets the wait for silence, as a score arriving
-  then would. The model hears less silence after the last word (bench/turn_score_early.py); speech
-  that resumes in between drops the score with the speculation. The words of speech over a paused
-  reply are still asked at ``score_pause_ms``.
+  VAD's pause, with the ``StartTurn``, and used only if it says complete: a score ``>= complete``
+  (with the words heard and not capping it, as any complete score) commits when the silence reaches
+  ``score_pause_ms`` (``tick``; not before), so the model's run is off the critical path of a
+  complete turn. An early score under ``complete`` (or capped by the words) is dropped, and a
+  ``Score`` is asked when the silence reaches ``score_pause_ms``, as without ``score_early``: its
+  result sets the wait for silence (the early one heard less silence after the last word and is
+  lower on average; bench/turn_score_early.py). An early score not back by then is waited for and
+  judged so on arrival: complete commits at once, anything else asks the ``Score``. Speech that
+  resumes in between drops the score with the speculation. The words of speech over a paused reply
+  are still asked at ``score_pause_ms``.
 """
 
 from __future__ import annotations
@@ -135,8 +139,9 @@ class Policy:
     #: score and the words of speech over a paused reply are asked. 0: at the VAD's pause. Longer
     #: than the VAD's pause: the speculative turn starts at the VAD's pause, the rest waits for it.
     score_pause_ms: int = 0
-    #: ``semantic_vad`` with ``score_pause_ms``: ask the score at the VAD's pause already; it is acted
-    #: on once the silence reaches ``score_pause_ms`` (a commit still needs the longer pause).
+    #: ``semantic_vad`` with ``score_pause_ms``: ask the score at the VAD's pause already; a complete
+    #: one commits once the silence reaches ``score_pause_ms`` (not before); any other is dropped and
+    #: the score asked again then (as without it).
     score_early: bool = False
 
     @classmethod
@@ -253,6 +258,7 @@ class TurnTaking:
         self._transcript: str | None = None  # of the pausing utterance, once known
         self._waiting_words = False  # the pausing utterance ended; its transcript decides
         self._score: float | None = None  # of the speculation at this pause
+        self._early = False  # score_early: the score asked (or kept) is the one asked at the VAD's pause
         self._words: tuple[str, str | None] | None = None  # its transcript and language
 
     @property
@@ -292,7 +298,7 @@ class TurnTaking:
         self._deadline_ms = t_ms + p.max_silence_ms if p.semantic else None
         if audible:
             return []  # speech over the playing reply: no turn is started for it yet
-        return self._speculate(score=not later or p.score_early)
+        return self._speculate(score=not later or p.score_early, early=later and p.score_early)
 
     def resumed(self, t_ms: float) -> list[Decision]:
         """Speech came back after the short pause: the speculation is stale."""
@@ -302,6 +308,7 @@ class TurnTaking:
         self._deadline_ms = self._judge_at_ms = None
         self._transcript = None
         self._score = self._words = None
+        self._early = False
         if self._speculating:
             self._speculating = False
             return [DropTurn(self.utterance)]
@@ -339,11 +346,15 @@ class TurnTaking:
     def scored(self, utterance: int, probability: float, now_ms: float, audible: bool) -> list[Decision]:
         """The end-of-turn model's ``probability`` that ``utterance`` is complete (0..1).
 
-        Before ``score_pause_ms`` (``score_early``) it is kept; ``tick`` acts on it then."""
+        The early score (``score_early``) is kept until ``score_pause_ms``; ``tick`` judges it then."""
         if utterance != self.utterance or self.state != PAUSED or not self._speculating:
             return []  # stale: speech resumed or the turn already ended
         self._score = probability
-        return [] if self._judge_at_ms is not None else self._decide(now_ms, audible)
+        if self._judge_at_ms is not None:
+            return []
+        if self._early:
+            return self._judge_early(audible) + self.tick(now_ms, audible)
+        return self._decide(now_ms, audible)
 
     def heard(self, utterance: int, text: str, language: str | None, now_ms: float, audible: bool) -> list[Decision]:
         """The speculative turn's transcript of ``utterance`` (``semantic_vad``: its last words count)."""
@@ -351,7 +362,11 @@ class TurnTaking:
                 or not self._speculating):
             return []
         self._words = (text, language)
-        return [] if self._score is None or self._judge_at_ms is not None else self._decide(now_ms, audible)
+        if self._score is None or self._judge_at_ms is not None:
+            return []
+        if self._early:
+            return self._judge_early(audible) + self.tick(now_ms, audible)
+        return self._decide(now_ms, audible)
 
     def transcribed(self, utterance: int, text: str) -> list[Decision]:
         """Transcript of ``utterance``'s audio (asked by ``Transcribe``: speech over the paused reply)."""
@@ -395,25 +410,43 @@ class TurnTaking:
         self._deadline_ms = self._speech_end_ms + p.wait_ms(probability)
         return self.tick(now_ms, audible)
 
-    def _speculate(self, score: bool = True) -> list[Decision]:
-        """Start the speculative turn; with ``score``, ask for the end-of-turn score now too."""
+    def _speculate(self, score: bool = True, early: bool = False) -> list[Decision]:
+        """Start the speculative turn; with ``score``, ask for the end-of-turn score now too (``early``:
+        ahead of ``score_pause_ms``, ``score_early``)."""
         self._speculating = True
         self._score = self._words = None
+        self._early = early
         out: list[Decision] = [StartTurn(self.utterance, speculative=True)]
         if self.policy.semantic and score:
             out.append(Score(self.utterance))
         return out
 
     def _judge(self, now_ms: float, audible: bool) -> list[Decision]:
-        """The silence reached ``score_pause_ms``: ask what the VAD's earlier pause did not, or act on
-        the score asked there (``score_early``; if it has not come yet, ``scored`` acts on it)."""
+        """The silence reached ``score_pause_ms``: ask what the VAD's earlier pause did not, or judge
+        the score asked there (``score_early``; if it has not come yet, ``scored`` judges it)."""
         if self._paused_by == self.utterance:
             return [Transcribe(self.utterance)]
         if not self._speculating:
             return []
-        if not self.policy.score_early:
+        if not self._early:
             return [Score(self.utterance)]
-        return [] if self._score is None else self._decide(now_ms, audible)
+        return [] if self._score is None else self._judge_early(audible)
+
+    def _judge_early(self, audible: bool) -> list[Decision]:
+        """``score_early``, the silence at ``score_pause_ms``: the early score commits if it says
+        complete (the words heard and not capping it); under ``complete`` it is dropped and the score
+        asked again, now, as without ``score_early`` (that one sets the wait for silence)."""
+        p = self.policy
+        assert self._score is not None
+        probability = self._score
+        if self._words is not None:
+            probability = min(probability, words_cap(*self._words, p))
+        if probability < p.complete:
+            self._early, self._score = False, None
+            return [Score(self.utterance)]
+        if self._words is None:
+            return []  # complete by the model: the words may still say otherwise (``heard`` judges)
+        return self._end_of_turn(audible, vad_ended=False)
 
     def _end_of_turn(self, audible: bool, vad_ended: bool) -> list[Decision]:
         utt = self.utterance

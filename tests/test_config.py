@@ -94,7 +94,8 @@ def test_asr_pause_is_positive_or_none():
         load_config(None, ["turn.asr_pause_ms=0"], environ={})
 
 
-def test_score_early_is_off_unless_asked():
-    assert load_config(None, [], environ={}).turn.score_early is False
-    assert load_config(None, [], environ={"VOXLOOP_TURN__SCORE_EARLY": "true"}).turn.score_early is True
-    assert load_config(None, ["turn.score_early=true"], environ={}).turn.score_early is True
+def test_score_early_is_on_unless_turned_off():
+    assert load_config(None, [], environ={}).turn.score_early is True
+    assert load_config("configs/gpu.toml", [], environ={}).turn.score_early is True
+    assert load_config(None, [], environ={"VOXLOOP_TURN__SCORE_EARLY": "false"}).turn.score_early is False
+    assert load_config(None, ["turn.score_early=false"], environ={}).turn.score_early is False

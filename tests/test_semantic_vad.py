@@ -102,10 +102,12 @@ async def test_the_short_pause_is_configurable(tts_engines):
 
 
 async def test_an_earlier_asr_pause_starts_the_turn_before_the_score(tts_engines):
-    """turn.asr_pause_ms: the speculative turn (ASR) starts at 60 ms of silence; the score, and so
-    the commit, still wait for turn.pause_ms, on the audio a pause of that length carries."""
+    """turn.asr_pause_ms: the speculative turn (ASR) starts at 60 ms of silence; the score (with
+    turn.score_early off), and so the commit, still wait for turn.pause_ms, on the audio a pause of
+    that length carries."""
     turn, asr = FakeTurnModel(0.99), FakeASR("what's the capital of France")
-    hub = await _hub(tts_engines, turn, "turn.pause_ms=390", "turn.asr_pause_ms=60", asr=asr)
+    hub = await _hub(tts_engines, turn, "turn.pause_ms=390", "turn.asr_pause_ms=60", "turn.score_early=false",
+                     asr=asr)
     try:
         ws = await session(hub, SEMANTIC)
         await send_audio(ws, ("speech", 0.8), ("silence", 1.2))
@@ -114,7 +116,8 @@ async def test_an_earlier_asr_pause_starts_the_turn_before_the_score(tts_engines
         assert 390 <= stages["vad_end"] - stages["speech_end"] < 900, stages
         assert stages["asr_start"] - stages["speech_end"] < 300, stages  # long before the score's pause
         assert len(asr.samples) == 1 and len(turn.samples) == 1  # one ASR run, kept at the commit
-        assert turn.samples[0] - asr.samples[0] == 16 * 120  # scored with 180 ms after the speech, ASR 60
+        # Both cut vad.TRAILING_MS (180) after the speech: the score's pause has all of it, the ASR's 60 ms.
+        assert turn.samples[0] - asr.samples[0] == 16 * 120
         assert types(seen).count("input_audio_buffer.committed") == 1
         await ws.close()
     finally:
@@ -123,7 +126,8 @@ async def test_an_earlier_asr_pause_starts_the_turn_before_the_score(tts_engines
 
 async def test_an_early_score_is_asked_at_the_asr_pause_and_commits_at_the_score_pause(tts_engines):
     """turn.score_early: the score is asked with the speculative turn, on the audio its ASR got (60 ms
-    of silence after the speech); the commit still waits for turn.pause_ms."""
+    of silence after the speech); complete, it is the only one, and the commit still waits for
+    turn.pause_ms."""
     turn, asr = FakeTurnModel(0.99), FakeASR("what's the capital of France")
     hub = await _hub(tts_engines, turn, "turn.pause_ms=390", "turn.asr_pause_ms=60", "turn.score_early=true", asr=asr)
     try:
@@ -134,6 +138,39 @@ async def test_an_early_score_is_asked_at_the_asr_pause_and_commits_at_the_score
         assert 390 <= stages["vad_end"] - stages["speech_end"] < 900, stages
         assert len(asr.samples) == 1 and turn.samples == asr.samples  # scored what the ASR heard
         assert metrics["metrics"]["end_of_turn"] == 0.99
+        assert types(seen).count("input_audio_buffer.committed") == 1
+        await ws.close()
+    finally:
+        await hub.stop()
+
+
+class SequenceTurnModel(FakeTurnModel):
+    """Scores ``probabilities`` in turn (the last one from then on)."""
+
+    def __init__(self, *probabilities: float) -> None:
+        super().__init__(probabilities[-1])
+        self.probabilities = probabilities
+
+    def score(self, pcm):
+        super().score(pcm)
+        return self.probabilities[min(len(self.samples), len(self.probabilities)) - 1]
+
+
+async def test_an_incomplete_early_score_is_asked_again_at_the_score_pause(tts_engines):
+    """turn.score_early: an early score under complete (0.5: it would wait 1.5 s) is dropped; the
+    score asked again at turn.pause_ms, on that pause's audio, decides (0.95: the turn ends then)."""
+    turn, asr = SequenceTurnModel(0.5, 0.95), FakeASR("what's the capital of France")
+    hub = await _hub(tts_engines, turn, "turn.pause_ms=390", "turn.asr_pause_ms=60", "turn.score_early=true", asr=asr)
+    try:
+        ws = await session(hub, SEMANTIC)
+        await send_audio(ws, ("speech", 0.8), ("silence", 2.4))
+        metrics, seen = await until(ws, "x.turn.metrics")
+        stages = metrics["metrics"]["stages_ms"]
+        assert 390 <= stages["vad_end"] - stages["speech_end"] < 900, stages  # not 1.5 s as 0.5 says
+        assert len(asr.samples) == 1 and len(turn.samples) == 2
+        assert turn.samples[0] == asr.samples[0]  # the early score: what the ASR heard
+        assert turn.samples[1] - asr.samples[0] == 16 * 120  # the second: the longer pause's audio
+        assert metrics["metrics"]["end_of_turn"] == 0.95
         assert types(seen).count("input_audio_buffer.committed") == 1
         await ws.close()
     finally:
@@ -158,7 +195,8 @@ class SlowFirstTurnModel(FakeTurnModel):
 async def test_an_early_score_of_a_pause_that_speech_went_on_from_is_ignored(tts_engines):
     """turn.score_early: the first pause's score (complete) comes back after the speech resumed and
     paused again (same utterance), past the second pause's turn.pause_ms: it is stale (committing on
-    it would end the turn ~1 s after the speech); the second pause's score (incomplete) decides."""
+    it would end the turn ~1 s after the speech); the second pause's scores (incomplete: early, then
+    asked again) decide."""
     turn = SlowFirstTurnModel(0.99, 2.0, 0.05)
     hub = await _hub(tts_engines, turn, "turn.pause_ms=390", "turn.asr_pause_ms=60", "turn.score_early=true",
                      asr=FakeASR("what's the capital of France"))
@@ -167,7 +205,7 @@ async def test_an_early_score_of_a_pause_that_speech_went_on_from_is_ignored(tts
         await send_audio(ws, ("speech", 0.8), ("silence", 0.25), ("speech", 0.8), ("silence", 2.6))
         metrics, seen = await until(ws, "x.turn.metrics")
         stages = metrics["metrics"]["stages_ms"]
-        assert len(turn.samples) == 2 and metrics["metrics"]["end_of_turn"] == 0.05
+        assert len(turn.samples) == 3 and metrics["metrics"]["end_of_turn"] == 0.05
         assert stages["vad_end"] - stages["speech_end"] > 1500, stages  # waited as 0.05 says, not 0.99
         assert types(seen).count("input_audio_buffer.committed") == 1
         await ws.close()
@@ -185,7 +223,7 @@ async def test_an_incomplete_score_waits_through_a_long_pause(tts_engines):
         _, seen = await until(ws, "response.done")
         kinds = types(seen)
         assert kinds.count("input_audio_buffer.committed") == 1, kinds
-        assert len(turn.samples) == 2  # scored at both pauses
+        assert len(turn.samples) == 4  # scored at both pauses, each early (turn.score_early) and again
         assert asr.samples[-1] > 16000 * 1.6  # the committed transcript heard both parts
         await ws.close()
     finally:

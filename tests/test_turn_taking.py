@@ -256,28 +256,103 @@ CASES = {
             ("tick", 400, True, []),
             ("speech_ended", 150, False, True, [Discard(1)]),
         ]),
-    "early score: known before score_pause_ms, it commits exactly then": (EARLY_SCORE, [
+    "early score: complete before score_pause_ms, it commits exactly then": (EARLY_SCORE, [
         ("speech_started", 0, False, []),
         ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),  # detected at 1060
         ("heard", 1, "What's the capital of France?", "en", 1090, False, []),
         ("scored", 1, 0.95, 1110, False, []),  # kept: the silence is not 180 ms yet
         ("tick", 1179, False, []),
-        ("tick", 1180, False, [Commit(1, end_utterance=True)]),
+        ("tick", 1180, False, [Commit(1, end_utterance=True)]),  # no second score
         ("tick", 1200, False, []),  # once
     ]),
-    "early score: known before score_pause_ms, the words after it commit": (EARLY_SCORE, [
+    "early score: complete at exactly the threshold commits": (EARLY_SCORE, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.9, 1100, False, []),
+        ("heard", 1, "What's the capital of France?", "en", 1120, False, []),
+        ("tick", 1180, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "early score: complete, the words after score_pause_ms commit": (EARLY_SCORE, [
         ("speech_started", 0, False, []),
         ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
         ("scored", 1, 0.95, 1110, False, []),
         ("tick", 1180, False, []),  # complete by the model; the words may still say otherwise
         ("heard", 1, "Please turn on the lights.", "en", 1250, False, [Commit(1, end_utterance=True)]),
     ]),
-    "early score: arriving after score_pause_ms, it decides on arrival": (EARLY_SCORE, [
+    "early score: incomplete, dropped: a second score at score_pause_ms sets the wait": (EARLY_SCORE, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.6, 1100, False, []),
+        ("heard", 1, "Could you remind me to call my mother", "en", 1120, False, []),
+        ("tick", 1179, False, []),
+        ("tick", 1180, False, [Score(1)]),  # asked again, as with score_early off
+        ("tick", 1229, False, []),  # no wait set by the early 0.6 (it would end at 2250)
+        ("scored", 1, 0.75, 1230, False, []),  # waits 500 + 1500 x (0.9 - 0.75) / 0.6 from the speech's end
+        ("tick", 1874, False, []),
+        ("tick", 1875, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "early score: incomplete, dropped: a complete second score commits on arrival": (EARLY_SCORE, [
         ("speech_started", 0, False, []),
         ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
         ("heard", 1, "What's the capital of France?", "en", 1090, False, []),
-        ("tick", 1180, False, []),  # not asked again
+        ("scored", 1, 0.89, 1100, False, []),
+        ("tick", 1180, False, [Score(1)]),
+        ("scored", 1, 0.95, 1225, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "early score: complete, but the words say the sentence goes on: a second score sets the wait": (
+        EARLY_SCORE, [
+            ("speech_started", 0, False, []),
+            ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
+            ("scored", 1, 0.98, 1100, False, []),
+            ("heard", 1, "Tell me a joke about", "en", 1120, False, []),
+            ("tick", 1180, False, [Score(1)]),  # capped under complete: not used
+            ("scored", 1, 0.4, 1230, False, []),  # 0.4 (under the words' cap 0.6): 500 + 1500 x 0.5 / 0.6
+            ("tick", 2749, False, []),
+            ("tick", 2750, False, [Commit(1, end_utterance=True)]),
+        ]),
+    "early score: complete, the words after score_pause_ms cap it: a second score then": (EARLY_SCORE, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.98, 1100, False, []),
+        ("tick", 1180, False, []),  # waiting for the words
+        ("heard", 1, "Tell me a joke about", "en", 1250, False, [Score(1)]),
+        ("scored", 1, 0.98, 1300, False, []),  # capped half way between incomplete and complete: 1250 ms
+        ("tick", 2249, False, []),
+        ("tick", 2250, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "early score: complete, arriving after score_pause_ms: it commits on arrival": (EARLY_SCORE, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("heard", 1, "What's the capital of France?", "en", 1090, False, []),
+        ("tick", 1180, False, []),  # not asked again: the early score is awaited
+        ("tick", 1200, False, []),
         ("scored", 1, 0.95, 1230, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "early score: complete, arriving after score_pause_ms before the words: they commit": (EARLY_SCORE, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("tick", 1180, False, []),
+        ("scored", 1, 0.95, 1230, False, []),
+        ("heard", 1, "What's the capital of France?", "en", 1260, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "early score: incomplete, arriving after score_pause_ms: a second score then": (EARLY_SCORE, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("heard", 1, "Could you remind me to call my mother", "en", 1090, False, []),
+        ("tick", 1180, False, []),
+        ("scored", 1, 0.6, 1230, False, [Score(1)]),
+        ("scored", 1, 0.3, 1270, False, []),  # incomplete: the longest wait, 2000 ms
+        ("tick", 2250, False, []),  # the early 0.6 set no wait (it would end here)
+        ("tick", 2999, False, []),
+        ("tick", 3000, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "early score: a second score that never comes: the turn ends at max_silence_ms": (EARLY_SCORE, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.5, 1100, False, []),
+        ("tick", 1180, False, [Score(1)]),
+        ("tick", 2999, False, []),
+        ("tick", 3000, False, [Commit(1, end_utterance=True)]),
     ]),
     "early score: speech resuming before score_pause_ms drops it": (EARLY_SCORE, [
         ("speech_started", 0, False, []),
@@ -292,25 +367,15 @@ CASES = {
         ("tick", 2180, False, []),  # no score of this pause yet: no commit on the old one
         ("scored", 1, 0.96, 2220, False, [Commit(1, end_utterance=True)]),
     ]),
-    "early score: a low one sets the wait for silence at score_pause_ms": (EARLY_SCORE, [
+    "early score: speech resuming after the second score was asked drops it": (EARLY_SCORE, [
         ("speech_started", 0, False, []),
         ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
-        ("scored", 1, 0.6, 1100, False, []),
-        ("heard", 1, "Could you remind me to call my mother", "en", 1120, False, []),
-        ("tick", 1180, False, []),  # waits 500 + 1500 x (0.9 - 0.6) / 0.6 from the speech's end
-        ("tick", 2249, False, []),
-        ("tick", 2250, False, [Commit(1, end_utterance=True)]),
+        ("scored", 1, 0.5, 1100, False, []),
+        ("tick", 1180, False, [Score(1)]),
+        ("resumed", 1200, [DropTurn(1)]),
+        ("scored", 1, 0.95, 1230, False, []),
+        ("tick", 3000, False, []),
     ]),
-    "early score: complete, but the words say the sentence goes on: the wait starts at score_pause_ms": (
-        EARLY_SCORE, [
-            ("speech_started", 0, False, []),
-            ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1)]),
-            ("scored", 1, 0.98, 1100, False, []),
-            ("heard", 1, "Tell me a joke about", "en", 1120, False, []),
-            ("tick", 1180, False, []),  # capped half way between incomplete and complete: 1250 ms
-            ("tick", 2249, False, []),
-            ("tick", 2250, False, [Commit(1, end_utterance=True)]),
-        ]),
     "early score: speech over the paused reply is still transcribed at score_pause_ms": (EARLY_SCORE, [
         ("speech_started", 0, True, [PauseReply()]),
         ("paused", 400, True, []),

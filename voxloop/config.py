@@ -142,9 +142,9 @@ class TurnConfig:
     #: onnxruntime intra-op threads per end-of-turn scoring call.
     threads: int = 1
     #: ``semantic_vad``: the short pause after speech at which the end-of-turn model scores the
-    #: utterance and the speculative turn starts, ms (whole VAD frames: 150 waits 180 with 30 ms
-    #: frames). ``server_vad`` uses ``vad.speculative_pause_ms``. Shorter answers sooner; each
-    #: pause inside a sentence that long is scored too.
+    #: utterance and the speculative turn starts, ms (rounded up to whole VAD frames: 150 is 5 frames
+    #: of 30 ms, 150 ms; 160 would wait 180). ``server_vad`` uses ``vad.speculative_pause_ms``.
+    #: Shorter answers sooner; each pause inside a sentence that long is scored too.
     pause_ms: int = 150
     #: ``semantic_vad``: a shorter pause after speech at which the speculative turn already starts
     #: (ASR, then the LLM; nothing is sent before the commit), ms (whole VAD frames); the score, and
@@ -153,15 +153,18 @@ class TurnConfig:
     #: transcript (and the LLM's start) came 120-160 ms sooner than with 150 (README, "Turn taking").
     asr_pause_ms: int | None = 60
     #: ``semantic_vad`` with ``asr_pause_ms`` shorter than ``pause_ms``: the end-of-turn score is
-    #: asked at ``asr_pause_ms`` already, with the speculative turn, and acted on (commit, or the wait
-    #: for silence) once the silence reaches ``pause_ms``: the model's run (43 ms on the H200 host's
-    #: CPU) leaves the critical path. The model then hears 60 ms of silence after the last word, not
-    #: ``pause_ms``: on bench/turn_set.py's 48 pauses (bench/results/turn_score_early-*-2026-12-02.json)
-    #: the decision (complete or not) against a score at 120 ms changed for 2 (auto/medium; one each
-    #: way), 0 (high), 5 (low); against 150 ms for 2, 8, 5. Early scores are lower (mean -0.12 vs
-    #: 120 ms, |diff| p50 0.06, max 0.64), so a turn the model is unsure of waits longer for silence
-    #: (auto: up to +0.95 s). Not on every pause the same decision: off by default.
-    score_early: bool = False
+    #: asked at ``asr_pause_ms`` already, with the speculative turn. Only a complete score (``>=
+    #: complete``, the words not capping it) is used: the turn commits once the silence reaches
+    #: ``pause_ms``, without waiting for the model's run there (43 ms on the H200 host's CPU). Any
+    #: other early score is dropped and the score asked again at ``pause_ms``, as with false (that
+    #: one sets the wait for silence): the early score hears 60 ms of silence after the last word and
+    #: is lower on average (mean -0.12 against one at 120 ms), which would make unsure turns wait
+    #: longer. On bench/turn_set.py's 48 pauses (bench/results/turn_score_early-*-2026-12-02.json)
+    #: this rule changes the decision of 1 against a score at 120 or 150 ms for auto/medium (the end
+    #: of a clip, committed sooner), 0 for high, 1 for low (also an end); scoring only early would
+    #: change 2, 0 (8 vs 150 ms), 5. Cost: a second score on pauses the early one finds incomplete
+    #: (auto: 33 of 48), nearly all of which then wait for silence (>= 500 ms).
+    score_early: bool = True
     #: ``semantic_vad``, eagerness medium/auto: longest silence waited while the model says the
     #: user is not done, ms (low waits 1.5x, high 0.5x; never less than the silence stop).
     max_silence_ms: int = 2000
