@@ -98,7 +98,8 @@ def first_audio_parts(before: dict, after: dict) -> dict[str, float] | None:
 
 def gc_pauses(before: dict, after: dict) -> dict[str, dict] | None:
     """Garbage collections between two scrapes (``voxloop_gc_pause_seconds``), per "process/generation":
-    count, total ms and how many took over 5 ms (the scraped front end's and the engine process's)."""
+    count, total ms, how many took over 5 ms and the objects they freed (the scraped front end's and the
+    engine process's)."""
     name = "voxloop_gc_pause_seconds"
     out = {}
     for labels, count in after.get(f"{name}_count", {}).items():
@@ -108,7 +109,10 @@ def gc_pauses(before: dict, after: dict) -> dict[str, dict] | None:
         total = after[f"{name}_sum"][labels] - before.get(f"{name}_sum", {}).get(labels, 0.0)
         fast = tuple(sorted({**lab, "le": "0.005"}.items()))
         under = after.get(f"{name}_bucket", {}).get(fast, 0.0) - before.get(f"{name}_bucket", {}).get(fast, 0.0)
-        out[key] = {"count": int(n), "total_ms": round(1000 * total, 1), "over_5ms": int(n - under)}
+        freed = (after.get("voxloop_gc_collected_objects_total", {}).get(labels, 0.0)
+                 - before.get("voxloop_gc_collected_objects_total", {}).get(labels, 0.0))
+        out[key] = {"count": int(n), "total_ms": round(1000 * total, 1), "over_5ms": int(n - under),
+                    "collected": int(freed)}
     return out or None
 
 

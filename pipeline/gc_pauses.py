@@ -2,11 +2,11 @@
 
 A collection holds the GIL: while it runs, no thread of the process moves — not the event loop,
 not the GPU scheduler that launches the next step. A full (generation 2) collection walks every
-container object alive, and a process with the models loaded holds ~170 000 of them (PyTorch
-alone: a full collection takes 24-30 ms on the 2-core VM, ``tests/test_gc_pauses.py`` measures
-the freeze). ``freeze_loaded`` (``server.gc_freeze``, on by default) collects once after the models
-are loaded and moves every survivor to the permanent generation (``gc.freeze()``), so later
-collections only walk what serving created.
+container object alive, and a process with the models loaded holds a great many of them (the GPU
+engine process: PyTorch, the voice, the graphs). ``freeze_loaded``
+(``server.gc_freeze``, off by default: see its doc in ``voxloop/config.py`` for what the H200
+showed) collects once after the models are loaded and moves every survivor to the permanent
+generation (``gc.freeze()``), so later collections only walk what serving created.
 
 ``PAUSES`` records every collection's duration per generation (a ``gc.callbacks`` hook: plain
 counters, no lock, since the hook can run inside any allocation, even one made while a
@@ -34,6 +34,7 @@ class GcPauses:
     def __init__(self) -> None:
         self._counts = [[0] * (len(BUCKETS_S) + 1) for _ in range(3)]  # per generation; last: +Inf
         self._sums = [0.0, 0.0, 0.0]
+        self._collected = [0, 0, 0]  # unreachable objects freed (cyclic garbage), per generation
         self._started = 0.0
         self._installed = False
         self._lock = threading.Lock()  # install/uninstall only, never in the hook
@@ -65,11 +66,14 @@ class GcPauses:
         else:
             counts[-1] += 1
         self._sums[generation] += seconds
+        self._collected[generation] += int(info.get("collected", 0))
 
     def snapshot(self) -> dict[str, dict]:
-        """``{"0": {"buckets": [count per bucket of BUCKETS_S, then +Inf], "sum": seconds}, "1": …, "2": …}``
-        (counts per bucket, not cumulative; plain data, so it travels over the engine link)."""
-        return {str(g): {"buckets": list(self._counts[g]), "sum": self._sums[g]} for g in range(3)}
+        """``{"0": {"buckets": [count per bucket of BUCKETS_S, then +Inf], "sum": seconds, "collected":
+        objects freed}, "1": …, "2": …}`` (counts per bucket, not cumulative; plain data, so it travels
+        over the engine link)."""
+        return {str(g): {"buckets": list(self._counts[g]), "sum": self._sums[g], "collected": self._collected[g]}
+                for g in range(3)}
 
 
 #: This process's pauses; ``install()``-ed by ``freeze_loaded`` and by the hub.

@@ -208,6 +208,11 @@ class _GcCollector(Collector):
             "Python garbage collections (each holds every thread of its process), seconds, by process and generation",
             labels=["process", "generation"],
         )
+        collected = CounterMetricFamily(
+            "voxloop_gc_collected_objects",
+            "Unreachable objects (reference cycles) the garbage collections freed, by process and generation",
+            labels=["process", "generation"],
+        )
         for process, snapshot in self.reports().items():
             for generation, figures in snapshot.items():
                 cumulative, buckets = 0, []
@@ -215,7 +220,9 @@ class _GcCollector(Collector):
                     cumulative += count
                     buckets.append((floatToGoString(bound), cumulative))
                 family.add_metric([process, generation], buckets, figures["sum"])
+                collected.add_metric([process, generation], figures.get("collected", 0))
         yield family
+        yield collected
 
 
 class _TtsMemoryCollector(Collector):

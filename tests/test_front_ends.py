@@ -38,7 +38,7 @@ def start(*settings: str):  # noqa: ANN201 - (Popen, port)
     cmd = [sys.executable, "-m", "voxloop", "--set", "server.front_ends=2",
            "--set", "tts.backend=cuda", "--set", "tts.device=cpu", "--set", "tts.cuda_graphs=false",
            "--set", "tts.max_batch=8", "--set", "limits.max_sessions=5", "--set", "trace.path=none",
-           "--set", "server.shutdown_grace_s=5"]
+           "--set", "server.shutdown_grace_s=5", "--set", "server.gc_freeze=true"]
     for setting in settings:
         cmd += ["--set", setting]
     cmd += ["serve", "--port", str(port)]
@@ -136,11 +136,16 @@ async def test_two_front_ends_share_one_engine_limits_metrics_and_drain(server):
         audio = float(re.search(r'^voxloop_messages_sent_total\{kind="audio"\} (\S+)$', metrics, re.M).group(1))
         assert audio >= len(samples)  # every front end's deltas, whichever front end was scraped
         assert 'voxloop_stage_queue_depth{stage="tts_gpu"}' in metrics  # the engine process's scheduler
-        # Garbage-collection pauses of the scraped front end and of the engine process (its report),
-        # each with at least the full collection before its gc.freeze() after loading.
-        for process in ("front_end", "engine"):
-            pattern = rf'^voxloop_gc_pause_seconds_count\{{generation="2",process="{process}"\}} [1-9]'
-            assert re.search(pattern, metrics, re.M), process
+        # Garbage-collection pauses of the scraped front end and of the engine process (its report,
+        # once a second), each with at least the full collection before its gc.freeze() after loading.
+        patterns = [rf'^voxloop_gc_pause_seconds_count\{{generation="2",process="{p}"\}} [1-9]'
+                    for p in ("front_end", "engine")]
+        deadline = time.monotonic() + scaled(10)
+        while not all(re.search(p, metrics, re.M) for p in patterns) and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+            metrics = (await asyncio.to_thread(http_get, port, "/metrics"))[1]
+        for pattern in patterns:
+            assert re.search(pattern, metrics, re.M), pattern
         for part in ("text", "to_engine", "engine", "from_engine", "out"):  # both speaks' first audio, by part
             count = re.search(rf'^voxloop_tts_first_audio_part_seconds_count\{{part="{part}"\}} (\S+)$', metrics, re.M)
             assert count and float(count.group(1)) == len(samples), part

@@ -36,7 +36,11 @@ def test_every_collection_is_counted_by_generation_and_exported():
     pauses.install()
     pauses.install()  # idempotent: one hook
     try:
+        gc.collect(2)
         before = pauses.snapshot()
+        cycle: list = []
+        cycle.append(cycle)  # one unreachable reference cycle for the next full collection
+        del cycle
         gc.collect(2)
         gc.collect(1)
         after = pauses.snapshot()
@@ -45,6 +49,7 @@ def test_every_collection_is_counted_by_generation_and_exported():
     assert sum(after["2"]["buckets"]) == sum(before["2"]["buckets"]) + 1
     assert sum(after["1"]["buckets"]) == sum(before["1"]["buckets"]) + 1
     assert after["2"]["sum"] > before["2"]["sum"]
+    assert after["2"]["collected"] >= before["2"]["collected"] + 1
     assert len(after["0"]["buckets"]) == len(gc_pauses.BUCKETS_S) + 1
     gc.collect(2)
     assert pauses.snapshot() == after  # uninstalled: nothing more counted
@@ -56,6 +61,7 @@ def test_every_collection_is_counted_by_generation_and_exported():
     assert f'voxloop_gc_pause_seconds_count{{generation="2",process="server"}} {float(full)}' in text
     assert f'voxloop_gc_pause_seconds_bucket{{generation="2",le="+Inf",process="server"}} {float(full)}' in text
     assert 'voxloop_gc_pause_seconds_sum{generation="0",process="engine"}' in text
+    assert f'voxloop_gc_collected_objects_total{{generation="2",process="server"}} {float(after["2"]["collected"])}' in text
 
 
 def test_the_load_bench_reads_the_pauses_between_two_scrapes():
@@ -73,7 +79,7 @@ def test_the_load_bench_reads_the_pauses_between_two_scrapes():
         return out
 
     quiet = {str(g): {"buckets": [0] * (len(gc_pauses.BUCKETS_S) + 1), "sum": 0.0} for g in range(3)}
-    busy = {**quiet, "2": {"buckets": [0, 0, 0, 0, 1, 0, 2, 0, 0, 0, 0], "sum": 0.045}}  # 5 ms, two of 20 ms
+    busy = {**quiet, "2": {"buckets": [0, 0, 0, 0, 1, 0, 2, 0, 0, 0, 0], "sum": 0.045, "collected": 7}}  # 5, 2x20 ms
     got = bench_gc_pauses(scrape({"engine": quiet}), scrape({"engine": busy}))
-    assert got["engine/2"] == {"count": 3, "total_ms": 45.0, "over_5ms": 2}
-    assert got["engine/0"] == {"count": 0, "total_ms": 0.0, "over_5ms": 0}
+    assert got["engine/2"] == {"count": 3, "total_ms": 45.0, "over_5ms": 2, "collected": 7}
+    assert got["engine/0"] == {"count": 0, "total_ms": 0.0, "over_5ms": 0, "collected": 0}

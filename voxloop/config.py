@@ -72,10 +72,13 @@ class ServerConfig:
     #: the others load in each front end.
     engine_stages: tuple[str, ...] | None = None
     #: Once the models are loaded, collect and ``gc.freeze()`` every object alive in each serving
-    #: process (engine, front ends, LLM process): Python's full garbage collections then skip the
-    #: ~170 000 objects of the loaded libraries and models, each of which holds every thread of the
-    #: process for tens of ms (``pipeline/gc_pauses.py``; ``/metrics``: ``voxloop_gc_pause_seconds``).
-    gc_freeze: bool = True
+    #: process (engine, front ends, LLM process), so Python's full garbage collections skip the
+    #: loaded libraries and models (PyTorch, the voice, the graphs; a full collection holds
+    #: every thread of its process). Off: on the H200 the engine process still made full collections
+    #: of 19-125 ms (per 10 s of served load) with it, and that run
+    #: served less than the runs without it (bench/results/tts_load-h200-2026-12-02-gcfreeze.json);
+    #: not yet measured side by side. ``/metrics``: ``voxloop_gc_pause_seconds`` either way.
+    gc_freeze: bool = False
 
     def __post_init__(self) -> None:
         bad = [o for o in self.allowed_origins if o != "*" and not _ORIGIN.fullmatch(o)]
