@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 
-from pipeline.gc_pauses import freeze_loaded
+from pipeline import gc_pauses
 from voxloop.config import Config
 from voxloop.errors import ConfigError
 
@@ -86,7 +86,8 @@ def serve_front_ends(cfg: Config) -> int:
         log.info("voxloop: %d front ends on port %d%s, loading the engine", n, cfg.server.port,
                  ", an LLM process" if llm_socket else "")
         engine, host = _load_engine(cfg, engine_socket)
-        freeze_loaded(cfg.server.gc_freeze, "engine process")
+        gc_pauses.manage(cfg, "engine process", lambda: engine.tts.scheduler.in_flight > 0
+                         or (engine.asr is not None and engine.asr.pending() > 0))
         reserved.close()
         while not stop.wait(0.5):
             for p in procs + helpers:
@@ -161,7 +162,7 @@ def run_llm_process(cfg: Config, llm_socket: str) -> None:
     engines = Engines(cfg)
     engines._set_asr_llm(None, engines.load_llm_model())
     host = EngineHost(None, llm_socket, llm=engines.llm)
-    freeze_loaded(cfg.server.gc_freeze, "LLM process")
+    gc_pauses.manage(cfg, "LLM process", lambda: engines.llm.pending() > 0)
     parent = os.getppid()
     while not stop.wait(0.5) and os.getppid() == parent:  # ends with the engine process
         pass
@@ -194,7 +195,7 @@ async def _front_end(cfg: Config, engine_socket: str, llm_socket: str | None, sh
 
     async def load() -> None:
         await engines.load_front_end(engine_socket, llm_socket)
-        freeze_loaded(cfg.server.gc_freeze, "front end")
+        gc_pauses.manage(cfg, "front end", lambda: any(hub.stage_depths().values()))
         with loaded.get_lock():
             loaded.value += 1
 

@@ -93,3 +93,77 @@ def freeze_loaded(enabled: bool, where: str) -> int:
     log.info("%s: %d objects moved out of the garbage collector's reach (gc.freeze, %.0f ms)",
              where, frozen, 1000 * (time.perf_counter() - t0))
     return frozen
+
+
+#: ``gc.set_threshold``'s third value that keeps the interpreter from starting full collections.
+_NEVER = 1 << 30
+
+
+class IdleCollector:
+    """Full (generation 2) collections only while ``busy()`` is false (``server.gc_full = "idle"``).
+
+    Python starts a full collection whenever enough objects have survived into the old
+    generation, in the middle of whatever runs: in the GPU engine process it stops the scheduler
+    with every request in flight. Here the interpreter keeps its young collections (cheap) but
+    never starts a full one; a thread checks every ``check_s`` and runs one when the process is
+    idle and something has reached the old generation since the last, at most every
+    ``min_interval_s`` — and at the latest after ``max_interval_s`` even under unbroken load, so
+    reference cycles that reach the old generation are still freed.
+    """
+
+    def __init__(self, busy, check_s: float = 0.1, min_interval_s: float = 5.0,  # noqa: ANN001
+                 max_interval_s: float = 300.0) -> None:
+        self.busy = busy
+        self.check_s = check_s
+        self.min_interval_s = min_interval_s
+        self.max_interval_s = max_interval_s
+        self.idle_runs = self.forced_runs = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._threshold: tuple[int, int, int] | None = None
+
+    def start(self) -> None:
+        self._threshold = gc.get_threshold()
+        gc.set_threshold(self._threshold[0], self._threshold[1], _NEVER)
+        self._thread = threading.Thread(target=self._run, name="gc-when-idle", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._threshold is not None:
+            gc.set_threshold(*self._threshold)
+
+    def _run(self) -> None:
+        last = time.monotonic()
+        while not self._stop.wait(self.check_s):
+            since = time.monotonic() - last
+            forced = since >= self.max_interval_s
+            if not forced:
+                if since < self.min_interval_s or gc.get_count()[2] == 0:
+                    continue  # too soon, or nothing reached the old generation since the last one
+                try:
+                    if self.busy():
+                        continue
+                except Exception:  # noqa: BLE001 - a stage closing under us: not idle
+                    continue
+            gc.collect(2)
+            last = time.monotonic()
+            if forced:
+                self.forced_runs += 1
+            else:
+                self.idle_runs += 1
+
+
+def manage(cfg, where: str, busy) -> IdleCollector | None:  # noqa: ANN001 - (Config, str, () -> bool)
+    """After loading, in each serving process: ``server.gc_freeze``, then ``server.gc_full``
+    (``"idle"``: an ``IdleCollector`` on ``busy``, returned so the caller can close it)."""
+    freeze_loaded(cfg.server.gc_freeze, where)
+    if cfg.server.gc_full != "idle":
+        return None
+    collector = IdleCollector(busy)
+    collector.start()
+    log.info("%s: full garbage collections wait until the process is idle (at most %.0f s apart)",
+             where, collector.max_interval_s)
+    return collector

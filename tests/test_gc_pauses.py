@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import time
 
 import pytest
 
@@ -83,3 +84,71 @@ def test_the_load_bench_reads_the_pauses_between_two_scrapes():
     got = bench_gc_pauses(scrape({"engine": quiet}), scrape({"engine": busy}))
     assert got["engine/2"] == {"count": 3, "total_ms": 45.0, "over_5ms": 2, "collected": 7}
     assert got["engine/0"] == {"count": 0, "total_ms": 0.0, "over_5ms": 0, "collected": 0}
+
+
+def _full_collections(pauses: gc_pauses.GcPauses) -> int:
+    return sum(pauses.snapshot()["2"]["buckets"])
+
+
+def test_full_collections_wait_until_the_process_is_idle():
+    pauses = gc_pauses.GcPauses()
+    pauses.install()
+    busy = [True]
+    threshold = gc.get_threshold()
+    collector = gc_pauses.IdleCollector(lambda: busy[0], check_s=0.01, min_interval_s=0.0, max_interval_s=60.0)
+    collector.start()
+    try:
+        before = _full_collections(pauses)
+        # Enough survivors that the interpreter itself would start full collections.
+        kept = [[i] for i in range(300_000)]
+        time.sleep(0.2)
+        assert _full_collections(pauses) == before, "a full collection ran while busy"
+        assert gc.get_count()[2] > 0  # young collections went on
+        busy[0] = False
+        deadline = time.monotonic() + 5
+        while collector.idle_runs == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert collector.idle_runs >= 1 and _full_collections(pauses) > before
+        assert collector.forced_runs == 0
+        del kept
+    finally:
+        collector.close()
+        pauses.uninstall()
+    assert gc.get_threshold() == threshold  # the interpreter's own again
+
+
+def test_unbroken_load_still_gets_a_full_collection_at_the_latest_interval():
+    collector = gc_pauses.IdleCollector(lambda: True, check_s=0.01, min_interval_s=0.0, max_interval_s=0.2)
+    collector.start()
+    try:
+        deadline = time.monotonic() + 5
+        while collector.forced_runs == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert collector.forced_runs >= 1 and collector.idle_runs == 0
+    finally:
+        collector.close()
+
+
+def test_a_busy_check_that_fails_counts_as_busy():
+    def broken() -> bool:
+        raise RuntimeError("stage closed")
+
+    collector = gc_pauses.IdleCollector(broken, check_s=0.01, min_interval_s=0.0, max_interval_s=60.0)
+    collector.start()
+    try:
+        [[i] for i in range(20_000)]  # something reaches the old generation
+        time.sleep(0.2)
+        assert collector.idle_runs == 0
+    finally:
+        collector.close()
+
+
+def test_gc_settings_are_checked():
+    from voxloop.config import Config
+    from voxloop.errors import ConfigError
+
+    cfg = Config()
+    assert cfg.server.gc_full == "auto" and cfg.server.gc_freeze is False
+    assert cfg.replace("server", gc_full="idle").server.gc_full == "idle"
+    with pytest.raises(ConfigError, match="gc_full"):
+        cfg.replace("server", gc_full="sometimes")

@@ -79,6 +79,12 @@ class ServerConfig:
     #: served less than the runs without it (bench/results/tts_load-h200-2026-12-02-gcfreeze.json);
     #: not yet measured side by side. ``/metrics``: ``voxloop_gc_pause_seconds`` either way.
     gc_freeze: bool = False
+    #: When Python's full garbage collections run in each serving process: "auto" (the interpreter's
+    #: own thresholds, whatever runs at the time) or "idle": only while the process has no work in
+    #: flight (the engine process: no TTS request in the GPU scheduler and no utterance at the ASR;
+    #: the LLM process: no reply; a front end or single server: nothing queued at any stage), at most
+    #: every 5 s and at the latest every 300 s under unbroken load (``pipeline.gc_pauses.IdleCollector``).
+    gc_full: str = "auto"
 
     def __post_init__(self) -> None:
         bad = [o for o in self.allowed_origins if o != "*" and not _ORIGIN.fullmatch(o)]
@@ -89,6 +95,8 @@ class ServerConfig:
             raise ConfigError(f"server.engine_stages: any of 'asr', 'llm'; got {list(self.engine_stages)}")
         if not 1 <= self.front_ends <= 64:
             raise ConfigError(f"server.front_ends must be 1..64, got {self.front_ends}")
+        if self.gc_full not in ("auto", "idle"):
+            raise ConfigError(f"server.gc_full must be 'auto' or 'idle', got {self.gc_full!r}")
         if not 20 <= self.audio_delta_ms <= 1000:
             raise ConfigError(f"server.audio_delta_ms must be 20..1000 ms, got {self.audio_delta_ms}")
         unknown = sorted(set(self.stages) - set(STAGES))

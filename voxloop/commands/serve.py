@@ -65,7 +65,7 @@ async def _serve(cfg) -> None:
     engines = Engines(cfg)
     hub = Hub(cfg, engines)
     await hub.start()  # /health answers while models load; /ready turns 200 after
-    loader = asyncio.create_task(_load(engines, cfg))
+    loader = asyncio.create_task(_load(engines, cfg, hub))
     serving = asyncio.create_task(hub.serve_until_signal())
     await asyncio.wait({loader, serving}, return_when=asyncio.FIRST_COMPLETED)
     if loader.done() and loader.exception() is not None:
@@ -76,8 +76,8 @@ async def _serve(cfg) -> None:
     log.info("stopped")
 
 
-async def _load(engines, cfg) -> None:  # noqa: ANN001
-    from pipeline.gc_pauses import freeze_loaded
+async def _load(engines, cfg, hub) -> None:  # noqa: ANN001
+    from pipeline import gc_pauses
 
     await engines.load()
-    freeze_loaded(cfg.server.gc_freeze, "server")
+    gc_pauses.manage(cfg, "server", lambda: any(hub.stage_depths().values()))
