@@ -1,4 +1,4 @@
-"""Python's cyclic garbage collector in a serving process: frozen after loading, its pauses measured.
+"""Python's cyclic garbage collector in a serving process: its pauses measured, optionally frozen and held.
 
 A collection holds the GIL: while it runs, no thread of the process moves — not the event loop,
 not the GPU scheduler that launches the next step. A full (generation 2) collection walks every
@@ -7,6 +7,8 @@ engine process: PyTorch, the voice, the graphs). ``freeze_loaded``
 (``server.gc_freeze``, off by default: see its doc in ``voxloop/config.py`` for what the H200
 showed) collects once after the models are loaded and moves every survivor to the permanent
 generation (``gc.freeze()``), so later collections only walk what serving created.
+``IdleCollector`` (``server.gc_full = "idle"``, off by default) keeps the interpreter from starting
+full collections and runs them itself while the process has nothing in flight.
 
 ``PAUSES`` records every collection's duration per generation (a ``gc.callbacks`` hook: plain
 counters, no lock, since the hook can run inside any allocation, even one made while a

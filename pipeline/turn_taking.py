@@ -46,7 +46,7 @@ Modes (``Policy``):
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 #: Transcripts that are no words of an interruption: backchannels and what whisper makes of noise.
 BACKCHANNELS = frozenset({
@@ -209,9 +209,13 @@ class Discard:
 
 @dataclass(frozen=True)
 class Score:
-    """Score the end of turn of ``utterance``'s audio so far; report with ``scored()``."""
+    """Score the end of turn of ``utterance``'s audio so far; report with ``scored()``.
+
+    ``early`` (``score_early``): asked at the VAD's pause with the speculative turn, so on the audio
+    that pause carries (what its ASR gets), not on what arrived after it in the same append."""
 
     utterance: int
+    early: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -418,7 +422,7 @@ class TurnTaking:
         self._early = early
         out: list[Decision] = [StartTurn(self.utterance, speculative=True)]
         if self.policy.semantic and score:
-            out.append(Score(self.utterance))
+            out.append(Score(self.utterance, early=early))
         return out
 
     def _judge(self, now_ms: float, audible: bool) -> list[Decision]:

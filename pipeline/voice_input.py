@@ -228,7 +228,10 @@ class VoiceInput:
         return self._turn_audio if audio is None else audio
 
     def _do_score(self, d: Score) -> None:
-        audio, worker = self._judged_audio(), self.engines.turn
+        # An early score (at the VAD's pause) hears what that pause carried, like its ASR; a later
+        # one the utterance up to now (the longer silence of turn.pause_ms).
+        audio = self._turn_audio if d.early else self._judged_audio()
+        worker = self.engines.turn
         if audio is not None and worker is not None and self._taking is not None:
             self._side_task(self._score(worker, audio, self._taking, d.utterance, self._pauses))
 

@@ -4,15 +4,17 @@ ASR, LLM and the end-of-turn model (this is orchestration); the TTS is the real 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from client_fakes import FakeASR, FakeLLM, FakeTranscript, real_tts_engines, start_hub
 from conftest import scaled
-from rt import recv, until, user_text
+from rt import append, recv, speech_24k, until, user_text
 from test_contract import CLAUSES, quiet, send_audio, session, types
 
 pytestmark = pytest.mark.timeout(scaled(120))
@@ -139,6 +141,25 @@ async def test_an_early_score_is_asked_at_the_asr_pause_and_commits_at_the_score
         assert len(asr.samples) == 1 and turn.samples == asr.samples  # scored what the ASR heard
         assert metrics["metrics"]["end_of_turn"] == 0.99
         assert types(seen).count("input_audio_buffer.committed") == 1
+        await ws.close()
+    finally:
+        await hub.stop()
+
+
+async def test_an_early_score_hears_the_pause_audio_whatever_the_append_size(tts_engines):
+    """Clients send audio in appends of any length (400 ms here): the early
+    score gets the audio the VAD's pause carried (what its ASR gets), not the rest of the append."""
+    turn, asr = FakeTurnModel(0.99), FakeASR("what's the capital of France")
+    hub = await _hub(tts_engines, turn, "turn.pause_ms=390", "turn.asr_pause_ms=60", "turn.score_early=true", asr=asr)
+    try:
+        ws = await session(hub, SEMANTIC)
+        pcm = np.concatenate((speech_24k(0.8), np.zeros(24000 * 12 // 10, np.int16)))
+        step = 24000 * 400 // 1000
+        for i in range(0, len(pcm), step):  # 400 ms appends: the pause comes inside one
+            await ws.send(append(pcm[i:i + step]))
+            await asyncio.sleep(0.4)
+        await until(ws, "x.turn.metrics")
+        assert len(asr.samples) == 1 and turn.samples == asr.samples, (turn.samples, asr.samples)
         await ws.close()
     finally:
         await hub.stop()

@@ -475,3 +475,19 @@ def test_a_paused_reply_is_heard_no_further_until_resumed():
 ])
 def test_words_cap(text, language, cap):
     assert words_cap(text, language, SEMANTIC) == pytest.approx(cap)
+
+
+def test_an_early_score_is_marked_so_the_session_scores_the_pause_audio():
+    """The score asked at the VAD's pause is ``early`` (scored on the audio that pause carried);
+    the one asked again at ``score_pause_ms`` is not (the utterance with the longer silence)."""
+    t = TurnTaking(EARLY_SCORE)
+    t.speech_started(0, False)
+    first = [d for d in t.paused(1000, False) if isinstance(d, Score)]
+    assert len(first) == 1 and first[0].early
+    t.scored(1, 0.6, 1100, False)
+    again = [d for d in t.tick(1180, False) if isinstance(d, Score)]
+    assert len(again) == 1 and not again[0].early
+    t2 = TurnTaking(EARLY_ASR)  # without score_early: asked at score_pause_ms only, not early
+    t2.speech_started(0, False)
+    assert not [d for d in t2.paused(1000, False) if isinstance(d, Score)]
+    assert [d.early for d in t2.tick(1180, False) if isinstance(d, Score)] == [False]
