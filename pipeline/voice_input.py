@@ -265,9 +265,9 @@ class VoiceInput:
     def _do_transcribe(self, d: Transcribe) -> None:
         audio = self._judged_audio()
         if audio is not None and self._taking is not None:
-            self._side_task(self._transcribe_burst(audio, self._taking, d.utterance))
+            self._side_task(self._transcribe_burst(audio, self._taking, d.utterance, self._pauses))
 
-    async def _transcribe_burst(self, audio: np.ndarray, taking: TurnTaking, utterance: int) -> None:
+    async def _transcribe_burst(self, audio: np.ndarray, taking: TurnTaking, utterance: int, pauses: int) -> None:
         """Words of speech over the paused reply (a cough has none)."""
         language = self._language()
         try:
@@ -275,6 +275,8 @@ class VoiceInput:
             text = result.text.strip()
         except VoxloopError:
             text = "?"  # unknown words: an interruption (the reply is cancelled, as without pausing)
+        if pauses != self._pauses:
+            return  # the speech went on after the pause it transcribed; a later pause asked again
         if self._taking is taking:
             self._perform(taking.transcribed(utterance, text))
 

@@ -309,6 +309,42 @@ async def test_the_words_of_speech_over_the_reply_decide(tts_engines, heard, res
         await hub.stop()
 
 
+async def test_words_of_a_pause_that_speech_went_on_from_do_not_decide(tts_engines):
+    """Speech over the reply pauses, goes on, pauses again: the slow transcript of the first pause
+    ("Mm-hmm.") comes back after the second pause and must not decide; the words of the whole
+    burst ("Wait, stop.") cancel the reply."""
+    class SlowFirstASR(FakeASR):
+        def transcribe(self, pcm, language=None):
+            first = not self.samples
+            self.samples.append(len(pcm))
+            time.sleep(1.0 if first else 1.3)  # the first one back first, after the second pause
+            return FakeTranscript("Mm-hmm." if first else "Wait, stop.")
+
+    llm = FakeLLM(" ".join(CLAUSES), delay_s=0.2)  # still being made when the slow words decide
+    asr = SlowFirstASR()
+    hub = await _hub(tts_engines, FakeTurnModel(0.99), "vad.barge_in_min_ms=250", "turn.pause_max_speech_ms=3000",
+                     asr=asr, llm=llm)
+    try:
+        ws = await session(hub, SEMANTIC)
+        for m in user_text("How is the weather?"):
+            await ws.send(m)
+        seen = []
+        while len([e for e in seen if e["type"] == "response.output_audio.delta"]) < 5:
+            seen.append(await recv(ws))
+        await ws.send(json.dumps({"type": "x.playback", "item_id": seen[-1]["item_id"], "audio_end_ms": 300}))
+        await send_audio(ws, ("speech", 0.4), ("silence", 0.3), ("speech", 0.4), ("silence", 1.5))
+        done, seen = await until(ws, "response.done")
+        kinds = types(seen)
+        assert len(asr.samples) >= 2  # both pauses were transcribed
+        assert done["response"]["status_details"] == {"type": "cancelled", "reason": "turn_detected"}, kinds
+        assert "x.output_audio_buffer.resumed" not in kinds
+        await until(ws, "response.done")  # the interruption is a turn of its own, with its words
+        assert llm.seen[-1][-1] == {"role": "user", "content": "Wait, stop."}
+        await ws.close()
+    finally:
+        await hub.stop()
+
+
 async def test_server_vad_still_cancels_at_once(tts_engines):
     hub = await start_hub(tts_engines, "vad.barge_in_min_ms=150", "asr.partial_interval_ms=0",
                           llm=FakeLLM(" ".join(CLAUSES), delay_s=0.02))
