@@ -114,6 +114,8 @@ def run(args: argparse.Namespace) -> Path:
                         peak = backend.peak_vram_mb()
                         record({"backend": backend.name, "hardware": args.hardware, **row,
                                 "server_first_audio_parts_mean_ms": parts,
+                                "server_last_audio_parts_mean_ms": first_audio_parts(
+                                    before, after, "voxloop_tts_last_audio_part_seconds"),
                                 "server_gc_pauses": gc_pauses(before, after),
                                 "peak_vram_mb": None if peak is None else round(peak, 1), **backend.info})
             finally:

@@ -83,10 +83,10 @@ class WsBackend:
         stop_server(self.server)
 
 
-def first_audio_parts(before: dict, after: dict) -> dict[str, float] | None:
-    """Mean ms of each part of the first audio (``voxloop_tts_first_audio_part_seconds``) between
-    two scrapes (warm-up included); None when the server exported none (CPU engines)."""
-    name = "voxloop_tts_first_audio_part_seconds"
+def first_audio_parts(before: dict, after: dict, name: str = "voxloop_tts_first_audio_part_seconds") -> dict[str, float] | None:
+    """Mean ms of each part of the first audio (``voxloop_tts_first_audio_part_seconds``; or of the
+    last audio, ``name="voxloop_tts_last_audio_part_seconds"``) between two scrapes (warm-up
+    included); None when the server exported none (CPU engines)."""
     out = {}
     for labels, count in after.get(f"{name}_count", {}).items():
         n = count - before.get(f"{name}_count", {}).get(labels, 0.0)

@@ -19,7 +19,8 @@ engine -> front end
   ``("step", [(key, clause_index, final, pcm_bytes, stamps) | (key, error) ...])``: **one message
   per finished GPU launch** with what it made for that front end's requests (int16 at the
   voice's rate): a fast-lane launch's first chunks, or a main-lane launch's later ones; ``stamps`` is
-  ``(received, handed_out)`` (``time.monotonic()`` of this host) on a speak's first chunk, else None;
+  ``(received, handed_out)`` (``time.monotonic()`` of this host), ``received`` only on a speak's
+  first chunk (else None);
   ``error`` is an exception, or None when the engine closed;
   ``("asr", key, transcript_or_error)``;
   ``("llm", [(key, text, stats, error) ...])``: one message per ``llama_decode`` step with every
@@ -166,8 +167,7 @@ class _FrontEndLink:
                     continue
                 if isinstance(outcome, AudioChunk):
                     received = self._received.pop(key, None) if outcome.clause_index == 0 else None
-                    items.append((key, outcome.clause_index, outcome.final, outcome.pcm.tobytes(),
-                                  None if received is None else (received, now)))
+                    items.append((key, outcome.clause_index, outcome.final, outcome.pcm.tobytes(), (received, now)))
                 else:
                     self._received.pop(key, None)
                     items.append((key, outcome))
@@ -481,13 +481,16 @@ class RemoteSpeech(_Streams):
                     if item[1] != index:
                         ahead.setdefault(item[1], []).append(item)
                         continue
-                _, clause, final, pcm, stamps = item
-                if stamps is not None and timing is not None:
-                    timing.mark("to_engine", stamps[0])
-                    timing.mark("engine", stamps[1])
+                _, clause, final, pcm, (received, handed_out) = item
+                if received is not None and timing is not None:
+                    timing.mark("to_engine", received)
+                    timing.mark("engine", handed_out)
                     timing.mark("from_engine")
+                last = final and index == len(sentences) - 1
+                if last and timing is not None:
+                    timing.last_chunk(handed_out)
                 chunk = AudioChunk(_int16(pcm), self.text.sample_rate, clause, final)
-                yield resampler.process_chunk(chunk, last=final and index == len(sentences) - 1)
+                yield resampler.process_chunk(chunk, last=last)
                 index += final
             finished = index == len(sentences)
         finally:

@@ -17,7 +17,10 @@ Neither blocks the loop on model work.
 
 A caller may pass a ``FirstAudioTiming``: the batching stages mark where the stream's first audio
 spent its time (``FIRST_AUDIO_PARTS``), and the caller marks ``out`` once the first audio event is
-queued; ``x.tts.speak`` exports the parts as ``voxloop_tts_first_audio_part_seconds{part}``.
+queued; ``x.tts.speak`` exports the parts as ``voxloop_tts_first_audio_part_seconds{part}``. They
+also stamp the last chunk (``last_chunk``: when the engine handed it out, when it reached this
+process), so the time to the *last* audio splits the same way (``LAST_AUDIO_PARTS``,
+``voxloop_tts_last_audio_part_seconds{part}``).
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ from tts_engine.resample import StreamResampler
 #: resumes with it (link, event-loop wake-up); ``out`` -> the first audio event is queued
 #: (resampling, base64/JSON framing happen here or in the connection's writer).
 FIRST_AUDIO_PARTS = ("text", "to_engine", "engine", "from_engine", "out")
+#: From the request to its last audio queued: until the engine handed out the last chunk; on to
+#: this process (the engine link, or the loop's wake-up); resampling, cutting into deltas and
+#: queuing them (with ``x.tts.done``) here.
+LAST_AUDIO_PARTS = ("engine", "from_engine", "out")
 
 
 class FirstAudioTiming:
@@ -49,11 +56,26 @@ class FirstAudioTiming:
         self._last = time.monotonic()
         #: part -> seconds since the previous mark.
         self.parts: dict[str, float] = {}
+        #: (handed out by the engine, arrived here) of the last chunk, once streamed.
+        self.last: tuple[float, float] | None = None
 
     def mark(self, part: str, at: float | None = None) -> None:
         at = time.monotonic() if at is None else at
         self.parts[part] = max(0.0, at - self._last)
         self._last = at
+
+    def last_chunk(self, handed_out: float) -> None:
+        """The stream's last chunk: handed out by the engine at ``handed_out``, here now."""
+        self.last = (handed_out, time.monotonic())
+
+    def last_parts(self, started: float, queued: float) -> dict[str, float] | None:
+        """``LAST_AUDIO_PARTS`` in seconds for a request begun at ``started`` whose last audio was
+        queued at ``queued``; None when the stream stamped no last chunk (cancelled, CPU engines)."""
+        if self.last is None:
+            return None
+        handed_out, arrived = self.last
+        return {"engine": max(0.0, handed_out - started), "from_engine": max(0.0, arrived - handed_out),
+                "out": max(0.0, queued - arrived)}
 
 
 class SpeechStage(Protocol):
@@ -169,6 +191,8 @@ class BatchedSpeech:
                     if timing is not None and "engine" not in timing.parts:
                         timing.mark("engine", sunk_at)
                         timing.mark("from_engine")
+                    if timing is not None and last_request and outcome.final:
+                        timing.last_chunk(sunk_at)
                     yield resampler.process_chunk(outcome, last=last_request and outcome.final)
                     if outcome.final:
                         break

@@ -89,6 +89,14 @@ class Metrics:
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
             registry=r,
         )
+        self.tts_last_audio_parts = Histogram(
+            "voxloop_tts_last_audio_part_seconds",
+            "x.tts.speak on a batching engine: where the time to the last audio goes in the server, by part "
+            "(pipeline.speech.LAST_AUDIO_PARTS; they add up to the request's start to its last delta queued)",
+            ["part"],
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
+            registry=r,
+        )
         self.audio_sent_s = Counter("voxloop_audio_sent_seconds", "Reply audio sent, seconds", registry=r)
 
     def watch_tts_memory(self, report: Callable[[], dict[str, Any] | None]) -> None:

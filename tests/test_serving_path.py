@@ -228,6 +228,14 @@ async def test_batched_engine_serves_sessions_with_one_handoff_per_gpu_launch(ba
             total = re.search(rf'voxloop_tts_first_audio_part_seconds_sum\{{part="{part}"\}} (\S+)', metrics)
             assert count and float(count.group(1)) == 3, part
             parts[part] = 1000 * float(total.group(1))
+        # The time to the last audio by part: one observation per request, and later than the first.
+        last = {}
+        for part in ("engine", "from_engine", "out"):
+            count = re.search(rf'voxloop_tts_last_audio_part_seconds_count\{{part="{part}"\}} (\S+)', metrics)
+            total = re.search(rf'voxloop_tts_last_audio_part_seconds_sum\{{part="{part}"\}} (\S+)', metrics)
+            assert count and float(count.group(1)) == 3, part
+            last[part] = 1000 * float(total.group(1))
+        assert last["engine"] >= parts["engine"] and sum(last.values()) > sum(parts.values())
         assert "to_engine" not in metrics  # one process: no link to the engine
         assert parts["engine"] > 0
         assert sum(parts.values()) == pytest.approx(sum(done["first_audio_ms"] for done, _ in results), abs=0.5)
