@@ -43,6 +43,7 @@ STAGES = (
     "done",
 )
 
+_PART_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 _BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 
@@ -81,22 +82,13 @@ class Metrics:
             registry=r,
         )
         self.tts_requests = Counter("voxloop_tts_requests", "x.tts.speak requests", registry=r)
-        self.tts_first_audio_parts = Histogram(
-            "voxloop_tts_first_audio_part_seconds",
-            "x.tts.speak on a batching engine: where the first audio spends its time in the server, by part "
-            "(pipeline.speech.FIRST_AUDIO_PARTS; the parts add up to x.tts.done's first_audio_ms)",
-            ["part"],
-            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
-            registry=r,
-        )
-        self.tts_last_audio_parts = Histogram(
-            "voxloop_tts_last_audio_part_seconds",
-            "x.tts.speak on a batching engine: where the time to the last audio goes in the server, by part "
-            "(pipeline.speech.LAST_AUDIO_PARTS; they add up to the request's start to its last delta queued)",
-            ["part"],
-            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
-            registry=r,
-        )
+        self.tts_first_audio_parts, self.tts_last_audio_parts = (
+            Histogram(f"voxloop_tts_{which}_audio_part_seconds",
+                      f"x.tts.speak on a batching engine: where the time to its {which} audio goes in the server, "
+                      f"by part ({doc})", ["part"], buckets=_PART_BUCKETS_S, registry=r)
+            for which, doc in (("first", "pipeline.speech.FIRST_AUDIO_PARTS; they add up to x.tts.done's first_audio_ms"),
+                               ("last", "pipeline.speech.LAST_AUDIO_PARTS; they add up to the request's start to "
+                                        "its last delta queued")))
         self.audio_sent_s = Counter("voxloop_audio_sent_seconds", "Reply audio sent, seconds", registry=r)
 
     def watch_tts_memory(self, report: Callable[[], dict[str, Any] | None]) -> None:
