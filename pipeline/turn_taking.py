@@ -71,6 +71,12 @@ UNFINISHED_WORDS = frozenset("a an the my your our their and or but because um u
 #: A preposition at the end: unfinished unless the transcript asks or exclaims ("What is it for?").
 PREPOSITIONS = frozenset("about at by for from in into of on onto to with without".split())
 _TRAILING_OFF = ("...", "\u2026", ",", "-", "\u2014", ":")  # whisper marks speech that trails off so
+#: A turn that is only a greeting is rarely the whole turn: "Good morning." … "What is two plus two?"
+#: (bench/voice_questions.txt). The model scores the greeting complete, and answering it split the turn.
+GREETINGS = frozenset({
+    "hello", "hi", "hey", "hiya", "greetings", "morning", "good morning", "good afternoon", "good evening",
+    "good day", "hello there", "hi there", "hey there", "hello again", "hi again", "hey you",
+})
 
 
 def words_cap(text: str, language: str | None, policy: "Policy") -> float:
@@ -78,7 +84,9 @@ def words_cap(text: str, language: str | None, policy: "Policy") -> float:
 
     Trailing off ("...", a comma) or an article, conjunction or filler last: ``policy.incomplete``
     (wait the longest); a preposition last, without "?" or "!": half way between ``incomplete``
-    and ``complete`` (wait longer than the silence stop, less than the longest).
+    and ``complete`` (wait longer than the silence stop, less than the longest); only a greeting
+    ("Good morning.", "Hello there", not "Hello?"): just under ``complete`` (wait for the silence
+    stop, so a user who goes on after it is not answered in between).
     """
     if language not in (None, "en"):
         return 1.0
@@ -90,6 +98,8 @@ def words_cap(text: str, language: str | None, policy: "Policy") -> float:
         return policy.incomplete
     if words[-1] in PREPOSITIONS and not text.endswith(("?", "!")):
         return (policy.incomplete + policy.complete) / 2
+    if " ".join(words) in GREETINGS and not text.endswith("?"):
+        return policy.complete - 1e-6
     return 1.0
 
 

@@ -472,9 +472,33 @@ def test_a_paused_reply_is_heard_no_further_until_resumed():
     ("The weather is nice today.", "en", 1.0),
     ("", "en", 1.0),
     ("Je voudrais une table pour", "fr", 1.0),  # English rules only
+    ("Good morning.", "en", 0.9 - 1e-6),  # only a greeting: just under complete (the silence stop)
+    ("Hello there", "en", 0.9 - 1e-6),
+    ("Hi!", "en", 0.9 - 1e-6),
+    ("Hello?", "en", 1.0),  # asking whether anyone listens: a turn of its own
+    ("Hello there, can you hear me?", "en", 1.0),
+    ("Good morning to you all.", "en", 1.0),
 ])
 def test_words_cap(text, language, cap):
-    assert words_cap(text, language, SEMANTIC) == pytest.approx(cap)
+    assert words_cap(text, language, SEMANTIC) == pytest.approx(cap, abs=1e-9)
+
+
+def test_a_greeting_alone_waits_for_the_silence_stop():
+    """"Good morning." scored complete: no commit at the pause; the turn ends at the silence stop
+    unless the user goes on (then the speculation is dropped and nothing was answered)."""
+    t = TurnTaking(SEMANTIC)
+    t.speech_started(0, False)
+    t.paused(1000, False)
+    assert t.scored(1, 0.99, 1150, False) == []  # waits for the words (the reply needs them too)
+    assert t.heard(1, "Good morning.", "en", 1160, False) == []  # a greeting: not yet
+    assert t.tick(1499, False) == []
+    assert t.tick(1501, False) == [Commit(1, end_utterance=True)]  # the silence stop (500 ms)
+    t2 = TurnTaking(SEMANTIC)
+    t2.speech_started(0, False)
+    t2.paused(1000, False)
+    t2.scored(1, 0.99, 1150, False)
+    t2.heard(1, "Good morning.", "en", 1160, False)
+    assert t2.resumed(1300) == [DropTurn(1)]  # "… What is two plus two?": one turn
 
 
 def test_an_early_score_is_marked_so_the_session_scores_the_pause_audio():
