@@ -78,14 +78,13 @@ class GcPauses:
                 for g in range(3)}
 
 
-#: This process's pauses; ``install()``-ed by ``freeze_loaded`` and by the hub.
+#: This process's pauses; ``install()``-ed by ``manage`` and by the hub.
 PAUSES = GcPauses()
 
 
 def freeze_loaded(enabled: bool, where: str) -> int:
     """After the models are loaded: with ``enabled`` (``server.gc_freeze``) collect once and
     ``gc.freeze()`` what survived; returns the number of objects frozen (0 when not enabled)."""
-    PAUSES.install()
     if not enabled:
         return 0
     t0 = time.perf_counter()
@@ -160,7 +159,9 @@ class IdleCollector:
 
 def manage(cfg, where: str, busy) -> IdleCollector | None:  # noqa: ANN001 - (Config, str, () -> bool)
     """After loading, in each serving process: ``server.gc_freeze``, then ``server.gc_full``
-    (``"idle"``: an ``IdleCollector`` on ``busy``, returned so the caller can close it)."""
+    (``"idle"``: an ``IdleCollector`` on ``busy``, returned so the caller can close it); measures
+    the process's pauses (``PAUSES``) either way, the freeze's own collection included."""
+    PAUSES.install()
     freeze_loaded(cfg.server.gc_freeze, where)
     if cfg.server.gc_full != "idle":
         return None

@@ -220,7 +220,7 @@ class _GcCollector(Collector):
                     cumulative += count
                     buckets.append((floatToGoString(bound), cumulative))
                 family.add_metric([process, generation], buckets, figures["sum"])
-                collected.add_metric([process, generation], figures.get("collected", 0))
+                collected.add_metric([process, generation], figures["collected"])
         yield family
         yield collected
 

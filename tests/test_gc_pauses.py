@@ -79,7 +79,7 @@ def test_the_load_bench_reads_the_pauses_between_two_scrapes():
                 out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
         return out
 
-    quiet = {str(g): {"buckets": [0] * (len(gc_pauses.BUCKETS_S) + 1), "sum": 0.0} for g in range(3)}
+    quiet = {str(g): {"buckets": [0] * (len(gc_pauses.BUCKETS_S) + 1), "sum": 0.0, "collected": 0} for g in range(3)}
     busy = {**quiet, "2": {"buckets": [0, 0, 0, 0, 1, 0, 2, 0, 0, 0, 0], "sum": 0.045, "collected": 7}}  # 5, 2x20 ms
     got = bench_gc_pauses(scrape({"engine": quiet}), scrape({"engine": busy}))
     assert got["engine/2"] == {"count": 3, "total_ms": 45.0, "over_5ms": 2, "collected": 7}

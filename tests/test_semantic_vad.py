@@ -19,6 +19,8 @@ from test_contract import CLAUSES, quiet, send_audio, session, types
 
 pytestmark = pytest.mark.timeout(scaled(120))
 SEMANTIC = {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "medium"}}}}
+#: turn.score_early: the score asked at the 60 ms pause (with the speculative turn), the commit at 390 ms.
+EARLY_SCORE = ("turn.pause_ms=390", "turn.asr_pause_ms=60", "turn.score_early=true")
 
 
 class FakeTurnModel:
@@ -131,7 +133,7 @@ async def test_an_early_score_is_asked_at_the_asr_pause_and_commits_at_the_score
     of silence after the speech); complete, it is the only one, and the commit still waits for
     turn.pause_ms."""
     turn, asr = FakeTurnModel(0.99), FakeASR("what's the capital of France")
-    hub = await _hub(tts_engines, turn, "turn.pause_ms=390", "turn.asr_pause_ms=60", "turn.score_early=true", asr=asr)
+    hub = await _hub(tts_engines, turn, *EARLY_SCORE, asr=asr)
     try:
         ws = await session(hub, SEMANTIC)
         await send_audio(ws, ("speech", 0.8), ("silence", 1.2))
@@ -150,7 +152,7 @@ async def test_an_early_score_hears_the_pause_audio_whatever_the_append_size(tts
     """Clients send audio in appends of any length (400 ms here): the early
     score gets the audio the VAD's pause carried (what its ASR gets), not the rest of the append."""
     turn, asr = FakeTurnModel(0.99), FakeASR("what's the capital of France")
-    hub = await _hub(tts_engines, turn, "turn.pause_ms=390", "turn.asr_pause_ms=60", "turn.score_early=true", asr=asr)
+    hub = await _hub(tts_engines, turn, *EARLY_SCORE, asr=asr)
     try:
         ws = await session(hub, SEMANTIC)
         pcm = np.concatenate((speech_24k(0.8), np.zeros(24000 * 12 // 10, np.int16)))
@@ -181,7 +183,7 @@ async def test_an_incomplete_early_score_is_asked_again_at_the_score_pause(tts_e
     """turn.score_early: an early score under complete (0.5: it would wait 1.5 s) is dropped; the
     score asked again at turn.pause_ms, on that pause's audio, decides (0.95: the turn ends then)."""
     turn, asr = SequenceTurnModel(0.5, 0.95), FakeASR("what's the capital of France")
-    hub = await _hub(tts_engines, turn, "turn.pause_ms=390", "turn.asr_pause_ms=60", "turn.score_early=true", asr=asr)
+    hub = await _hub(tts_engines, turn, *EARLY_SCORE, asr=asr)
     try:
         ws = await session(hub, SEMANTIC)
         await send_audio(ws, ("speech", 0.8), ("silence", 2.4))
@@ -219,7 +221,7 @@ async def test_an_early_score_of_a_pause_that_speech_went_on_from_is_ignored(tts
     it would end the turn ~1 s after the speech); the second pause's scores (incomplete: early, then
     asked again) decide."""
     turn = SlowFirstTurnModel(0.99, 2.0, 0.05)
-    hub = await _hub(tts_engines, turn, "turn.pause_ms=390", "turn.asr_pause_ms=60", "turn.score_early=true",
+    hub = await _hub(tts_engines, turn, *EARLY_SCORE,
                      asr=FakeASR("what's the capital of France"))
     try:
         ws = await session(hub, SEMANTIC)
@@ -256,19 +258,19 @@ async def _speak_over_reply(tts_engines, asr_text: str, burst: float):
     llm = FakeLLM(" ".join(CLAUSES), delay_s=0.06)  # still being made when the burst is judged
     hub = await _hub(tts_engines, FakeTurnModel(0.99), "vad.barge_in_min_ms=250", asr=FakeASR(asr_text), llm=llm)
     ws = await session(hub, SEMANTIC)
-    await _burst_over_reply(ws, "How is the weather?", burst)
+    await _burst_over_reply(ws, "How is the weather?", ("speech", burst), ("silence", 1.2))
     return hub, ws, llm
 
 
-async def _burst_over_reply(ws, text: str, burst: float) -> None:
-    """Ask ``text``; once its reply's audio flows (300 ms reported played), make ``burst`` s of sound."""
+async def _burst_over_reply(ws, text: str, *sound: tuple[str, float]) -> None:
+    """Ask ``text``; once its reply's audio flows (300 ms reported played), send ``sound`` (``send_audio``'s parts)."""
     for m in user_text(text):
         await ws.send(m)
     seen = []
     while len([e for e in seen if e["type"] == "response.output_audio.delta"]) < 5:
         seen.append(await recv(ws))
     await ws.send(json.dumps({"type": "x.playback", "item_id": seen[-1]["item_id"], "audio_end_ms": 300}))
-    await send_audio(ws, ("speech", burst), ("silence", 1.2))
+    await send_audio(ws, *sound)
 
 
 async def test_a_short_burst_over_the_reply_pauses_then_resumes_it(tts_engines):
@@ -326,13 +328,8 @@ async def test_words_of_a_pause_that_speech_went_on_from_do_not_decide(tts_engin
                      asr=asr, llm=llm)
     try:
         ws = await session(hub, SEMANTIC)
-        for m in user_text("How is the weather?"):
-            await ws.send(m)
-        seen = []
-        while len([e for e in seen if e["type"] == "response.output_audio.delta"]) < 5:
-            seen.append(await recv(ws))
-        await ws.send(json.dumps({"type": "x.playback", "item_id": seen[-1]["item_id"], "audio_end_ms": 300}))
-        await send_audio(ws, ("speech", 0.4), ("silence", 0.3), ("speech", 0.4), ("silence", 1.5))
+        await _burst_over_reply(ws, "How is the weather?", ("speech", 0.4), ("silence", 0.3), ("speech", 0.4),
+                                ("silence", 1.5))
         done, seen = await until(ws, "response.done")
         kinds = types(seen)
         assert len(asr.samples) >= 2  # both pauses were transcribed
@@ -382,7 +379,7 @@ async def test_after_speech_over_a_fresh_reply_a_cough_still_pauses(tts_engines)
         assert "x.output_audio_buffer.paused" in types(seen)  # the second part paused the first reply
         await until(ws, "response.done")  # ... and was a turn of its own
         asr.later = ""  # the cough has no words
-        await _burst_over_reply(ws, "Tell me about the sea.", 0.3)
+        await _burst_over_reply(ws, "Tell me about the sea.", ("speech", 0.3), ("silence", 1.2))
         done, seen = await until(ws, "response.done")
         kinds = types(seen)
         assert done["response"]["status"] == "completed", kinds
