@@ -21,6 +21,14 @@ end, not detection time: detection happens ``speculative_pause_ms`` /
 ``silence_duration_ms`` later; a forced ``SpeechEnd`` is at the cut);
 ``Resume.t_ms`` is where the voiced frame that resumed speech begins.
 
+webrtcvad keeps calling frames voiced for 60-120 ms after a word ends (its own hangover), even
+digital silence. With ``noise_gate_db`` > 0 a frame it calls voiced counts as silence when its
+energy is within that many dB of the noise floor: the floor follows the frames webrtcvad calls
+unvoiced outside speech and in silences inside it (down at once, up at most ``NOISE_RISE_DB_S``
+dB per second), so a speech end is found where the voice meets the noise. On the project's turn
+set the end moves from 66 ms after the last audible sample to 16 ms (docs/architecture.md,
+"Voice activity").
+
 Utterance audio runs from ``prefix_padding_ms`` before the speech start to
 ``TRAILING_MS`` after the last voiced frame (webrtcvad often calls soft word
 endings unvoiced). Since ``TRAILING_MS`` <= the default ``speculative_pause_ms``,
@@ -46,6 +54,13 @@ TRAILING_MS = 180
 #: Stream start during which no speech can start, ms: a fresh webrtcvad calls the
 #: first ~120 ms of any non-silent input (even faint noise) speech while it adapts.
 WARMUP_MS = 150
+#: The noise floor rises at most this fast, dB/s (it falls at once to a quieter frame).
+NOISE_RISE_DB_S = 6.0
+#: Energy of a digitally silent frame, dBFS (the floor never goes below it).
+SILENT_DBFS = -100.0
+#: Frames of silence inside speech after which unvoiced frames update the noise floor
+#: (shorter gaps are often soft consonants).
+NOISE_GAP_MS = 60
 
 
 @dataclass(frozen=True)
@@ -106,6 +121,8 @@ def _check(vad: VadConfig, sample_rate: int, max_utterance_s: float) -> None:
             f"vad.silence_duration_ms must be >= frame_ms ({vad.frame_ms}), "
             f"got {vad.silence_duration_ms}"
         )
+    if not 0.0 <= vad.noise_gate_db <= 20.0:
+        raise ConfigError(f"vad.noise_gate_db must be 0..20 dB, got {vad.noise_gate_db}")
     if vad.prefix_padding_ms < 0 or vad.speculative_pause_ms < 0:
         raise ConfigError("vad.prefix_padding_ms and vad.speculative_pause_ms must be >= 0")
     if max_utterance_s <= 0:
@@ -143,6 +160,11 @@ class VoiceActivityDetector:
         self._tail_frames = _frames(TRAILING_MS, self.frame_ms)
         self._max_frames = max(1, int(max_utterance_s * 1000) // self.frame_ms)
         self._warmup_frames = _frames(WARMUP_MS, self.frame_ms)
+        self._gate_db = float(config.noise_gate_db)
+        self._rise_db = NOISE_RISE_DB_S * self.frame_ms / 1000
+        self._noise_gap_frames = _frames(NOISE_GAP_MS, self.frame_ms)
+        #: Noise floor, dBFS (None until webrtcvad has called a frame unvoiced).
+        self.noise_dbfs: float | None = None
         self._frame_index = 0  # frames processed since construction
         self._consumed = 0  # samples processed or dropped since construction (the clock)
         self._pending = np.zeros(0, dtype=np.int16)
@@ -201,10 +223,24 @@ class VoiceActivityDetector:
         for start in range(0, n, self.frame_samples):
             frame = samples[start : start + self.frame_samples]
             voiced = self._vad.is_speech(frame.tobytes(), self.sample_rate)
+            if self._gate_db:
+                voiced = self._gate(frame, voiced)
             self._frame_index += 1
             self._consumed += self.frame_samples
             self._step(frame, voiced, events)
         return events
+
+    def _gate(self, frame: np.ndarray, voiced: bool) -> bool:
+        """webrtcvad's call, with a voiced frame at the noise floor made silence (see the module doc)."""
+        x = frame.astype(np.float32)
+        power = float(np.dot(x, x)) / len(x) / (32768.0 * 32768.0)
+        energy = 10.0 * np.log10(power) if power > 1e-10 else SILENT_DBFS
+        noise = self.noise_dbfs
+        if not voiced:
+            if self._utterance is None or self._silence + 1 >= self._noise_gap_frames:
+                self.noise_dbfs = energy if noise is None or energy < noise else min(energy, noise + self._rise_db)
+            return False
+        return noise is None or energy >= noise + self._gate_db
 
     def flush(self) -> list[VadEvent]:
         """End the current utterance now (client commit): ``[SpeechEnd(forced=True)]`` or ``[]``."""

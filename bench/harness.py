@@ -411,9 +411,12 @@ def default_voice() -> str:
 class Mic:
     """Streams silence continuously (like an open microphone) and speech on demand."""
 
-    def __init__(self, client, rate: int) -> None:
+    def __init__(self, client, rate: int, noise_dbfs: float | None = None, seed: int = 0) -> None:
         self.client = client
         self.rate = rate  # Hz of the speech given to ``say``
+        #: White noise added to every frame, dBFS RMS (a real microphone's floor); None: digital silence.
+        self.noise = None if noise_dbfs is None else 32768.0 * 10 ** (noise_dbfs / 20)
+        self._rng = np.random.default_rng(seed)
         self.queue: list[np.ndarray] = []
         self.speech_end: asyncio.Future | None = None
         #: When the first speech frame of the last ``say`` was sent (monotonic s), None before.
@@ -444,11 +447,17 @@ class Mic:
             t_next += step / self.rate
             await asyncio.sleep(max(0.0, t_next - time.monotonic()))
             self.late_max = max(self.late_max, time.monotonic() - t_next)
-            await self.client.send_audio(piece, self.rate)
+            await self.client.send_audio(self._noisy(piece), self.rate)
             if piece is not silence:
                 self.speech_start = self.speech_start or time.monotonic()
                 if not len(pending) and self.speech_end and not self.speech_end.done():
                     self.speech_end.set_result(time.monotonic())
+
+    def _noisy(self, piece: np.ndarray) -> np.ndarray:
+        if self.noise is None:
+            return piece
+        x = piece + self._rng.normal(0.0, self.noise, len(piece))
+        return np.clip(x, -32768, 32767).astype(np.int16)
 
     async def stop(self) -> None:
         self.task.cancel()

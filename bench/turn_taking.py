@@ -7,6 +7,8 @@ stream, at real-time pace in 20 ms frames with silence in between (an open micro
 - the set of ``bench/turn_set.py`` (bundled voice): complete sentences; sentences with a
   600 ms pause after a word; the same with a trailing "um" before the pause;
 - the questions of ``bench/voice_questions.txt`` (" | " is a 300 ms pause);
+- human recordings: the voices of Debian's alsa-utils (``/usr/share/sounds/alsa``, "Front
+  center" and the like; ``apt-get install alsa-utils``; left out with a note when missing);
 - cough-like bursts during a playing reply, and a spoken interruption.
 
 Per turn: ``voice_to_voice`` = first audio of the turn's (last) reply received - the last speech
@@ -20,6 +22,8 @@ reply was cancelled or cleared; ``server_vad`` has no pause, so a client stops p
 ``reply_over`` (the reply had less audio than was played by then: nothing to pause; not a trial).
 The bursts run in a conversation of their own, after the turns.
 Per level, from the server's ``/metrics``: speculative turns dropped unseen and ASR runs.
+``--noise-dbfs`` adds white noise to everything the microphone sends (a real microphone is never
+digitally silent; -60 is a quiet room on a headset, -45 a noisy one).
 
 Writes bench/results/turn_taking-<hardware>-<date>.json (+ .png).
 
@@ -60,7 +64,7 @@ _CHATTY = frozenset({"response.output_audio.delta", "response.output_audio_trans
                      "conversation.item.input_audio_transcription.delta"})
 
 
-def build_set(cfg, coughs: int) -> tuple[list[dict], list[np.ndarray], np.ndarray]:
+def build_set(cfg, coughs: int, human: Path) -> tuple[list[dict], list[np.ndarray], np.ndarray]:
     """(turns, cough bursts, the interruption), each turn ``{name, kind, pcm}`` (16 kHz int16)."""
     from bench.turn_set import TurnSet, trim
 
@@ -74,7 +78,34 @@ def build_set(cfg, coughs: int) -> tuple[list[dict], list[np.ndarray], np.ndarra
             pcm = np.concatenate([x for p in parts for x in (p, gap)][:-1])
             turns.append({"name": f"question-{i}", "kind": "question" if len(parts) == 1 else "paused_question",
                           "pcm": pcm})
+    turns += human_turns(human)
     return turns, [c.pcm for c in clips if c.kind == "cough"], trim(ts.say(INTERRUPTION))
+
+
+#: Debian's alsa-utils speaker-test voices: a person saying "Front center", "Rear left", ... (48 kHz).
+ALSA_SOUNDS = Path("/usr/share/sounds/alsa")
+
+
+def human_turns(folder: Path = ALSA_SOUNDS) -> list[dict]:
+    """The alsa-utils voices in ``folder`` as turns of kind ``human`` (16 kHz, trimmed); none, with a
+    note, without them."""
+    import wave
+
+    import soxr
+
+    from bench.turn_set import trim
+
+    files = sorted(f for f in folder.glob("*.wav") if f.stem != "Noise")
+    if not files:
+        print(f"note: no human recordings ({folder} has none: apt-get install alsa-utils)", flush=True)
+    turns = []
+    for f in files:
+        with wave.open(str(f)) as w:
+            pcm = np.frombuffer(w.readframes(w.getnframes()), np.int16)
+            rate = w.getframerate()
+        turns.append({"name": f"human-{f.stem}", "kind": "human",
+                      "pcm": trim(soxr.resample(pcm, rate, RATE).astype(np.int16))})
+    return turns
 
 
 def end_of_turn_cost(cfg, turns: list[dict], calls: int = 40) -> dict:
@@ -101,11 +132,12 @@ def end_of_turn_cost(cfg, turns: list[dict], calls: int = 40) -> dict:
 class Talker:
     """One session: a microphone streaming in real time, and every server event with its arrival time."""
 
-    def __init__(self, client) -> None:
+    def __init__(self, client, noise_dbfs: float | None = None, seed: int = 0) -> None:
         self.client = client
         self.events: list[tuple[float, object]] = []
         self.arrived = asyncio.Event()
-        self.mic = Mic(client, RATE)  # silence continuously, speech on demand, 20 ms frames in real time
+        # silence (or noise) continuously, speech on demand, 20 ms frames in real time
+        self.mic = Mic(client, RATE, noise_dbfs, seed)
         self.reader = asyncio.create_task(self._read())
 
     def say(self, pcm: np.ndarray) -> asyncio.Future:
@@ -264,7 +296,7 @@ async def over_reply(talker: Talker, sound: np.ndarray, kind: str, timeout_s: fl
 
 
 async def session(url: str, mode: str, turns: list[dict], coughs: list[np.ndarray], interruption: np.ndarray,
-                  seed: int, timeout_s: float) -> tuple[list[dict], list[dict]]:
+                  seed: int, timeout_s: float, noise_dbfs: float | None = None) -> tuple[list[dict], list[dict]]:
     from voxloop.client import RealtimeClient
 
     rng = random.Random(seed)
@@ -273,7 +305,7 @@ async def session(url: str, mode: str, turns: list[dict], coughs: list[np.ndarra
     await asyncio.sleep(rng.uniform(0, 2.0))
     async with RealtimeClient.connect(url) as client:
         await client.update_session(instructions=SHORT, audio={"input": {"turn_detection": MODES[mode]}})
-        talker = Talker(client)
+        talker = Talker(client, noise_dbfs, seed)
         try:
             await asyncio.sleep(0.5)
             rows = [dict(await one_turn(talker, t, timeout_s), mode=mode, session=seed) for t in order]
@@ -285,7 +317,7 @@ async def session(url: str, mode: str, turns: list[dict], coughs: list[np.ndarra
         # one sentence, and a reply over before the burst leaves nothing to pause.
         async with RealtimeClient.connect(url) as client:
             await client.update_session(instructions=LONG, audio={"input": {"turn_detection": MODES[mode]}})
-            talker = Talker(client)
+            talker = Talker(client, noise_dbfs, seed)
             try:
                 await asyncio.sleep(0.5)
                 for i, burst in enumerate(coughs):
@@ -301,7 +333,7 @@ def summarize(mode: str, talkers: int, rows: list[dict], bursts: list[dict]) -> 
     ok = [r for r in rows if not r["missed"] and not r["split"]]
     out = {"mode": mode, "talkers": talkers, "turns": len(rows),
            "missed_turns": sum(r["missed"] for r in rows), "split_turns": sum(r["split"] for r in rows)}
-    for kind in ("all", "complete", "paused", "filler", "question", "paused_question"):
+    for kind in ("all", "complete", "paused", "filler", "question", "paused_question", "human"):
         vals = [r["voice_to_voice_ms"] for r in ok if kind == "all" or r["kind"] == kind]
         out[f"v2v_{kind}_p50_ms"], out[f"v2v_{kind}_p90_ms"] = pct(vals, 50), pct(vals, 90)
     for kind in ("paused", "filler", "paused_question"):
@@ -368,10 +400,11 @@ def plot(summary: list[dict], rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-async def run(url: str, mode: str, talkers: int, turns, coughs, interruption, timeout_s: float):
+async def run(url: str, mode: str, talkers: int, turns, coughs, interruption, timeout_s: float,
+              noise_dbfs: float | None = None):
     alone = talkers == 1  # bursts over a reply: one talker (the many-talker levels measure turns)
     results = await asyncio.gather(*(session(url, mode, turns, coughs if alone else [],
-                                             interruption if alone else None, seed, timeout_s)
+                                             interruption if alone else None, seed, timeout_s, noise_dbfs)
                                      for seed in range(talkers)))
     rows = [dict(r, talkers=talkers) for rs, _ in results for r in rs]
     bursts = [dict(b, talkers=talkers) for _, bs in results for b in bs]
@@ -391,8 +424,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default="turn_taking", help="result file name prefix")
     p.add_argument("--limit", type=int, help="only the first N turns of the set (a quick check)")
     p.add_argument("--many-limit", type=int, default=8, help="turns per talker when there are several talkers")
+    p.add_argument("--human-dir", type=Path, default=ALSA_SOUNDS, help="folder of the alsa-utils voices (.wav)")
+    p.add_argument("--noise-dbfs", type=float, help="white noise under everything the microphones send, dBFS RMS")
     args = p.parse_args(argv)
-    turns, coughs, interruption = build_set(load_config(), args.coughs)
+    turns, coughs, interruption = build_set(load_config(), args.coughs, args.human_dir)
     turns = turns[:args.limit] if args.limit else turns
     cost = end_of_turn_cost(load_config(), turns)
     print("end-of-turn model, one call:", cost, flush=True)
@@ -408,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
                 level_turns = turns if talkers == 1 else random.Random(8).sample(turns, min(args.many_limit, len(turns)))
                 before = _scrape(url)
                 rows, bursts = asyncio.run(run(url, mode, talkers, level_turns, coughs, interruption,
-                                               args.turn_timeout_s))
+                                               args.turn_timeout_s, args.noise_dbfs))
                 all_rows += rows
                 all_bursts += bursts
                 summary.append(summarize(mode, talkers, rows, bursts) | server_counts(before, _scrape(url)))
@@ -417,6 +452,8 @@ def main(argv: list[str] | None = None) -> int:
         if server is not None:
             stop_server(server)
     path = write_json(args.name, summary, {"end_of_turn_cost": cost, "turns": all_rows, "bursts": all_bursts, "server_args": args.server_arg,
+                                           "noise_dbfs": args.noise_dbfs,
+                                           "human_recordings": sum(t["kind"] == "human" for t in turns),
                                            "load_average_after": os.getloadavg()})
     plot(summary, all_rows, path.with_suffix(".png"))
     print(f"wrote {path} and {path.with_suffix('.png').name}")

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import wave
+from pathlib import Path
 
 import numpy as np
 import pytest
+import soxr
 from piper_speech import RATE, PiperSpeech, noise, silence
 
 from asr.vad import (
+    NOISE_RISE_DB_S,
+    SILENT_DBFS,
     TRAILING_MS,
     Pause,
     SpeechEnd,
@@ -131,7 +136,8 @@ def test_odd_chunk_sizes_give_the_same_events(speech, chunk):
 
 @pytest.mark.slow
 def test_max_utterance_forces_an_end(speech):
-    talk = np.concatenate([speech["q"], speech["a"], speech["b"]] * 2)
+    # 6.6 s of talk cut every 1.5 s: the fifth piece is 0.6 s of speech, then silence ends it.
+    talk = np.concatenate([speech["q"], speech["a"], speech["b"]] * 2)[: RATE * 66 // 10]
     pcm = np.concatenate([silence(300), talk, silence(800)])
     events = run(pcm, max_utterance_s=1.5)
     ends = [e for e in events if isinstance(e, SpeechEnd)]
@@ -160,6 +166,63 @@ def test_utterance_so_far_flush_and_reset(speech):
     assert det.stream_ms == pytest.approx(400 + ms(len(speech["q"])), abs=1)
 
 
+# --- the noise gate ------------------------------------------------------------------
+
+
+def end_after_speech(pcm: np.ndarray, rms: float, gate_db: float) -> list[float]:
+    """SpeechEnd times minus the end of ``pcm`` (ms), for ``pcm`` between 0.5 s and 1 s of noise."""
+    x = np.concatenate([silence(500), pcm, silence(1000)]).astype(np.float64)
+    if rms:
+        x += noise(ms(len(x)), rms, seed=1)
+    events = run(np.clip(x, -32768, 32767).astype(np.int16), dataclasses.replace(VAD, noise_gate_db=gate_db))
+    assert kinds(events)[0] == "SpeechStart" and kinds(events).count("SpeechStart") == 1
+    assert kinds(events)[-2:] == ["Pause", "SpeechEnd"]  # one utterance (with pauses inside)
+    return [e.t_ms - 500 - ms(len(pcm)) for e in events if isinstance(e, SpeechEnd)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rms", [0, 10, 30])  # digital silence, -70 and -60 dBFS white noise
+def test_noise_gate_ends_speech_where_the_voice_ends(speech, rms):
+    """webrtcvad alone calls 30-100 ms after the last word voiced; the gate ends the speech there."""
+    gated = [end_after_speech(speech[k], rms, 3.0)[0] for k in ("q", "a", "b")]
+    alone = [end_after_speech(speech[k], rms, 0.0)[0] for k in ("q", "a", "b")]
+    assert all(-30 <= g <= 30 for g in gated), gated
+    assert np.mean(alone) - np.mean(gated) >= 40, (alone, gated)
+
+
+ALSA_VOICES = sorted(f for f in Path("/usr/share/sounds/alsa").glob("*.wav") if f.stem != "Noise")
+
+
+@pytest.mark.skipif(not ALSA_VOICES, reason="no human recordings: apt-get install alsa-utils (make system-deps)")
+def test_noise_gate_on_a_human_voice():
+    """alsa-utils' recordings of a person ("Front center", ...): the gate ends them near the last sound."""
+    gated, alone = [], []
+    for f in ALSA_VOICES:
+        with wave.open(str(f)) as w:
+            pcm = soxr.resample(np.frombuffer(w.readframes(w.getnframes()), np.int16), w.getframerate(), RATE)
+        loud = np.flatnonzero(np.abs(pcm) > 100)  # -50 dBFS: the recording's own floor is lower
+        pcm = pcm[loud[0]: loud[-1] + 1]
+        gated += end_after_speech(pcm, 10, 3.0)
+        alone += end_after_speech(pcm, 10, 0.0)
+    assert len(gated) == len(ALSA_VOICES) == 8
+    assert all(-60 <= g <= 40 for g in gated), gated
+    assert np.mean(alone) - np.mean(gated) >= 25, (alone, gated)
+
+
+def test_noise_floor_follows_the_noise():
+    det = VoiceActivityDetector(VAD)
+    assert det.noise_dbfs is None
+    det.feed(noise(1000, 100, seed=2))  # -50.3 dBFS
+    assert det.noise_dbfs == pytest.approx(20 * np.log10(100 / 32768), abs=1.5)
+    det.feed(noise(300, 10, seed=3))  # falls at once
+    assert det.noise_dbfs == pytest.approx(20 * np.log10(10 / 32768), abs=1.5)
+    quiet = det.noise_dbfs
+    det.feed(noise(1000, 100, seed=4))  # rises at most NOISE_RISE_DB_S per second
+    assert quiet < det.noise_dbfs <= quiet + NOISE_RISE_DB_S + 0.5
+    det.feed(silence(300))
+    assert det.noise_dbfs == SILENT_DBFS
+
+
 # --- no speech ------------------------------------------------------------------
 
 
@@ -180,7 +243,8 @@ def test_silence_and_noise_give_nothing(aggressiveness, noise_levels):
 @pytest.mark.parametrize(
     "change",
     [{"frame_ms": 25}, {"aggressiveness": 4}, {"aggressiveness": -1}, {"start_frames": 0},
-     {"silence_duration_ms": 10}, {"prefix_padding_ms": -1}],
+     {"silence_duration_ms": 10}, {"prefix_padding_ms": -1}, {"noise_gate_db": -1.0},
+     {"noise_gate_db": 21.0}],
 )
 def test_bad_config_is_a_config_error(change):
     with pytest.raises(ConfigError):

@@ -142,6 +142,9 @@ class VadConfig:
     speculative_pause_ms: int = 150
     #: Speech must last this long during assistant playback to count as barge-in, ms (ignores coughs).
     barge_in_min_ms: int = 250
+    #: A frame webrtcvad calls voiced is silence when within this many dB of the noise floor (its
+    #: hangover after a word's end); 0 turns the gate off. 0..20 dB.
+    noise_gate_db: float = 3.0
 
 
 @dataclass(frozen=True)
