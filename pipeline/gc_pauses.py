@@ -107,9 +107,11 @@ class IdleCollector:
     generation, in the middle of whatever runs: in the GPU engine process it stops the scheduler
     with every request in flight. Here the interpreter keeps its young collections (cheap) but
     never starts a full one; a thread checks every ``check_s`` and runs one when the process is
-    idle and something has reached the old generation since the last, at most every
-    ``min_interval_s`` — and at the latest after ``max_interval_s`` even under unbroken load, so
-    reference cycles that reach the old generation are still freed.
+    idle and one is due by the interpreter's own count (``threshold2`` collections of the middle
+    generation since the last full one, 10 by default: as often as Python would run one, not on
+    every idle moment), at most every ``min_interval_s`` — and at the latest after
+    ``max_interval_s`` even under unbroken load, so reference cycles that reach the old generation
+    are still freed.
     """
 
     def __init__(self, busy, check_s: float = 0.1, min_interval_s: float = 5.0,  # noqa: ANN001
@@ -136,14 +138,19 @@ class IdleCollector:
         if self._threshold is not None:
             gc.set_threshold(*self._threshold)
 
+    def due(self) -> bool:
+        """A full collection is due: the middle generation was collected ``threshold2`` times since the last."""
+        threshold = self._threshold[2] if self._threshold is not None else gc.get_threshold()[2]
+        return gc.get_count()[2] >= max(1, threshold)
+
     def _run(self) -> None:
         last = time.monotonic()
         while not self._stop.wait(self.check_s):
             since = time.monotonic() - last
             forced = since >= self.max_interval_s
             if not forced:
-                if since < self.min_interval_s or gc.get_count()[2] == 0:
-                    continue  # too soon, or nothing reached the old generation since the last one
+                if since < self.min_interval_s or not self.due():
+                    continue  # too soon, or Python would not run one yet
                 try:
                     if self.busy():
                         continue

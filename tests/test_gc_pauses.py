@@ -117,6 +117,26 @@ def test_full_collections_wait_until_the_process_is_idle():
     assert gc.get_threshold() == threshold  # the interpreter's own again
 
 
+def test_an_idle_process_collects_only_when_python_would():
+    """Not on every idle moment: after ``threshold2`` collections of the middle generation, as the
+    interpreter itself counts (an idle collection costs the next request its length)."""
+    collector = gc_pauses.IdleCollector(lambda: False, check_s=0.01, min_interval_s=0.0, max_interval_s=60.0)
+    collector.start()
+    try:
+        gc.collect(2)
+        for _ in range(collector._threshold[2] - 1):
+            gc.collect(1)
+        time.sleep(0.2)
+        assert collector.idle_runs == 0 and not collector.due()
+        gc.collect(1)
+        deadline = time.monotonic() + 5
+        while collector.idle_runs == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert collector.idle_runs == 1
+    finally:
+        collector.close()
+
+
 def test_unbroken_load_still_gets_a_full_collection_at_the_latest_interval():
     collector = gc_pauses.IdleCollector(lambda: True, check_s=0.01, min_interval_s=0.0, max_interval_s=0.2)
     collector.start()

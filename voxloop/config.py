@@ -82,8 +82,9 @@ class ServerConfig:
     #: When Python's full garbage collections run in each serving process: "auto" (the interpreter's
     #: own thresholds, whatever runs at the time) or "idle": only while the process has no work in
     #: flight (the engine process: no TTS request in the GPU scheduler and no utterance at the ASR;
-    #: the LLM process: no reply; a front end or single server: nothing queued at any stage), at most
-    #: every 5 s and at the latest every 300 s under unbroken load (``pipeline.gc_pauses.IdleCollector``).
+    #: the LLM process: no reply; a front end or single server: nothing queued at any stage) and only
+    #: when Python itself would run one, at most every 5 s and at the latest every 300 s under unbroken
+    #: load (``pipeline.gc_pauses.IdleCollector``). configs/gpu.toml: "idle".
     gc_full: str = "auto"
 
     def __post_init__(self) -> None:
