@@ -31,7 +31,13 @@ generating, a reply waits for one to finish.
 
 History longer than ``n_ctx`` (per conversation) minus ``max_tokens``: ``ChatPrompt.fit``
 drops the oldest messages down to half the budget and the cut is kept per conversation,
-so the cached prefix stays valid over the following turns (llm/prompt.py).
+so the cached prefix stays valid over the following turns (llm/prompt.py). The turn that
+cuts would read everything after the cut again (every kept token moved to a lower position:
+seconds on a CPU, 1800 tokens ≈ 7 s on two cores); instead the dropped span is removed from
+the sequence and the kept cells are shifted back (``llama_memory_seq_add``: llama.cpp
+re-rotates their RoPE keys, its own server's context shift), so that turn reads only its new
+message. The kept tokens were computed beside the dropped ones, so the reply may differ from
+one after a full re-read.
 
 Threads: ``submit``, ``cancel`` and ``release`` may be called from any thread (they
 queue a command); ``step`` and ``generate`` only from the thread that owns the engine.
@@ -68,6 +74,8 @@ TOP_K, TOP_P, MIN_P = 40, 0.95, 0.05  # llama.cpp's defaults
 #: Prompt tokens a reply reads per step at least, even when the batch is full of decodes.
 MIN_PREFILL = 16
 _PREFIX_SEQ = 0  # the reserved sequence holding the system prompt's KV
+#: Shorter runs of a cut history are read again rather than shifted (not worth a K re-rotation).
+SHIFT_MIN_TOKENS = 16
 
 
 @dataclass(eq=False)
@@ -131,6 +139,9 @@ class BatchedChat:
             raise ModelError(f"llama.cpp could not create a context for {n_seq} sequences x {options.n_ctx} "
                              "tokens (out of memory? llama.cpp allows at most 256 sequences)")
         self._mem = llama_cpp.llama_get_memory(self._ctx)
+        self._can_shift = bool(llama_cpp.llama_memory_can_shift(self._mem))
+        #: Cached tokens kept over history cuts by shifting them (``_shift_after_cut``), since start.
+        self.shifted_tokens = 0
         self._vocab = llama_cpp.llama_model_get_vocab(self._llm.model)
         self._batch = llama_cpp.llama_batch_init(options.batch_tokens, 0, 1)
         self.prompt = ChatPrompt(self._llm)
@@ -402,6 +413,8 @@ class BatchedChat:
         tokens = fitted.tokens
         slot.session, slot.reply, slot.cut, slot.used = reply.session, reply, fitted.cut, time.perf_counter()
         keep = min(common_prefix(slot.tokens, tokens), len(tokens) - 1)  # >= 1 token: fresh logits
+        if slot.session == reply.session and self._can_shift:
+            keep = self._shift_after_cut(slot, tokens, keep)
         prefix = self._prefix
         if keep < len(prefix) < len(tokens) and tokens[:len(prefix)] == prefix:
             self._ll.llama_memory_seq_rm(self._mem, slot.seq, -1, -1)
@@ -415,6 +428,33 @@ class BatchedChat:
         reply._sampler = self._sampler(reply.options)
         reply._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._active.append(reply)
+
+    def _shift_after_cut(self, slot: "_Slot", tokens: list[int], keep: int) -> int:
+        """After the oldest messages were dropped, keep what is cached of the rest: remove the dropped
+        span from the sequence and shift the later cells back (llama.cpp's context shift: RoPE keys
+        re-rotated in place, as its own server does), instead of reading every later token again.
+        Returns the new cached length (``keep`` when the cache holds no run of the new prompt)."""
+        cached = slot.tokens
+        want = len(tokens) - 1 - keep  # tokens still to read (>= 1 stays: fresh logits)
+        if want < SHIFT_MIN_TOKENS or len(cached) - keep < SHIFT_MIN_TOKENS:
+            return keep
+        first = tokens[keep]
+        best_at, best = -1, 0
+        for at in range(keep + 1, len(cached)):
+            if cached[at] == first:
+                n = common_prefix(cached[at:], tokens[keep:keep + want])
+                if n > best:
+                    best_at, best = at, n
+        if best < SHIFT_MIN_TOKENS:
+            return keep
+        ll, seq = self._ll, slot.seq
+        ll.llama_memory_seq_rm(self._mem, seq, best_at + best, -1)
+        ll.llama_memory_seq_rm(self._mem, seq, keep, best_at)
+        ll.llama_memory_seq_add(self._mem, seq, best_at, best_at + best, keep - best_at)
+        slot.tokens = cached[:keep] + cached[best_at:best_at + best]
+        self.shifted_tokens += best
+        log.info("LLM history cut: %d cached tokens shifted back by %d instead of read again", best, best_at - keep)
+        return keep + best
 
     def _sampler(self, options: ReplyOptions):
         ll = self._ll

@@ -297,6 +297,43 @@ def test_history_over_the_context_drops_the_oldest_messages(cfg):
 
 
 @pytest.mark.slow
+def test_a_history_cut_shifts_the_cached_rest_instead_of_reading_it_again(cfg):
+    """The turn whose history first overflows drops the oldest messages; the rest is still in the
+    sequence's cache, at later positions: shifted back, it is not read again (llama.cpp's context shift)."""
+    from voxloop.models import resolve_llm
+
+    question = {"role": "user", "content": "Which fact was the most surprising?"}
+    runs = {}
+    for shift in (True, False):
+        small = BatchedChat(resolve_llm(cfg).path, ChatOptions(n_ctx=512, max_sequences=1, batch_tokens=32,
+                                                               seed=1, max_tokens=32))
+        try:
+            small._can_shift = small._can_shift and shift
+            pairs = 1
+            while len(small.prompt.tokens(long_history("You are brief.", pairs + 1) + [question])) < 470:
+                pairs += 1
+            messages = long_history("You are brief.", pairs) + [question]  # fits: no cut yet
+            text, stats = small.generate("a", messages, GREEDY)
+            assert stats.dropped_messages == 0
+            for follow_up in ("Why was it surprising? Tell me more about it please.", "And what about the sea?"):
+                messages += [{"role": "assistant", "content": text}, {"role": "user", "content": follow_up}]
+                read = small.prompt_evaluated
+                text, stats = small.generate("a", messages, GREEDY)
+                if stats.dropped_messages:  # the first turn that cut the history
+                    break
+            assert stats.dropped_messages > 0
+            runs[shift] = (text, stats, small.prompt_evaluated - read, small.shifted_tokens)
+        finally:
+            small.close()
+    text, stats, read, shifted = runs[True]
+    assert shifted > stats.prompt_tokens // 2 and read == stats.prompt_tokens - stats.cached_tokens <= 30
+    plain_text, plain, plain_read, plain_shifted = runs[False]
+    assert plain_shifted == 0 and plain_read > stats.prompt_tokens // 2  # read the kept history again
+    # The replies may differ (the kept tokens were computed beside the dropped ones); both are answers.
+    assert len(text.split()) >= 5 and len(plain_text.split()) >= 5
+
+
+@pytest.mark.slow
 async def test_event_loop_streams_of_two_sessions(engine, cfg):
     from pipeline.llm_worker import BatchedLlm
 
