@@ -12,7 +12,9 @@ stream, at real-time pace in 20 ms frames with silence in between (an open micro
 - cough-like bursts during a playing reply, and a spoken interruption.
 
 Per turn: ``voice_to_voice`` = first audio of the turn's (last) reply received - the last speech
-sample sent (the true end of speech, client clock). A turn is *split* when the server committed
+sample sent (the true end of speech, client clock); ``commit_after_speech_end`` = its (last)
+``input_audio_buffer.committed`` received - the same (the end of turn alone: VAD, end-of-turn model
+and transcript, without the LLM's and TTS's share). A turn is *split* when the server committed
 more than once for it, or a reply began before the speech ended; *missed* when no reply came
 within the timeout. A turn is over when its replies are done and nothing happened for
 ``QUIET_S``; its reply is then reported played (``x.playback`` finished) without waiting it out.
@@ -212,6 +214,8 @@ async def one_turn(talker: Talker, turn: dict, timeout_s: float) -> dict:
     commits = talker.since(since, "input_audio_buffer.committed")
     created = talker.since(since, "response.created")
     row["commits"] = len(commits)
+    if commits:  # the turn's end as the client sees it: VAD, end-of-turn model and transcript, no reply
+        row["commit_after_speech_end_ms"] = round(1000 * (commits[-1][0] - speech_end), 1)
     row["split"] = len(commits) > 1 or any(t < speech_end for t, _ in created)
     if responses:
         rid = responses[-1]
@@ -338,6 +342,8 @@ def summarize(mode: str, talkers: int, rows: list[dict], bursts: list[dict]) -> 
         out[f"v2v_{kind}_p50_ms"], out[f"v2v_{kind}_p90_ms"] = pct(vals, 50), pct(vals, 90)
     for kind in ("paused", "filler", "paused_question"):
         out[f"split_{kind}"] = sum(r["split"] for r in rows if r["kind"] == kind)
+    commit = [r["commit_after_speech_end_ms"] for r in ok if r.get("commit_after_speech_end_ms") is not None]
+    out["commit_p50_ms"], out["commit_p90_ms"] = pct(commit, 50), pct(commit, 90)
     eot = [r["end_of_turn_ms"] for r in rows if r.get("end_of_turn_ms") is not None]
     out["end_of_turn_call_p50_ms"], out["end_of_turn_call_p90_ms"] = pct(eot, 50), pct(eot, 90)
     coughs = [b for b in bursts if b["kind"].startswith("cough")]
