@@ -88,26 +88,32 @@ def build_set(cfg, coughs: int, human: Path) -> tuple[list[dict], list[np.ndarra
 ALSA_SOUNDS = Path("/usr/share/sounds/alsa")
 
 
-def human_turns(folder: Path = ALSA_SOUNDS) -> list[dict]:
-    """The alsa-utils voices in ``folder`` as turns of kind ``human`` (16 kHz, trimmed); none, with a
-    note, without them."""
+def human_voices(folder: Path = ALSA_SOUNDS) -> list[Path]:
+    """The alsa-utils voice recordings in ``folder`` (not its ``Noise.wav``), sorted; [] without them."""
+    return sorted(f for f in folder.glob("*.wav") if f.stem != "Noise")
+
+
+def read_voice(path: Path) -> np.ndarray:
+    """A mono int16 WAV file resampled to 16 kHz (untrimmed)."""
     import wave
 
     import soxr
 
+    with wave.open(str(path)) as w:
+        pcm = np.frombuffer(w.readframes(w.getnframes()), np.int16)
+        rate = w.getframerate()
+    return soxr.resample(pcm, rate, RATE)
+
+
+def human_turns(folder: Path = ALSA_SOUNDS) -> list[dict]:
+    """The alsa-utils voices in ``folder`` as turns of kind ``human`` (16 kHz, trimmed); none, with a
+    note, without them."""
     from bench.turn_set import trim
 
-    files = sorted(f for f in folder.glob("*.wav") if f.stem != "Noise")
+    files = human_voices(folder)
     if not files:
         print(f"note: no human recordings ({folder} has none: apt-get install alsa-utils)", flush=True)
-    turns = []
-    for f in files:
-        with wave.open(str(f)) as w:
-            pcm = np.frombuffer(w.readframes(w.getnframes()), np.int16)
-            rate = w.getframerate()
-        turns.append({"name": f"human-{f.stem}", "kind": "human",
-                      "pcm": trim(soxr.resample(pcm, rate, RATE).astype(np.int16))})
-    return turns
+    return [{"name": f"human-{f.stem}", "kind": "human", "pcm": trim(read_voice(f))} for f in files]
 
 
 def end_of_turn_cost(cfg, turns: list[dict], calls: int = 40) -> dict:

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import wave
-from pathlib import Path
 
 import numpy as np
 import pytest
-import soxr
 from piper_speech import RATE, PiperSpeech, noise, silence
 
 from asr.vad import (
@@ -20,6 +17,7 @@ from asr.vad import (
     SpeechStart,
     VoiceActivityDetector,
 )
+from bench.turn_taking import human_voices, read_voice
 from voxloop.config import VadConfig
 from voxloop.errors import ConfigError, InvalidInput
 
@@ -190,7 +188,7 @@ def test_noise_gate_ends_speech_where_the_voice_ends(speech, rms):
     assert np.mean(alone) - np.mean(gated) >= 40, (alone, gated)
 
 
-ALSA_VOICES = sorted(f for f in Path("/usr/share/sounds/alsa").glob("*.wav") if f.stem != "Noise")
+ALSA_VOICES = human_voices()
 
 
 @pytest.mark.skipif(not ALSA_VOICES, reason="no human recordings: apt-get install alsa-utils (make system-deps)")
@@ -198,8 +196,7 @@ def test_noise_gate_on_a_human_voice():
     """alsa-utils' recordings of a person ("Front center", ...): the gate ends them near the last sound."""
     gated, alone = [], []
     for f in ALSA_VOICES:
-        with wave.open(str(f)) as w:
-            pcm = soxr.resample(np.frombuffer(w.readframes(w.getnframes()), np.int16), w.getframerate(), RATE)
+        pcm = read_voice(f)
         loud = np.flatnonzero(np.abs(pcm) > 100)  # -50 dBFS: the recording's own floor is lower
         pcm = pcm[loud[0]: loud[-1] + 1]
         gated += end_after_speech(pcm, 10, 3.0)
