@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import sys
 import threading
 import time
 
@@ -165,10 +166,13 @@ class IdleCollector:
 
 
 def manage(cfg, where: str, busy) -> IdleCollector | None:  # noqa: ANN001 - (Config, str, () -> bool)
-    """After loading, in each serving process: ``server.gc_freeze``, then ``server.gc_full``
+    """After loading, in each serving process: ``server.switch_interval_ms``, ``server.gc_freeze``, then ``server.gc_full``
     (``"idle"``: an ``IdleCollector`` on ``busy``, returned so the caller can close it); measures
     the process's pauses (``PAUSES``) either way, the freeze's own collection included."""
     PAUSES.install()
+    if cfg.server.switch_interval_ms is not None:
+        sys.setswitchinterval(cfg.server.switch_interval_ms / 1000)
+        log.info("%s: thread switch interval %.2f ms", where, cfg.server.switch_interval_ms)
     freeze_loaded(cfg.server.gc_freeze, where)
     if cfg.server.gc_full != "idle":
         return None

@@ -65,6 +65,27 @@ def test_ids_equal_piper(frontend, piper_voice, text):
     assert ours and all(ids[0] == 1 and ids[-1] == 2 for ids in ours)
 
 
+def test_espeak_voice_is_set_once_and_again_after_another_voice(frontend, monkeypatch):
+    """espeak-ng's voice is set only when it changes (``bridge_for``): the same phonemes as when set
+    before every call, also right after another voice (Mandarin) phonemized in between."""
+    from tts_engine import espeak
+
+    fresh = []
+    for text in SENTENCES:
+        espeak._voice = None  # forces set_voice, as before every call
+        fresh.append(frontend.phonemize(text))
+    with espeak._ESPEAK_LOCK:
+        bridge = espeak._load_espeakbridge()
+    calls = []
+    monkeypatch.setattr(bridge, "set_voice", lambda v, real=bridge.set_voice: (calls.append(v), real(v))[1])
+    cached = [frontend.phonemize(text) for text in SENTENCES]
+    mandarin = espeak.EspeakPhonemizer("cmn").phonemize("ni3 hao3")
+    again = [frontend.phonemize(text) for text in SENTENCES]
+    assert cached == fresh and again == fresh
+    assert mandarin and mandarin != frontend.phonemize("ni3 hao3")
+    assert calls == ["cmn", frontend.config.espeak_voice]
+
+
 def test_sentences_split_like_piper(frontend):
     sentences = frontend.phonemize("Hello, world. How are you? Fine!")
     assert len(sentences) == 3

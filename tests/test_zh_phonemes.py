@@ -214,12 +214,11 @@ def test_espeak_reads_our_pinyin_like_the_hanzi_of_that_reading():
 
 
 def test_espeak_cmn_reads_every_syllable_but_the_known_few():
-    from tts_engine.espeak import _ESPEAK_LOCK, _load_espeakbridge
+    from tts_engine.espeak import _ESPEAK_LOCK, bridge_for
 
     unreadable = []
     with _ESPEAK_LOCK:
-        bridge = _load_espeakbridge()
-        bridge.set_voice("cmn")
+        bridge = bridge_for("cmn")
         for syllable in _ALL_SYLLABLES:
             raw = "".join(p for p, _t, _e in bridge.get_phonemes(ph.espeak_spelling(syllable)))
             if "(" in raw or not raw:  # "(en)...": espeak gave up and read it as English

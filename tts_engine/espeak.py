@@ -22,6 +22,9 @@ from voxloop.errors import ModelError
 # (piper.voice has its own lock; do not phonemize with PiperVoice concurrently in one process.)
 _ESPEAK_LOCK = threading.Lock()
 _espeak: ModuleType | None = None
+#: The voice espeak-ng was last set to (``set_voice`` costs ~0.13 ms, a third of a short
+#: sentence's phonemization; text with a language switch does not change it).
+_voice: str | None = None
 
 
 def piper_package_dir() -> Path:
@@ -49,6 +52,20 @@ def _load_espeakbridge() -> ModuleType:
     return _espeak
 
 
+def bridge_for(voice: str) -> ModuleType:
+    """The espeak-ng bridge set to ``voice`` (call with ``_ESPEAK_LOCK`` held). Everything in this
+    process that phonemizes with the bridge must come through here: the voice is set only when it
+    changes. (piper-tts's ``PiperVoice`` sets its own voice on every call; after it, this module's
+    next call may still believe its last voice is set: use one voice per process with both.)"""
+    global _voice
+    bridge = _load_espeakbridge()
+    if _voice != voice:
+        _voice = None  # unknown if set_voice raises
+        bridge.set_voice(voice)
+        _voice = voice
+    return bridge
+
+
 class EspeakPhonemizer:
     """espeak-ng phonemes grouped by sentence, exactly as ``piper/phonemize_espeak.py``."""
 
@@ -63,9 +80,7 @@ class EspeakPhonemizer:
     def phonemize(self, text: str) -> list[list[str]]:
         text = text.replace("\x00", " ")  # the C bridge rejects NUL
         with _ESPEAK_LOCK:
-            bridge = _load_espeakbridge()
-            bridge.set_voice(self.voice)
-            clauses = bridge.get_phonemes(text)
+            clauses = bridge_for(self.voice).get_phonemes(text)
         sentences: list[list[str]] = []
         current: list[str] = []
         for phonemes, terminator, end_of_sentence in clauses:

@@ -86,6 +86,11 @@ class ServerConfig:
     #: when Python itself would run one, at most every 5 s and at the latest every 300 s under unbroken
     #: load (``pipeline.gc_pauses.IdleCollector``). configs/gpu.toml: "idle".
     gc_full: str = "auto"
+    #: Python's thread switch interval in each serving process, ms (``sys.setswitchinterval``): how
+    #: long a thread that wants the interpreter lock waits before it asks the running one to let go.
+    #: Unset: Python's own 5 ms. The engine process's link threads wait that long behind the GPU
+    #: scheduler's Python work before they send a finished chunk. 0.05..100.
+    switch_interval_ms: float | None = None
 
     def __post_init__(self) -> None:
         bad = [o for o in self.allowed_origins if o != "*" and not _ORIGIN.fullmatch(o)]
@@ -96,6 +101,8 @@ class ServerConfig:
             raise ConfigError(f"server.engine_stages: any of 'asr', 'llm'; got {list(self.engine_stages)}")
         if not 1 <= self.front_ends <= 64:
             raise ConfigError(f"server.front_ends must be 1..64, got {self.front_ends}")
+        if self.switch_interval_ms is not None and not 0.05 <= self.switch_interval_ms <= 100:
+            raise ConfigError(f"server.switch_interval_ms must be 0.05..100 (ms), got {self.switch_interval_ms}")
         if self.gc_full not in ("auto", "idle"):
             raise ConfigError(f"server.gc_full must be 'auto' or 'idle', got {self.gc_full!r}")
         if not 20 <= self.audio_delta_ms <= 1000:
