@@ -172,3 +172,24 @@ def test_gc_settings_are_checked():
     assert cfg.replace("server", gc_full="idle").server.gc_full == "idle"
     with pytest.raises(ConfigError, match="gc_full"):
         cfg.replace("server", gc_full="sometimes")
+
+
+def test_the_thread_switch_interval_is_set_in_each_serving_process():
+    import sys
+
+    from voxloop.config import Config
+    from voxloop.errors import ConfigError
+
+    cfg = Config()
+    assert cfg.server.switch_interval_ms is None
+    for bad in (0.0, 0.01, 101):
+        with pytest.raises(ConfigError, match="switch_interval_ms"):
+            cfg.replace("server", switch_interval_ms=bad)
+    before = sys.getswitchinterval()
+    try:
+        gc_pauses.manage(cfg, "test", lambda: False)  # unset: Python's own interval stays
+        assert sys.getswitchinterval() == before
+        gc_pauses.manage(cfg.replace("server", switch_interval_ms=0.5), "test", lambda: False)
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+    finally:
+        sys.setswitchinterval(before)
