@@ -23,7 +23,7 @@ from voxloop.errors import ModelError
 _ESPEAK_LOCK = threading.Lock()
 _espeak: ModuleType | None = None
 #: The voice espeak-ng was last set to (``set_voice`` costs ~0.13 ms, a third of a short
-#: sentence's phonemization; text with a language switch does not change it).
+#: sentence's phonemization; phonemes identical to setting it every time: tests/test_tts_frontend.py).
 _voice: str | None = None
 
 
