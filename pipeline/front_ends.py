@@ -201,9 +201,29 @@ async def _front_end(cfg: Config, engine_socket: str, llm_socket: str | None, sh
 
     loader = asyncio.create_task(load())
     serving = asyncio.create_task(hub.serve_until_signal())
-    await asyncio.wait({loader, serving}, return_when=asyncio.FIRST_COMPLETED)
+    orphaned = asyncio.create_task(_engine_process_gone())
+    await asyncio.wait({loader, serving, orphaned}, return_when=asyncio.FIRST_COMPLETED)
     if loader.done() and loader.exception() is not None:
+        orphaned.cancel()
         serving.cancel()
         await hub.stop(grace_s=0)
         raise loader.exception()
+    await asyncio.wait({serving, orphaned}, return_when=asyncio.FIRST_COMPLETED)
+    if orphaned.done():
+        # The engine process died without stopping us (SIGKILL, a crash): its GPU stages are gone,
+        # and a listener left on the shared port would take connections from the next server.
+        serving.cancel()
+        await hub.stop(grace_s=0)
+        raise SystemExit(1)
+    orphaned.cancel()
     await serving
+
+
+async def _engine_process_gone() -> None:
+    """Returns once this front end's parent (the engine process) has died: the process is re-parented."""
+    import asyncio
+
+    parent = os.getppid()
+    while os.getppid() == parent:
+        await asyncio.sleep(0.5)
+    log.error("the engine process (pid %d) is gone: stopping this front end", parent)

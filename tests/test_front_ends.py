@@ -15,6 +15,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -289,3 +290,19 @@ def test_a_step_that_ends_while_a_speak_is_being_registered_loses_nothing(tmp_pa
         assert received <= handed_out  # a speak's first chunk carries the engine's stamps
     finally:
         host.close()
+
+
+def test_front_ends_exit_when_the_engine_process_is_killed(server):
+    """SIGKILL of the engine process (no drain possible): its front ends and LLM process must not live
+    on, listening on the shared port with no engine behind them, taking the next server's connections."""
+    proc, port = server
+    children = [c for c in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+    listening = [c for c in children if any(s.laddr.port == port and s.status == "LISTEN"
+                                            for s in c.net_connections("tcp"))]
+    assert len(listening) == 2
+    proc.kill()
+    proc.wait()
+    gone, alive = psutil.wait_procs(children, timeout=scaled(15))
+    assert not alive, [(p.pid, p.cmdline()) for p in alive]
+    with socket.socket() as s:  # nothing listens on the port any more
+        assert s.connect_ex(("127.0.0.1", port)) != 0

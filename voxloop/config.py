@@ -89,7 +89,8 @@ class ServerConfig:
     #: Python's thread switch interval in each serving process, ms (``sys.setswitchinterval``): how
     #: long a thread that wants the interpreter lock waits before it asks the running one to let go.
     #: Unset: Python's own 5 ms. The engine process's link threads wait that long behind the GPU
-    #: scheduler's Python work before they send a finished chunk. 0.05..100.
+    #: scheduler's Python work before they send a finished chunk. 0.05..100. 0.5 ms on an H200
+    #: gave no consistent gain over 5 ms in two pairs of runs (bench/results/tts_load-h200-2026-12-03.md).
     switch_interval_ms: float | None = None
 
     def __post_init__(self) -> None:
