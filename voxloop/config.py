@@ -331,6 +331,7 @@ class TtsConfig:
     #: steps, much slower start-up; very slow with ``gpu.allocator = "async"``).
     cudnn_benchmark: bool = False
     #: GPU: torch.compile the chunk decoder before capture (fuses elementwise work; ~1 min more start-up).
+    #: H200, 50 clients: 684 vs 572 QPS in the engine, 655 served; one run (bench/results/tts_load-h200-2026-12-03-compile.md).
     compile: bool = False
     #: GPU: new requests' encoder and first chunk on a high-priority CUDA stream, beside the later
     #: chunks of running ones, so first audio does not wait for them: "overlap" (side by side),
