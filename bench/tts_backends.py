@@ -38,6 +38,7 @@ class CudaBackend:
             chunk_frames=args.chunk_frames, max_frames=args.max_frames, precision=args.precision,
             tail_chunk_frames=args.tail_chunk_frames, decode_batches=batch_buckets(args.max_batch, fine=not args.coarse),
             encode_batches=batch_buckets(args.max_batch, fine=False), compile=args.compile,
+            compile_encoder=getattr(args, "compile_encoder", False),
             cudnn_benchmark=args.cudnn_benchmark, fast_lane=fast_lane, fast_lanes=fast_lanes,
         )  # fmt: skip
         t0 = time.perf_counter()
@@ -45,7 +46,8 @@ class CudaBackend:
                                     gpu=gpu or GpuConfig(allocator=args.allocator))  # fmt: skip
         self.startup_s = time.perf_counter() - t0
         self.sample_rate = self.engine.sample_rate
-        self.name = f"cuda-{args.precision}" + ("-compiled" if args.compile else "") + ("-cudnnbench" if args.cudnn_benchmark else "")
+        self.name = (f"cuda-{args.precision}" + ("-compiled" if args.compile else "") + ("-encoder" if opts.compile_encoder else "")
+                     + ("-cudnnbench" if args.cudnn_benchmark else ""))
         runner = self.engine.runner
         self.info = {
             "startup_s": round(self.startup_s, 2), "graph_capture_s": round(runner.capture_s, 2),
@@ -53,7 +55,7 @@ class CudaBackend:
             "capture_peak_mb": round(runner.capture_peak_mb, 1),
             "memory_after_capture_mb": round(self.torch.cuda.memory_reserved() / 2**20, 1),
             "chunk_frames": args.chunk_frames, "tail_chunk_frames": args.tail_chunk_frames, "compile": args.compile,
-            "cudnn_benchmark": args.cudnn_benchmark, "allocator": args.allocator, "fast_lane": fast_lane,
+            "compile_encoder": opts.compile_encoder, "cudnn_benchmark": args.cudnn_benchmark, "allocator": args.allocator, "fast_lane": fast_lane,
             "fast_lanes": fast_lanes,
             "decode_batches": len(opts.decode_batches),
             "precision": args.precision, "max_batch": args.max_batch,

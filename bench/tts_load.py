@@ -224,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-batch", type=int, default=128)
     p.add_argument("--max-frames", type=int, default=3072)
     p.add_argument("--compile", action="store_true", help="torch.compile the chunk decoder before capture")
+    p.add_argument("--compile-encoder", action="store_true", help="torch.compile the encoder step too")
     p.add_argument("--cudnn-benchmark", action="store_true", help="cuDNN algorithm timing at start-up (tts.cudnn_benchmark)")
     p.add_argument("--allocator", default="async", choices=["async", "native"], help="gpu.allocator")
     p.add_argument("--coarse", action="store_true", help="power-of-two decode batch buckets only (faster start-up)")

@@ -49,7 +49,7 @@ def model(voice_path):
 
 
 def engine(voice_path, precision: str, max_batch: int = 8, chunk_frames: int = 64, tail_chunk_frames: int = 256,
-           fast_lanes: int = 1):
+           fast_lanes: int = 1, **compile_options: bool):
     from tts_engine.torch_vits.cuda_engine import CudaTtsEngine, batch_buckets
     from tts_engine.torch_vits.runner import RunnerOptions
     from tts_engine.voice import Voice
@@ -57,7 +57,7 @@ def engine(voice_path, precision: str, max_batch: int = 8, chunk_frames: int = 6
     opts = RunnerOptions(
         chunk_frames=chunk_frames, tail_chunk_frames=tail_chunk_frames, max_frames=1024, precision=precision,
         decode_batches=batch_buckets(max_batch),
-        encode_batches=(1, 2, 4, 8), phoneme_buckets=(64, 128, 256), fast_lanes=fast_lanes,
+        encode_batches=(1, 2, 4, 8), phoneme_buckets=(64, 128, 256), fast_lanes=fast_lanes, **compile_options,
     )  # fmt: skip
     return CudaTtsEngine(Voice.load(voice_path), opts, device="cuda")
 
@@ -100,6 +100,27 @@ def test_gpu_engine_chunks_equal_whole_utterance(model, voice_path):
             ref = np.clip(whole(model, ids) * 32767, -32767, 32767).astype(np.int32)
             assert audio.shape == ref.shape and len(chunks) > 1 and chunks[-1].final
             assert np.abs(audio - ref).max() <= 3
+    finally:
+        eng.close()
+
+
+def test_gpu_compiled_encoder_and_decoder_keep_durations_and_audio(model, voice_path):
+    """``tts.compile`` + ``tts.compile_encoder``: Inductor reorders fp32 arithmetic, so samples may move
+    by a few int16 steps more than the eager engine's, but durations (ceil'd in the encoder) must not:
+    the same number of samples per utterance, and the waveform at >= 50 dB SNR against the whole-utterance
+    run (the eager engine's bound of 3 int16 steps is ~70 dB at speech level; fp16's floor is 30)."""
+    from tts_engine.engine import SynthesisOptions
+
+    eng = engine(voice_path, "fp32", compile=True, compile_encoder=True)
+    quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
+    try:
+        inputs = bench_ids(12)
+        requests = [eng.submit(ids, quiet) for ids in inputs]
+        for ids, request in zip(inputs, requests):
+            audio = np.concatenate([c.pcm for c in request]).astype(np.float64) / 32767
+            ref = np.clip(whole(model, ids), -1.0, 1.0)
+            assert audio.shape == ref.shape
+            assert snr_db(ref, audio) >= 50.0
     finally:
         eng.close()
 

@@ -333,6 +333,9 @@ class TtsConfig:
     #: GPU: torch.compile the chunk decoder before capture (fuses elementwise work; ~1 min more start-up).
     #: H200, 50 clients: 684 vs 572 QPS in the engine, 655 served; one run (bench/results/tts_load-h200-2026-12-03-compile.md).
     compile: bool = False
+    #: GPU: torch.compile the encoder too (text encoder, durations, prior), one graph for every
+    #: batch and phoneme bucket (dynamic shapes), before capture; more start-up.
+    compile_encoder: bool = False
     #: GPU: new requests' encoder and first chunk on a high-priority CUDA stream, beside the later
     #: chunks of running ones, so first audio does not wait for them: "overlap" (side by side),
     #: "exclusive" (the later chunks' next launch waits for a first-chunk launch in flight),

@@ -112,6 +112,7 @@ class CudaTtsEngine:
             precision=tts.precision,
             cuda_graphs=tts.cuda_graphs,
             compile=tts.compile,
+            compile_encoder=tts.compile_encoder,
             cudnn_benchmark=tts.cudnn_benchmark,
             fast_lane=tts.fast_lane,
             fast_lanes=tts.fast_lanes,

@@ -87,6 +87,8 @@ class RunnerOptions:
     #: Compile the chunk decoder (flow + HiFi-GAN) with ``torch.compile`` before capture (CUDA
     #: only): fuses the elementwise work between convolutions; adds start-up time.
     compile: bool = False
+    #: Compile the encoder step too (dynamic batch and phoneme length; CUDA only).
+    compile_encoder: bool = False
     #: Let cuDNN time its algorithms for every captured shape at start-up: on the H200 ~20 % faster
     #: decode steps at batch 8 (4.4 vs 5.4 ms, 256-frame chunks), but start-up 21 s instead of 3 s for
     #: 24 graphs with the native allocator, and minutes with the async one (each trial maps workspace).
@@ -280,6 +282,10 @@ class StepRunner:
         # Only the chunk decoder is compiled: the encoder took ~30 s per shape to compile on the
         # H200 for a 1.6x faster step (bench/results/tts_load-h200-*.md), too slow a start-up.
         compiling = self.options.compile and dev.type == "cuda"
+        encode_fn = self._encode_fn
+        if self.options.compile_encoder and dev.type == "cuda":
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 16)
+            encode_fn = torch.compile(self._encode_fn)
         # Largest first: later captures reuse the pool's blocks.
         for lane in self.fast_lanes:
             for b, t in sorted(self.options.encode_buckets(), key=lambda bt: -bt[0] * bt[1]):
@@ -290,7 +296,11 @@ class StepRunner:
                     torch.full((b,), self.scratch_slot, dtype=torch.long, device=dev),
                     torch.zeros(b, dtype=torch.long, device=dev),
                 ]
-                self._encode_steps[(b, t, lane)] = _Step(self._encode_fn, inputs, *pools[lane])
+                self._encode_steps[(b, t, lane)] = _Step(encode_fn, inputs, *pools[lane])
+                if encode_fn is not self._encode_fn and b > 1:
+                    torch._dynamo.mark_dynamic(inputs[0], 1)  # one compiled graph for every phoneme bucket
+                    for tensor in inputs:  # and every batch > 1
+                        torch._dynamo.mark_dynamic(tensor, 0)
         decode_fns = {c: functools.partial(self._decode_fn, g) for c, g in self.geometries.items()}
         if compiling:
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 16)
