@@ -46,8 +46,7 @@ class ChatPrompt:
 
     def tokens(self, messages: Sequence[dict]) -> list[int]:
         """Prompt tokens of ``messages``, ending with the assistant's generation prompt."""
-        prompt = self._template(messages=[dict(role=m["role"], content=m["content"])
-                                          for m in messages]).prompt
+        prompt = self._template(messages=alternating(messages)).prompt
         # The template writes the special tokens itself (added_special), so no BOS here.
         return self._llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
 
@@ -81,6 +80,23 @@ class ChatPrompt:
                 log.info("LLM prompt over the context: dropped the %d oldest messages", n)
                 return FittedPrompt(tokens, n, Cut(rest[n]["role"], rest[n]["content"]))
         raise InvalidInput(f"prompt needs {len(tokens)} tokens; the context leaves {budget}")
+
+
+def alternating(messages: Sequence[dict]) -> list[dict]:
+    """``messages`` with each run of same-role messages joined into one (contents on lines of their own).
+
+    A conversation holds two user messages in a row when the reply between them was cancelled before
+    any of it was heard (it leaves the history), or when a client adds two user items. Many chat
+    templates (Mistral, Llama 2, Gemma) raise "roles must alternate" on that; joined, every template
+    reads it as the one turn it was to the user ("How long does it take?" … "to boil an egg").
+    """
+    out: list[dict] = []
+    for m in messages:
+        if out and out[-1]["role"] == m["role"] and m["role"] != "system":
+            out[-1]["content"] = f"{out[-1]['content']}\n{m['content']}"
+        else:
+            out.append({"role": m["role"], "content": m["content"]})
+    return out
 
 
 def _find(rest: Sequence[dict], cut: Cut) -> int | None:

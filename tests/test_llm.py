@@ -415,3 +415,32 @@ def test_the_memory_budget_refuses_start_up_before_the_kv_cache(cfg):
         assert report["weights_bytes"] + report["kv_bytes"] < 1000 * 2**20
     finally:
         fits.close()
+
+
+#: A strict chat template of the Mistral / Llama 2 kind: it refuses two user messages in a row.
+STRICT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% else %}{{ message['content'] + eos_token }}{% endif %}{% endfor %}"
+)
+
+
+def test_consecutive_user_messages_are_one_turn_for_a_strict_template():
+    """A reply cancelled before it was heard leaves the history, so two user messages follow each
+    other; the prompt joins them, which a template requiring alternation accepts."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    from llm.prompt import alternating
+
+    strict = Jinja2ChatFormatter(template=STRICT_TEMPLATE, eos_token="</s>", bos_token="<s>")
+    split = [{"role": "user", "content": "How long does it take?"}, {"role": "user", "content": "to boil an egg"}]
+    with pytest.raises(Exception, match="must alternate"):
+        strict(messages=split)
+    history = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello!"}, *split]
+    prompt = strict(messages=alternating(history)).prompt
+    assert prompt == "<s>[INST] Hi. [/INST]Hello!</s>[INST] How long does it take?\nto boil an egg [/INST]"
+    assert history[2]["content"] == "How long does it take?"  # the caller's messages are left as they were
+    assert alternating([{"role": "system", "content": "a"}, {"role": "system", "content": "b"}]) == [
+        {"role": "system", "content": "a"}, {"role": "system", "content": "b"}]
