@@ -43,10 +43,13 @@ class ChatPrompt:
     def __init__(self, llm) -> None:
         self._llm = llm
         self._template = _template(llm)
+        self._fold_system = not _takes_system_role(self._template)
+        if self._fold_system:
+            log.info("the GGUF's chat template refuses a system message: the system prompt opens the first user turn")
 
     def tokens(self, messages: Sequence[dict]) -> list[int]:
         """Prompt tokens of ``messages``, ending with the assistant's generation prompt."""
-        prompt = self._template(messages=alternating(messages)).prompt
+        prompt = self._template(messages=alternating(messages, fold_system=self._fold_system)).prompt
         # The template writes the special tokens itself (added_special), so no BOS here.
         return self._llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
 
@@ -82,14 +85,23 @@ class ChatPrompt:
         raise InvalidInput(f"prompt needs {len(tokens)} tokens; the context leaves {budget}")
 
 
-def alternating(messages: Sequence[dict]) -> list[dict]:
+def alternating(messages: Sequence[dict], fold_system: bool = False) -> list[dict]:
     """``messages`` with each run of same-role messages joined into one (contents on lines of their own).
 
     A conversation holds two user messages in a row when the reply between them was cancelled before
     any of it was heard (it leaves the history), or when a client adds two user items. Many chat
     templates (Mistral, Llama 2, Gemma) raise "roles must alternate" on that; joined, every template
     reads it as the one turn it was to the user ("How long does it take?" … "to boil an egg").
+    ``fold_system``: for templates with no system role (Gemma 2: "System role not supported"), the system
+    messages open the first user message instead.
     """
+    if fold_system:
+        system = "\n".join(m["content"] for m in messages if m["role"] == "system")
+        messages = [m for m in messages if m["role"] != "system"]
+        if system:
+            first = messages[0]["content"] if messages and messages[0]["role"] == "user" else None
+            messages = [{"role": "user", "content": system if first is None else f"{system}\n\n{first}"},
+                        *messages[1 if first is not None else 0:]]
     out: list[dict] = []
     for m in messages:
         if out and out[-1]["role"] == m["role"] and m["role"] != "system":
@@ -97,6 +109,17 @@ def alternating(messages: Sequence[dict]) -> list[dict]:
         else:
             out.append({"role": m["role"], "content": m["content"]})
     return out
+
+
+def _takes_system_role(template) -> bool:  # noqa: ANN001 - a llama_cpp Jinja2ChatFormatter
+    """False when rendering a system message raises in ``template`` (and a user message alone does not)."""
+    user = {"role": "user", "content": "Hi."}
+    try:
+        template(messages=[{"role": "system", "content": "Be brief."}, user])
+    except Exception:  # noqa: BLE001 - templates raise what they like (jinja2 errors, ValueError)
+        template(messages=[user])  # a template that fails on this too is broken: let that raise
+        return False
+    return True
 
 
 def _find(rest: Sequence[dict], cut: Cut) -> int | None:

@@ -444,3 +444,28 @@ def test_consecutive_user_messages_are_one_turn_for_a_strict_template():
     assert history[2]["content"] == "How long does it take?"  # the caller's messages are left as they were
     assert alternating([{"role": "system", "content": "a"}, {"role": "system", "content": "b"}]) == [
         {"role": "system", "content": "a"}, {"role": "system", "content": "b"}]
+
+
+#: A chat template of the Gemma 2 kind: no system role.
+NO_SYSTEM_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% for message in messages %}{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else 'user') + '\n'"
+    " + message['content'] + '<end_of_turn>\n' }}{% endfor %}<start_of_turn>model\n"
+)
+
+
+def test_a_template_without_a_system_role_gets_the_system_prompt_in_the_first_user_turn():
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    from llm.prompt import _takes_system_role, alternating
+
+    gemma = Jinja2ChatFormatter(template=NO_SYSTEM_TEMPLATE, eos_token="<eos>", bos_token="<bos>")
+    strict = Jinja2ChatFormatter(template=STRICT_TEMPLATE, eos_token="</s>", bos_token="<s>")
+    assert not _takes_system_role(gemma)
+    assert not _takes_system_role(strict)  # its roles must alternate from a user message on
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi."},
+                {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye."}]
+    prompt = gemma(messages=alternating(messages, fold_system=True)).prompt
+    assert prompt == ("<bos><start_of_turn>user\nBe brief.\n\nHi.<end_of_turn>\n<start_of_turn>model\nHello!"
+                      "<end_of_turn>\n<start_of_turn>user\nBye.<end_of_turn>\n<start_of_turn>model")
+    assert strict(messages=alternating(messages, fold_system=True)).prompt.startswith("<s>[INST] Be brief.\n\nHi. [/INST]")

@@ -242,7 +242,9 @@ class AsrConfig:
 
 @dataclass(frozen=True)
 class LlmConfig:
-    #: GGUF file; None resolves the bundled SmolLM2-135M-Instruct.
+    #: GGUF file; None resolves the bundled SmolLM2-135M-Instruct. Any chat (instruct) GGUF with a
+    #: ``tokenizer.chat_template``: prompts are rendered with it, a run of same-role messages joined into
+    #: one, and the system prompt folded into the first user turn when the template refuses a system role.
     model_path: str | None = None
     #: Context window of one conversation, tokens (history beyond it is cut, oldest first).
     n_ctx: int = 2048
