@@ -96,6 +96,12 @@ def serve_front_ends(cfg: Config) -> int:
                     p._reported = True  # type: ignore[attr-defined]
             if all(p.exitcode is not None for p in procs):
                 return 1
+            if any(p.exitcode is not None for p in helpers):
+                # Every reply needs the LLM process: without it the server would accept sessions
+                # it cannot answer. Stop, so that a supervisor (systemd, Docker) starts it again.
+                log.error("the LLM process is gone: stopping the server (exit code 1)")
+                _stop_front_ends(procs, cfg.server.shutdown_grace_s)
+                return 1
         log.info("signal received: draining %d front ends", n)
         code = _stop_front_ends(procs, cfg.server.shutdown_grace_s)
         return max(code, _stop_front_ends(helpers, 0))  # the LLM process after the front ends drained

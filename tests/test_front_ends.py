@@ -306,3 +306,16 @@ def test_front_ends_exit_when_the_engine_process_is_killed(server):
     assert not alive, [(p.pid, p.cmdline()) for p in alive]
     with socket.socket() as s:  # nothing listens on the port any more
         assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_the_server_stops_when_its_llm_process_dies(voice_server):
+    """Every reply needs the LLM process: once it is gone the server drains its front ends and exits
+    with code 1 (for systemd or Docker to restart it) instead of accepting sessions it cannot answer."""
+    proc, port = voice_server
+    spawned = [c for c in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+    llm = [c for c in spawned if not any(s.laddr.port == port for s in c.net_connections("tcp"))]
+    assert len(llm) == 1  # the two front ends listen on the port; the LLM process does not
+    llm[0].kill()
+    assert proc.wait(timeout=scaled(60)) == 1
+    gone, alive = psutil.wait_procs(spawned, timeout=scaled(15))
+    assert not alive
