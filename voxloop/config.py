@@ -173,7 +173,7 @@ class TurnConfig:
     #: (ASR, then the LLM; nothing is sent before the commit), ms (whole VAD frames); the score, and
     #: so the commit, still wait for ``pause_ms``. Speech resuming in between drops it (a wasted ASR
     #: run). None, or anything >= ``pause_ms``: at ``pause_ms``. 2 cores, 1 talker: with 60 the
-    #: transcript (and the LLM's start) came 120-160 ms sooner than with 150 (README, "Turn taking").
+    #: transcript (and the LLM's start) came 120-160 ms sooner than with 150 (docs/benchmarks.md, "Turn taking").
     asr_pause_ms: int | None = 60
     #: ``semantic_vad`` with ``asr_pause_ms`` shorter than ``pause_ms``: the end-of-turn score is
     #: asked at ``asr_pause_ms`` already, with the speculative turn. Only a complete score (``>=
@@ -368,7 +368,7 @@ class TtsConfig:
     first_clause_min_chars: int = 8
     #: A first clause with no punctuation within this many words is cut after them, at a space (not
     #: after an article, preposition or pronoun): speech starts sooner, may be heard as a break (each
-    #: clause is synthesized as a sentence). 2 cores: first clause ~0.1 s sooner with 4 (README). 0: off.
+    #: clause is synthesized as a sentence). 2 cores: first clause ~0.1 s sooner with 4 (docs/benchmarks.md). 0: off.
     first_clause_max_words: int = 0
     #: Shortest later clause cut at a comma, characters.
     clause_min_chars: int = 40
