@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import replace
@@ -485,3 +486,23 @@ def test_onnx_export_matches_pytorch(model, tmp_path):
     report = export_onnx.check(model, enc, dec, bench_ids(1)[0])
     assert report["frames_equal"] == 1.0
     assert report["encoder_max_abs"] < 1e-3 and report["decoder_max_abs"] < 1e-3
+
+
+def test_compiled_kernels_are_cached_per_gpu_cuda_and_torch(tmp_path, monkeypatch):
+    """``tts.compile``: Inductor's cache goes under the models cache, one directory per GPU model, CUDA
+    and torch (a reboot or a container restart keeps it); a TORCHINDUCTOR_CACHE_DIR of the user wins."""
+    from tts_engine.torch_vits.compile_cache import ENV, cache_key, use_compile_cache
+
+    h200 = cache_key("NVIDIA H200", (9, 0), "13.0", "2.11.0+cu130")
+    assert h200 == "NVIDIA-H200-sm90-cuda13.0-torch2.11.0+cu130"
+    assert cache_key("NVIDIA H200", (9, 0), "13.0", "2.12.0") != h200
+    assert cache_key("NVIDIA GeForce RTX 4090", (8, 9), "12.8", "2.11.0") == "NVIDIA-GeForce-RTX-4090-sm89-cuda12.8-torch2.11.0"
+    monkeypatch.delenv(ENV, raising=False)
+    used = use_compile_cache(tmp_path / "inductor", h200)
+    assert used == tmp_path / "inductor" / h200 and used.is_dir()
+    assert os.environ[ENV] == str(used)
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    assert cache_dir() == str(used)  # what Inductor itself will use
+    monkeypatch.setenv(ENV, str(tmp_path / "mine"))
+    assert use_compile_cache(tmp_path / "inductor", h200) == tmp_path / "mine"

@@ -334,6 +334,8 @@ class TtsConfig:
     cudnn_benchmark: bool = False
     #: GPU: torch.compile the chunk decoder before capture (fuses elementwise work; ~1 min more start-up).
     #: H200, 50 clients: 684 vs 572 QPS in the engine, 655 served; one run (bench/results/tts_load-h200-2026-12-03-compile.md).
+    #: What it compiled is kept in ``<models.cache_dir>/inductor/<GPU-CUDA-torch>`` for the next start
+    #: (``TORCHINDUCTOR_CACHE_DIR`` overrides; tts_engine/torch_vits/compile_cache.py).
     compile: bool = False
     #: GPU: torch.compile the encoder too (text encoder, durations, prior), one graph for every
     #: batch and phoneme bucket (dynamic shapes), before capture; more start-up.

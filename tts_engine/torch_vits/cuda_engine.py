@@ -14,6 +14,7 @@ whole-utterance audio. Also runs on CPU (eager, no graphs) for tests.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -29,6 +30,8 @@ from tts_engine.torch_vits.weights import load_vits
 from tts_engine.voice import Voice
 from voxloop.config import Config, GpuConfig
 from voxloop.errors import ConfigError, ModelError
+
+log = logging.getLogger(__name__)
 
 #: Output rates accepted in ``SynthesisOptions.sample_rate``, Hz (as the CPU engine).
 
@@ -120,6 +123,11 @@ class CudaTtsEngine:
             encode_budget_mb=cfg.gpu.tts_encode_budget_mb,
             decode_budget_mb=cfg.gpu.tts_decode_budget_mb,
         )
+        if (tts.compile or tts.compile_encoder) and str(tts.device).startswith("cuda") and torch.cuda.is_available():
+            from tts_engine.torch_vits.compile_cache import use_device_compile_cache
+
+            where = use_device_compile_cache(models.cache_dir(cfg) / "inductor", tts.device)
+            log.info("compiled kernels are cached in %s", where)
         defaults = SynthesisOptions.from_config(tts)
         return cls(
             voice,

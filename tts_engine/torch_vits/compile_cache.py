@@ -1,0 +1,43 @@
+"""Where ``torch.compile`` keeps what it compiled, so that the next start of the server reuses it.
+
+Inductor caches compiled graphs and Triton kernels on disk, by default under the system's
+temporary directory: gone after a reboot or with a container's restart. With ``tts.compile`` or
+``tts.compile_encoder`` the engine points that cache at ``<models.cache_dir>/inductor/<key>``, the
+key naming the GPU, its compute capability, the CUDA runtime and torch, so caches of other
+devices or versions stay apart (Inductor also keys each entry on its own inputs). A
+``TORCHINDUCTOR_CACHE_DIR`` set by the user wins.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def cache_key(device_name: str, capability: tuple[int, int], cuda: str | None, torch_version: str) -> str:
+    """A directory name for one GPU model + CUDA + torch, e.g. ``NVIDIA-H200-sm90-cuda13.0-torch2.11.0``."""
+    raw = f"{device_name}-sm{capability[0]}{capability[1]}-cuda{cuda or 'none'}-torch{torch_version}"
+    return re.sub(r"[^A-Za-z0-9.+_-]+", "-", raw).strip("-")
+
+
+def use_compile_cache(root: Path, key: str) -> Path:
+    """Set Inductor's cache to ``root/key`` (created) unless the user set ``TORCHINDUCTOR_CACHE_DIR``;
+    returns the directory in use."""
+    if os.environ.get(ENV):
+        return Path(os.environ[ENV])
+    path = Path(root).expanduser() / key
+    path.mkdir(parents=True, exist_ok=True)
+    os.environ[ENV] = str(path)
+    return path
+
+
+def use_device_compile_cache(root: Path, device: str) -> Path:
+    """``use_compile_cache`` keyed by the CUDA ``device`` this process compiles for."""
+    import torch
+
+    props = torch.cuda.get_device_properties(device)
+    return use_compile_cache(root, cache_key(props.name, (props.major, props.minor), torch.version.cuda,
+                                             torch.__version__))
