@@ -506,3 +506,7 @@ def test_compiled_kernels_are_cached_per_gpu_cuda_and_torch(tmp_path, monkeypatc
     assert cache_dir() == str(used)  # what Inductor itself will use
     monkeypatch.setenv(ENV, str(tmp_path / "mine"))
     assert use_compile_cache(tmp_path / "inductor", h200) == tmp_path / "mine"
+    monkeypatch.delenv(ENV)
+    blocked = tmp_path / "read-only"
+    blocked.write_text("a file where the directory would go")  # as a read-only models volume: no mkdir
+    assert use_compile_cache(blocked, h200) is None and ENV not in os.environ

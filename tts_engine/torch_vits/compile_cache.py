@@ -10,9 +10,12 @@ devices or versions stay apart (Inductor also keys each entry on its own inputs)
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 ENV = "TORCHINDUCTOR_CACHE_DIR"
 
@@ -23,18 +26,26 @@ def cache_key(device_name: str, capability: tuple[int, int], cuda: str | None, t
     return re.sub(r"[^A-Za-z0-9.+_-]+", "-", raw).strip("-")
 
 
-def use_compile_cache(root: Path, key: str) -> Path:
+def use_compile_cache(root: Path, key: str) -> Path | None:
     """Set Inductor's cache to ``root/key`` (created) unless the user set ``TORCHINDUCTOR_CACHE_DIR``;
-    returns the directory in use."""
+    returns the directory in use, or None (Inductor's default, logged) when ``root`` is not writable
+    (a read-only models volume)."""
     if os.environ.get(ENV):
         return Path(os.environ[ENV])
     path = Path(root).expanduser() / key
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK):
+            raise PermissionError(f"{path} is not writable")
+    except OSError as e:
+        log.warning("compiled kernels cannot be kept in %s (%s): torch's temporary directory is used, "
+                    "so every start compiles again; set TORCHINDUCTOR_CACHE_DIR or models.cache_dir", path, e)
+        return None
     os.environ[ENV] = str(path)
     return path
 
 
-def use_device_compile_cache(root: Path, device: str) -> Path:
+def use_device_compile_cache(root: Path, device: str) -> Path | None:
     """``use_compile_cache`` keyed by the CUDA ``device`` this process compiles for."""
     import torch
 

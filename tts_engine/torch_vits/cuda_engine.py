@@ -127,7 +127,8 @@ class CudaTtsEngine:
             from tts_engine.torch_vits.compile_cache import use_device_compile_cache
 
             where = use_device_compile_cache(models.cache_dir(cfg) / "inductor", tts.device)
-            log.info("compiled kernels are cached in %s", where)
+            if where is not None:
+                log.info("compiled kernels are kept in %s", where)
         defaults = SynthesisOptions.from_config(tts)
         return cls(
             voice,
