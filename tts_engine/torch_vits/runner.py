@@ -279,8 +279,9 @@ class StepRunner:
             for lane in self.fast_lanes:
                 pools[lane] = (torch.cuda.graph_pool_handle(), torch.cuda.Stream(dev))
         t0 = time.perf_counter()
-        # Only the chunk decoder is compiled: the encoder took ~30 s per shape to compile on the
-        # H200 for a 1.6x faster step (bench/results/tts_load-h200-*.md), too slow a start-up.
+        # The encoder is compiled only with compile_encoder: compiled per shape it took ~30 s each on
+        # the H200; with its batch and length marked dynamic (below) one graph serves every bucket
+        # (+81 s of start-up for a 1.6x faster fast lane, bench/results/tts_load-h200-2026-12-03-compile.md).
         compiling = self.options.compile and dev.type == "cuda"
         encode_fn = self._encode_fn
         if self.options.compile_encoder and dev.type == "cuda":
