@@ -28,12 +28,12 @@ class WsBackend:
                 f"--set=tts.chunk_frames={args.chunk_frames}", f"--set=tts.tail_chunk_frames={args.tail_chunk_frames}",
                 f"--set=tts.max_batch={args.max_batch}", f"--set=tts.max_frames={args.max_frames}",
                 f"--set=tts.compile={'true' if args.compile else 'false'}", f"--set=gpu.allocator={args.allocator}",
-                f"--set=tts.compile_encoder={'true' if getattr(args, 'compile_encoder', False) else 'false'}",
+                f"--set=tts.compile_encoder={'true' if args.compile_encoder else 'false'}",
                 f"--set=tts.cudnn_benchmark={'true' if args.cudnn_benchmark else 'false'}",
                 f"--set=tts.fast_lane={args.fast_lane}", f"--set=tts.fast_lanes={args.fast_lanes}", *args.server_arg,
             ]  # fmt: skip
             self.name = (f"ws-cuda-{args.precision}" + ("-compiled" if args.compile else "")
-                         + ("-encoder" if getattr(args, "compile_encoder", False) else ""))
+                         + ("-encoder" if args.compile_encoder else ""))
             self.info: dict = {"precision": args.precision, "max_batch": args.max_batch, "gpu": gpu_name(),
                                "fast_lane": args.fast_lane, "fast_lanes": args.fast_lanes}
         elif backend in ("onnx", "onnx-stream"):

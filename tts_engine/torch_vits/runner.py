@@ -283,10 +283,10 @@ class StepRunner:
         # the H200; with its batch and length marked dynamic (below) one graph serves every bucket
         # (+81 s of start-up for a 1.6x faster fast lane, bench/results/tts_load-h200-2026-12-03-compile.md).
         compiling = self.options.compile and dev.type == "cuda"
-        encode_fn = self._encode_fn
-        if self.options.compile_encoder and dev.type == "cuda":
+        compiling_encoder = self.options.compile_encoder and dev.type == "cuda"
+        if compiling or compiling_encoder:
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 16)
-            encode_fn = torch.compile(self._encode_fn)
+        encode_fn = torch.compile(self._encode_fn) if compiling_encoder else self._encode_fn
         # Largest first: later captures reuse the pool's blocks.
         for lane in self.fast_lanes:
             for b, t in sorted(self.options.encode_buckets(), key=lambda bt: -bt[0] * bt[1]):
@@ -298,13 +298,12 @@ class StepRunner:
                     torch.zeros(b, dtype=torch.long, device=dev),
                 ]
                 self._encode_steps[(b, t, lane)] = _Step(encode_fn, inputs, *pools[lane])
-                if encode_fn is not self._encode_fn and b > 1:
+                if compiling_encoder and b > 1:
                     torch._dynamo.mark_dynamic(inputs[0], 1)  # one compiled graph for every phoneme bucket
                     for tensor in inputs:  # and every batch > 1
                         torch._dynamo.mark_dynamic(tensor, 0)
         decode_fns = {c: functools.partial(self._decode_fn, g) for c, g in self.geometries.items()}
         if compiling:
-            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 16)
             decode_fns = {c: torch.compile(fn) for c, fn in decode_fns.items()}
         lanes = [(chunk, "main", main_pool, main_capture) for chunk in sorted(self.options.chunk_sizes, reverse=True)]
         if self.options.fast_lane != "off":  # first chunks: graphs of their own in each fast lane's pool
