@@ -39,7 +39,8 @@ class CudaBackend:
             tail_chunk_frames=args.tail_chunk_frames, decode_batches=batch_buckets(args.max_batch, fine=not args.coarse),
             encode_batches=batch_buckets(args.max_batch, fine=False), compile=args.compile,
             compile_encoder=getattr(args, "compile_encoder", False),
-            cudnn_benchmark=args.cudnn_benchmark, fast_lane=fast_lane, fast_lanes=fast_lanes,
+            cudnn_benchmark=args.cudnn_benchmark, cudnn_benchmark_limit=getattr(args, "cudnn_benchmark_limit", 10),
+            fast_lane=fast_lane, fast_lanes=fast_lanes,
         )  # fmt: skip
         t0 = time.perf_counter()
         self.engine = CudaTtsEngine(Voice.load(args.voice), opts, device=args.device, queue_size=4096,
@@ -47,7 +48,9 @@ class CudaBackend:
         self.startup_s = time.perf_counter() - t0
         self.sample_rate = self.engine.sample_rate
         self.name = (f"cuda-{args.precision}" + ("-compiled" if args.compile else "") + ("-encoder" if opts.compile_encoder else "")
-                     + ("-cudnnbench" if args.cudnn_benchmark else ""))
+                     + ("-cudnnbench" if args.cudnn_benchmark else "")
+                     + (f"-limit{opts.cudnn_benchmark_limit}" if args.cudnn_benchmark and opts.cudnn_benchmark_limit != 10 else "")
+                     + ("-coarse" if args.coarse else ""))
         runner = self.engine.runner
         self.info = {
             "startup_s": round(self.startup_s, 2), "graph_capture_s": round(runner.capture_s, 2),
@@ -55,7 +58,8 @@ class CudaBackend:
             "capture_peak_mb": round(runner.capture_peak_mb, 1),
             "memory_after_capture_mb": round(self.torch.cuda.memory_reserved() / 2**20, 1),
             "chunk_frames": args.chunk_frames, "tail_chunk_frames": args.tail_chunk_frames, "compile": args.compile,
-            "compile_encoder": opts.compile_encoder, "cudnn_benchmark": args.cudnn_benchmark, "allocator": args.allocator, "fast_lane": fast_lane,
+            "compile_encoder": opts.compile_encoder, "cudnn_benchmark": args.cudnn_benchmark,
+            "cudnn_benchmark_limit": opts.cudnn_benchmark_limit, "allocator": args.allocator, "fast_lane": fast_lane,
             "fast_lanes": fast_lanes,
             "decode_batches": len(opts.decode_batches),
             "precision": args.precision, "max_batch": args.max_batch,

@@ -226,8 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compile", action="store_true", help="torch.compile the chunk decoder before capture")
     p.add_argument("--compile-encoder", action="store_true", help="torch.compile the encoder step too")
     p.add_argument("--cudnn-benchmark", action="store_true", help="cuDNN algorithm timing at start-up (tts.cudnn_benchmark)")
+    p.add_argument("--cudnn-benchmark-limit", type=int, default=10,
+                   help="most cuDNN algorithms timed per shape (tts.cudnn_benchmark_limit; 0: all)")
     p.add_argument("--allocator", default="async", choices=["async", "native"], help="gpu.allocator")
-    p.add_argument("--coarse", action="store_true", help="power-of-two decode batch buckets only (faster start-up)")
+    p.add_argument("--coarse", action="store_true", help="power-of-two decode batch buckets only (tts.batch_buckets = coarse: faster start-up)")
     add_common_arguments(p)
     p.add_argument("--steps-report", action="store_true")
     p.add_argument("--fast-lane", choices=("overlap", "exclusive", "off"), default="overlap",

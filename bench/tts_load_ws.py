@@ -30,10 +30,14 @@ class WsBackend:
                 f"--set=tts.compile={'true' if args.compile else 'false'}", f"--set=gpu.allocator={args.allocator}",
                 f"--set=tts.compile_encoder={'true' if args.compile_encoder else 'false'}",
                 f"--set=tts.cudnn_benchmark={'true' if args.cudnn_benchmark else 'false'}",
+                f"--set=tts.cudnn_benchmark_limit={args.cudnn_benchmark_limit}",
+                f"--set=tts.batch_buckets={'coarse' if args.coarse else 'fine'}",
                 f"--set=tts.fast_lane={args.fast_lane}", f"--set=tts.fast_lanes={args.fast_lanes}", *args.server_arg,
             ]  # fmt: skip
             self.name = (f"ws-cuda-{args.precision}" + ("-compiled" if args.compile else "")
-                         + ("-encoder" if args.compile_encoder else ""))
+                         + ("-encoder" if args.compile_encoder else "")
+                         + (f"-limit{args.cudnn_benchmark_limit}" if args.cudnn_benchmark and args.cudnn_benchmark_limit != 10 else "")
+                         + ("-coarse" if args.coarse else ""))
             self.info: dict = {"precision": args.precision, "max_batch": args.max_batch, "gpu": gpu_name(),
                                "fast_lane": args.fast_lane, "fast_lanes": args.fast_lanes}
         elif backend in ("onnx", "onnx-stream"):

@@ -99,3 +99,12 @@ def test_score_early_is_on_unless_turned_off():
     assert load_config("configs/gpu.toml", [], environ={}).turn.score_early is True
     assert load_config(None, [], environ={"VOXLOOP_TURN__SCORE_EARLY": "false"}).turn.score_early is False
     assert load_config(None, ["turn.score_early=false"], environ={}).turn.score_early is False
+
+
+def test_gpu_tts_start_up_settings_are_checked():
+    with pytest.raises(ConfigError, match=r"tts\.cudnn_benchmark_limit"):
+        load_config(None, ["tts.cudnn_benchmark_limit=-1"], environ={})
+    with pytest.raises(ConfigError, match=r"tts\.batch_buckets"):
+        load_config(None, ["tts.batch_buckets=some"], environ={})
+    cfg = load_config(None, ["tts.cudnn_benchmark_limit=2", "tts.batch_buckets=coarse"], environ={})
+    assert (cfg.tts.cudnn_benchmark_limit, cfg.tts.batch_buckets) == (2, "coarse")

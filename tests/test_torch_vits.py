@@ -510,3 +510,21 @@ def test_compiled_kernels_are_cached_per_gpu_cuda_and_torch(tmp_path, monkeypatc
     blocked = tmp_path / "read-only"
     blocked.write_text("a file where the directory would go")  # as a read-only models volume: no mkdir
     assert use_compile_cache(blocked, h200) is None and ENV not in os.environ
+
+
+def test_engine_from_config_captures_the_configured_batch_buckets(cfg):
+    from tts_engine.torch_vits.cuda_engine import batch_buckets
+    """``tts.batch_buckets`` and ``tts.cudnn_benchmark_limit`` reach the runner (built on the CPU)."""
+    from tts_engine.torch_vits.cuda_engine import CudaTtsEngine
+
+    tts = replace(cfg.tts, backend="cuda", device="cpu", cuda_graphs=False, max_batch=32,
+                              batch_buckets="coarse", cudnn_benchmark_limit=3)  # fmt: skip
+    engine = CudaTtsEngine.from_config(replace(cfg, tts=tts))
+    try:
+        assert engine.runner.options.decode_batches == (1, 2, 4, 8, 16, 32)
+        assert engine.runner.options.cudnn_benchmark_limit == 3
+    finally:
+        engine.close()
+    assert batch_buckets(32) == (1, 2, 4, 8, 16, 24, 32)  # "fine": every multiple of 8 up to 64 too
+    assert batch_buckets(128) == (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128)
+    assert batch_buckets(128, fine=False) == (1, 2, 4, 8, 16, 32, 64, 128)

@@ -332,6 +332,13 @@ class TtsConfig:
     #: GPU: let cuDNN time its convolution algorithms for every captured shape at start-up (faster
     #: steps, much slower start-up; very slow with ``gpu.allocator = "async"``).
     cudnn_benchmark: bool = False
+    #: GPU, with ``cudnn_benchmark``: most algorithms cuDNN times per convolution shape (PyTorch's
+    #: ``torch.backends.cudnn.benchmark_limit``; 0 = all it offers). Fewer: shorter start-up.
+    cudnn_benchmark_limit: int = 10
+    #: GPU decoder batch sizes captured as CUDA graphs: "fine" (powers of two, every multiple of 8 up
+    #: to 64 and of 16 beyond: a batch padded by at most ~15-25 %, 15 sizes at max_batch 128) or
+    #: "coarse" (powers of two only: 8 sizes, about half the decoder's start-up, more padding).
+    batch_buckets: str = "fine"
     #: GPU: torch.compile the chunk decoder before capture (fuses elementwise work; ~1 min more start-up).
     #: H200, 50 clients: 684 vs 572 QPS in the engine, 655 served; one run (bench/results/tts_load-h200-2026-12-03-compile.md).
     #: What it compiled is kept in ``<models.cache_dir>/inductor/<GPU-CUDA-torch>`` for the next start
@@ -380,6 +387,10 @@ class TtsConfig:
     zh_lexicon_path: str | None = None
 
     def __post_init__(self) -> None:
+        if self.cudnn_benchmark_limit < 0:
+            raise ConfigError(f"tts.cudnn_benchmark_limit must be >= 0 (0: every algorithm), got {self.cudnn_benchmark_limit}")
+        if self.batch_buckets not in ("fine", "coarse"):
+            raise ConfigError(f"tts.batch_buckets must be 'fine' or 'coarse', got {self.batch_buckets!r}")
         if self.first_clause_max_words < 0:
             raise ConfigError(f"tts.first_clause_max_words must be >= 0 (0: off), got {self.first_clause_max_words}")
 

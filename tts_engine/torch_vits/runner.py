@@ -93,6 +93,9 @@ class RunnerOptions:
     #: decode steps at batch 8 (4.4 vs 5.4 ms, 256-frame chunks), but start-up 21 s instead of 3 s for
     #: 24 graphs with the native allocator, and minutes with the async one (each trial maps workspace).
     cudnn_benchmark: bool = False
+    #: With ``cudnn_benchmark``: most cuDNN algorithms timed per convolution shape
+    #: (``torch.backends.cudnn.benchmark_limit``; 0 = every one cuDNN offers). PyTorch's default: 10.
+    cudnn_benchmark_limit: int = 10
     #: Device memory budgets of the stages, MiB (0: none; see ``voxloop.config.GpuConfig``):
     #: weights + slot buffers, encoder graphs, decoder graphs. Enforced at start-up on CUDA.
     state_budget_mb: int = 0
@@ -269,6 +272,7 @@ class StepRunner:
         dev = self.device
         if dev.type == "cuda":
             torch.backends.cudnn.benchmark = self.options.cudnn_benchmark
+            torch.backends.cudnn.benchmark_limit = self.options.cudnn_benchmark_limit
             # Durations are ceil'd: TF32 in the encoder could change an utterance's length.
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
