@@ -71,6 +71,12 @@ class CudaTtsEngine:
         if on_cuda and not torch.cuda.is_available():
             raise ModelError("tts.backend = 'cuda' but PyTorch sees no CUDA device; set tts.backend = 'onnx'")
         gpu = gpu or GpuConfig()
+        if on_cuda and (options.compile or options.compile_encoder) and options.cuda_graphs and gpu.allocator != "native":
+            # H200, torch 2.11: capturing the compiled encoder under cudaMallocAsync failed in a Triton
+            # launch ("CUDA driver error: invalid argument"); with the native allocator it passes
+            # tests/test_gpu_tts.py (bench/results/tts_load-h200-2026-12-03-startup.md).
+            raise ConfigError("tts.compile / tts.compile_encoder with CUDA graphs need gpu.allocator = 'native' "
+                              f"(got {gpu.allocator!r})")  # fmt: skip
         if on_cuda:
             configure_allocator(gpu.allocator)
         #: The process's device memory pool (None on CPU).
