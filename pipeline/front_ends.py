@@ -86,8 +86,6 @@ def serve_front_ends(cfg: Config) -> int:
         log.info("voxloop: %d front ends on port %d%s, loading the engine", n, cfg.server.port,
                  ", an LLM process" if llm_socket else "")
         engine, host = _load_engine(cfg, engine_socket)
-        gc_pauses.manage(cfg, "engine process", lambda: engine.tts.scheduler.in_flight > 0
-                         or (engine.asr is not None and engine.asr.pending() > 0))
         reserved.close()
         while not stop.wait(0.5):
             for p in procs + helpers:
@@ -132,8 +130,13 @@ def _load_engine(cfg: Config, engine_socket: str):  # noqa: ANN202 - (Engines, E
     engines = Engines(cfg)
     stages = tuple(s for s in engine_stages(cfg) if s != "llm")  # the LLM has its own process
     engines._set_asr_llm(engines.load_asr_model() if "asr" in stages else None, None)
-    host = EngineHost(tts, engine_socket, asr=engines.asr, llm=engines.llm)
     engines.tts = tts
+    # Before the front ends can reach the engine: gc_freeze's own full collection of what loading
+    # left (0.7 s with the compiled engine, bench/results/tts_load-h200-2026-12-03-compile-gcfreeze.json)
+    # must not hold their first requests.
+    gc_pauses.manage(cfg, "engine process", lambda: tts.scheduler.in_flight > 0
+                     or (engines.asr is not None and engines.asr.pending() > 0))
+    host = EngineHost(tts, engine_socket, asr=engines.asr, llm=engines.llm)
     log.info("engine process (%s) loaded in %.1f s, serving front ends at %s", ", ".join(("tts", *stages)),
              time.monotonic() - t0, engine_socket)
     return engines, host

@@ -74,10 +74,11 @@ class ServerConfig:
     #: Once the models are loaded, collect and ``gc.freeze()`` every object alive in each serving
     #: process (engine, front ends, LLM process), so Python's full garbage collections skip the
     #: loaded libraries and models (PyTorch, the voice, the graphs; a full collection holds
-    #: every thread of its process). Off: on the H200 the engine process still made full collections
-    #: of 19-125 ms (per 10 s of served load) with it, and that run
+    #: every thread of its process). Off by default: on the H200 (uncompiled engine) the engine process
+    #: still made full collections of 19-125 ms (per 10 s of served load) with it, and that run
     #: served less than the runs without it (bench/results/tts_load-h200-2026-12-02-gcfreeze.json);
-    #: not yet measured side by side. ``/metrics``: ``voxloop_gc_pause_seconds`` either way.
+    #: not yet measured side by side. configs/gpu.toml turns it on for the compiled engine, whose
+    #: full collections took 553-979 ms without it. ``/metrics``: ``voxloop_gc_pause_seconds`` either way.
     gc_freeze: bool = False
     #: When Python's full garbage collections run in each serving process: "auto" (the interpreter's
     #: own thresholds, whatever runs at the time) or "idle": only while the process has no work in
