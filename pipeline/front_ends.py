@@ -132,7 +132,7 @@ def _load_engine(cfg: Config, engine_socket: str):  # noqa: ANN202 - (Engines, E
     engines._set_asr_llm(engines.load_asr_model() if "asr" in stages else None, None)
     engines.tts = tts
     # Before the front ends can reach the engine: gc_freeze's own full collection of what loading
-    # left (0.7 s with the compiled engine, bench/results/tts_load-h200-2026-12-03-compile-gcfreeze.json)
+    # left (0.7 s with the TTS decoder compiled, bench/results/tts_load-h200-2026-12-03-compile-gcfreeze.json)
     # must not hold their first requests.
     gc_pauses.manage(cfg, "engine process", lambda: tts.scheduler.in_flight > 0
                      or (engines.asr is not None and engines.asr.pending() > 0))

@@ -513,12 +513,11 @@ def test_compiled_kernels_are_cached_per_gpu_cuda_and_torch(tmp_path, monkeypatc
 
 
 def test_engine_from_config_captures_the_configured_batch_buckets(cfg):
-    from tts_engine.torch_vits.cuda_engine import batch_buckets
     """``tts.batch_buckets`` and ``tts.cudnn_benchmark_limit`` reach the runner (built on the CPU)."""
-    from tts_engine.torch_vits.cuda_engine import CudaTtsEngine
+    from tts_engine.torch_vits.cuda_engine import CudaTtsEngine, batch_buckets
 
     tts = replace(cfg.tts, backend="cuda", device="cpu", cuda_graphs=False, max_batch=32,
-                              batch_buckets="coarse", cudnn_benchmark_limit=3)  # fmt: skip
+                  batch_buckets="coarse", cudnn_benchmark_limit=3)  # fmt: skip
     engine = CudaTtsEngine.from_config(replace(cfg, tts=tts))
     try:
         assert engine.runner.options.decode_batches == (1, 2, 4, 8, 16, 32)
