@@ -17,6 +17,15 @@ if TYPE_CHECKING:
     from voxloop.config import GpuConfig
 
 
+def cuda_variant(args: argparse.Namespace, timing_tag: bool) -> str:
+    """The backend-name suffix for the GPU engine's start-up options, e.g. ``-compiled-encoder-limit3``
+    (``timing_tag``: ``-cudnnbench`` when cuDNN times its algorithms, before the limit)."""
+    timing, limit = args.cudnn_benchmark, getattr(args, "cudnn_benchmark_limit", 10)
+    return (("-compiled" if args.compile else "") + ("-encoder" if getattr(args, "compile_encoder", False) else "")
+            + ("-cudnnbench" if timing_tag and timing else "") + (f"-limit{limit}" if timing and limit != 10 else "")
+            + ("-coarse" if args.coarse else ""))
+
+
 class CudaBackend:
     """In-process ``CudaTtsEngine``; one request = one clause streamed in chunks."""
 
@@ -47,10 +56,7 @@ class CudaBackend:
                                     gpu=gpu or GpuConfig(allocator=args.allocator))  # fmt: skip
         self.startup_s = time.perf_counter() - t0
         self.sample_rate = self.engine.sample_rate
-        self.name = (f"cuda-{args.precision}" + ("-compiled" if args.compile else "") + ("-encoder" if opts.compile_encoder else "")
-                     + ("-cudnnbench" if args.cudnn_benchmark else "")
-                     + (f"-limit{opts.cudnn_benchmark_limit}" if args.cudnn_benchmark and opts.cudnn_benchmark_limit != 10 else "")
-                     + ("-coarse" if args.coarse else ""))
+        self.name = f"cuda-{args.precision}" + cuda_variant(args, timing_tag=True)
         runner = self.engine.runner
         self.info = {
             "startup_s": round(self.startup_s, 2), "graph_capture_s": round(runner.capture_s, 2),

@@ -14,6 +14,7 @@ import threading
 import time
 
 from bench.harness import ROOT, cpu_name, free_port, gpu_name, metrics_url, scrape_metrics, start_server, stop_server
+from bench.tts_backends import cuda_variant
 
 
 class WsBackend:
@@ -34,10 +35,7 @@ class WsBackend:
                 f"--set=tts.batch_buckets={'coarse' if args.coarse else 'fine'}",
                 f"--set=tts.fast_lane={args.fast_lane}", f"--set=tts.fast_lanes={args.fast_lanes}", *args.server_arg,
             ]  # fmt: skip
-            self.name = (f"ws-cuda-{args.precision}" + ("-compiled" if args.compile else "")
-                         + ("-encoder" if args.compile_encoder else "")
-                         + (f"-limit{args.cudnn_benchmark_limit}" if args.cudnn_benchmark and args.cudnn_benchmark_limit != 10 else "")
-                         + ("-coarse" if args.coarse else ""))
+            self.name = f"ws-cuda-{args.precision}" + cuda_variant(args, timing_tag=False)
             self.info: dict = {"precision": args.precision, "max_batch": args.max_batch, "gpu": gpu_name(),
                                "fast_lane": args.fast_lane, "fast_lanes": args.fast_lanes}
         elif backend in ("onnx", "onnx-stream"):

@@ -71,7 +71,7 @@ class CudaTtsEngine:
         if on_cuda and not torch.cuda.is_available():
             raise ModelError("tts.backend = 'cuda' but PyTorch sees no CUDA device; set tts.backend = 'onnx'")
         gpu = gpu or GpuConfig()
-        if on_cuda and (options.compile or options.compile_encoder) and options.cuda_graphs and gpu.allocator != "native":
+        if on_cuda and options.compiles and options.cuda_graphs and gpu.allocator != "native":
             # H200, torch 2.11: capturing the compiled encoder under cudaMallocAsync failed in a Triton
             # launch ("CUDA driver error: invalid argument"); with the native allocator it passes
             # tests/test_gpu_tts.py (bench/results/tts_load-h200-2026-12-03-startup.md).
@@ -130,7 +130,7 @@ class CudaTtsEngine:
             encode_budget_mb=cfg.gpu.tts_encode_budget_mb,
             decode_budget_mb=cfg.gpu.tts_decode_budget_mb,
         )
-        if (tts.compile or tts.compile_encoder) and str(tts.device).startswith("cuda") and torch.cuda.is_available():
+        if options.compiles and str(tts.device).startswith("cuda") and torch.cuda.is_available():
             from tts_engine.torch_vits.compile_cache import use_device_compile_cache
 
             where = use_device_compile_cache(models.cache_dir(cfg) / "inductor", tts.device)

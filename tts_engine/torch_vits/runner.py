@@ -112,6 +112,11 @@ class RunnerOptions:
     fast_lanes: int = 1
 
     @property
+    def compiles(self) -> bool:
+        """Anything goes through ``torch.compile`` (on CUDA; ignored elsewhere)."""
+        return self.compile or self.compile_encoder
+
+    @property
     def max_slots(self) -> int:
         return max(self.decode_batches)
 
