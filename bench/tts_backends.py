@@ -23,7 +23,8 @@ def cuda_variant(args: argparse.Namespace, timing_tag: bool) -> str:
     timing, limit = args.cudnn_benchmark, getattr(args, "cudnn_benchmark_limit", 10)
     return (("-compiled" if args.compile else "") + ("-encoder" if getattr(args, "compile_encoder", False) else "")
             + ("-cudnnbench" if timing_tag and timing else "") + (f"-limit{limit}" if timing and limit != 10 else "")
-            + ("-coarse" if args.coarse else ""))
+            + ("-coarse" if args.coarse else "")
+            + (f"-ahead{args.speculate_frames}" if getattr(args, "speculate_frames", 0) else ""))
 
 
 class CudaBackend:
@@ -49,7 +50,8 @@ class CudaBackend:
             encode_batches=batch_buckets(args.max_batch, fine=False), compile=args.compile,
             compile_encoder=getattr(args, "compile_encoder", False),
             cudnn_benchmark=args.cudnn_benchmark, cudnn_benchmark_limit=getattr(args, "cudnn_benchmark_limit", 10),
-            fast_lane=fast_lane, fast_lanes=fast_lanes,
+            fast_lane=fast_lane, fast_lanes=fast_lanes, speculate_frames=getattr(args, "speculate_frames", 0),
+            speculate_below=getattr(args, "speculate_below", 2),
         )  # fmt: skip
         t0 = time.perf_counter()
         self.engine = CudaTtsEngine(Voice.load(args.voice), opts, device=args.device, queue_size=4096,
@@ -66,7 +68,7 @@ class CudaBackend:
             "chunk_frames": args.chunk_frames, "tail_chunk_frames": args.tail_chunk_frames, "compile": args.compile,
             "compile_encoder": opts.compile_encoder, "cudnn_benchmark": args.cudnn_benchmark,
             "cudnn_benchmark_limit": opts.cudnn_benchmark_limit, "allocator": args.allocator, "fast_lane": fast_lane,
-            "fast_lanes": fast_lanes,
+            "fast_lanes": fast_lanes, "speculate_frames": opts.speculate_frames, "speculate_below": opts.speculate_below,
             "decode_batches": len(opts.decode_batches),
             "precision": args.precision, "max_batch": args.max_batch,
         }  # fmt: skip

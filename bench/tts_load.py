@@ -235,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fast-lane", choices=("overlap", "exclusive", "off"), default="overlap",
                    help="tts.fast_lane: new requests' encoder + first chunk on a high-priority stream (default overlap)")
     p.add_argument("--fast-lanes", type=int, default=1, help="tts.fast_lanes: fast-lane streams side by side (overlap)")
+    p.add_argument("--speculate-frames", type=int, default=0, help="tts.speculate_frames: frames decoded ahead (0: off)")
+    p.add_argument("--speculate-below", type=int, default=2, help="tts.speculate_below: ... while at most this many run")
     p.add_argument("--append", action="store_true", help="add rows to an existing results file")
     p.add_argument("--plot", type=Path, help="only render PNGs from this results JSON")
     p.add_argument("--make-sentences", action="store_true")

@@ -33,7 +33,9 @@ class WsBackend:
                 f"--set=tts.cudnn_benchmark={'true' if args.cudnn_benchmark else 'false'}",
                 f"--set=tts.cudnn_benchmark_limit={args.cudnn_benchmark_limit}",
                 f"--set=tts.batch_buckets={'coarse' if args.coarse else 'fine'}",
-                f"--set=tts.fast_lane={args.fast_lane}", f"--set=tts.fast_lanes={args.fast_lanes}", *args.server_arg,
+                f"--set=tts.fast_lane={args.fast_lane}", f"--set=tts.fast_lanes={args.fast_lanes}",
+                f"--set=tts.speculate_frames={args.speculate_frames}", f"--set=tts.speculate_below={args.speculate_below}",
+                *args.server_arg,
             ]  # fmt: skip
             self.name = f"ws-cuda-{args.precision}" + cuda_variant(args, timing_tag=False)
             self.info: dict = {"precision": args.precision, "max_batch": args.max_batch, "gpu": gpu_name(),

@@ -108,3 +108,11 @@ def test_gpu_tts_start_up_settings_are_checked():
         load_config(None, ["tts.batch_buckets=some"], environ={})
     cfg = load_config(None, ["tts.cudnn_benchmark_limit=2", "tts.batch_buckets=coarse"], environ={})
     assert (cfg.tts.cudnn_benchmark_limit, cfg.tts.batch_buckets) == (2, "coarse")
+
+
+def test_decoding_ahead_settings_are_checked():
+    for bad in (["tts.speculate_frames=-1"], ["tts.speculate_below=0"]):
+        with pytest.raises(ConfigError, match=r"tts\.speculate_frames must be >= 0"):
+            load_config(None, bad, environ={})
+    cfg = load_config(None, ["tts.speculate_frames=512", "tts.speculate_below=3"], environ={})
+    assert (cfg.tts.speculate_frames, cfg.tts.speculate_below) == (512, 3)

@@ -52,7 +52,7 @@ def model(voice_path):
 
 
 def engine(voice_path, precision: str, max_batch: int = 8, chunk_frames: int = 64, tail_chunk_frames: int = 256,
-           fast_lanes: int = 1, **compile_options: bool):
+           fast_lanes: int = 1, **runner_options: object):
     from tts_engine.torch_vits.cuda_engine import CudaTtsEngine, batch_buckets
     from tts_engine.torch_vits.runner import RunnerOptions
     from tts_engine.voice import Voice
@@ -61,7 +61,7 @@ def engine(voice_path, precision: str, max_batch: int = 8, chunk_frames: int = 6
     opts = RunnerOptions(
         chunk_frames=chunk_frames, tail_chunk_frames=tail_chunk_frames, max_frames=1024, precision=precision,
         decode_batches=batch_buckets(max_batch),
-        encode_batches=(1, 2, 4, 8), phoneme_buckets=(64, 128, 256), fast_lanes=fast_lanes, **compile_options,
+        encode_batches=(1, 2, 4, 8), phoneme_buckets=(64, 128, 256), fast_lanes=fast_lanes, **runner_options,
     )  # fmt: skip
     return CudaTtsEngine(Voice.load(voice_path), opts, device="cuda", gpu=GpuConfig(allocator=running_allocator()))
 
@@ -177,6 +177,28 @@ def test_gpu_fast_lane_overlaps_running_requests_and_changes_no_sample(model, vo
             assert eng.scheduler.lane_launches["fast1"] > 0
     finally:
         eng.close()
+
+
+def test_gpu_decoding_ahead_waits_for_the_encoder_and_changes_no_sample(model, voice_path):
+    """``speculate_frames``: a lone request's later chunks are queued on the main stream behind an
+    event after its encoder (not after the host reads its length), beside its first chunk on the
+    fast lane: the audio is still the whole utterance's, and fewer steps run than without it."""
+    from tts_engine.engine import SynthesisOptions
+
+    quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
+    steps = {}
+    for ahead in (0, 512):
+        eng = engine(voice_path, "fp32", chunk_frames=32, speculate_frames=ahead)
+        try:
+            for ids in bench_ids(6):  # one at a time: each alone on the GPU
+                audio = np.concatenate([c.pcm for c in eng.submit(ids, quiet)]).astype(np.int32)
+                ref = np.clip(whole(model, ids) * 32767, -32767, 32767).astype(np.int32)
+                assert audio.shape == ref.shape
+                assert np.abs(audio - ref).max() <= 3
+            steps[ahead] = eng.scheduler.lane_launches["main"]
+        finally:
+            eng.close()
+    assert steps[512] < steps[0], steps
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

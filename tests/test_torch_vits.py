@@ -203,6 +203,97 @@ def test_scheduler_batched_chunks_equal_whole_utterances(tail_chunk_frames):
         assert [c.final for c in chunks] == [False] * (len(chunks) - 1) + [True]
 
 
+class _AheadRunner(StepRunner):
+    """The real CPU runner, except that a fast launch whose requests are decoded ahead stays "in
+    flight" until waited for, as on a GPU: the main lane's launch ahead then goes before the host
+    knows their lengths."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.in_flight: set[str] = set()
+        self.main_starts: list[list[int]] = []  # start frames of each main-lane launch
+        self.gate: threading.Event | None = None  # when set: encoder launches wait for it
+        self.encoding = threading.Event()
+
+    def encode(self, items, lane="fast"):
+        self.encoding.set()
+        if self.gate is not None:
+            assert self.gate.wait(scaled(10))
+        return super().encode(items, lane)
+
+    def mark(self, lane):
+        self.in_flight.add(lane)
+        return super().mark(lane)
+
+    def busy(self, lane) -> bool:
+        return lane in self.in_flight
+
+    def wait(self, lane) -> None:
+        self.in_flight.discard(lane)
+
+    def decode(self, slots, starts, chunk=None, lane="main", after=()):
+        if lane == "main":
+            self.main_starts.append(list(starts))
+        return super().decode(slots, starts, chunk, lane, after)
+
+
+def test_decoding_ahead_keeps_audio_and_saves_steps():
+    """``speculate_frames``: a lone request's chunks after the first are decoded in the same step
+    as its first chunk (one main launch, rows from frame 16 and 48, before its length is known);
+    what lies past its end is dropped, the rest follows as usual, the audio is the whole
+    utterance's. With several requests at once (more than ``speculate_below``) nothing changes."""
+    opts = RunnerOptions(chunk_frames=16, tail_chunk_frames=32, max_frames=512, decode_batches=(1, 2, 4),
+                         encode_batches=(1, 2, 4), phoneme_buckets=(32, 64), speculate_frames=64,
+                         speculate_below=1)  # fmt: skip
+    runner = _AheadRunner(tiny_model(), opts)
+    scheduler = BatchScheduler(runner, sample_rate=22050, queue_size=16)
+    rng = np.random.default_rng(2)
+    inputs = [list(rng.integers(1, TINY.n_vocab, n)) for n in (6, 30, 57)]
+    hop, shortest = runner.geometry.hop_length, 10**9
+
+    def expected(ids):
+        whole, samples = runner.model.infer(torch.tensor([ids]), torch.tensor([len(ids)]), 0.0, 1.0, 0.0)
+        return chunked.to_int16(whole[0]).numpy()[: int(samples[0])]
+
+    try:
+        for ids in inputs:  # one at a time: each decoded ahead
+            runner.main_starts.clear()
+            chunks = list(scheduler.submit(ids, Scales(0.0, 1.0, 0.0)))
+            audio = np.concatenate([c.pcm for c in chunks])
+            want = expected(ids)
+            assert audio.shape == want.shape
+            assert np.abs(audio.astype(np.int32) - want).max() <= 1
+            frames = len(want) // hop
+            sizes, done = [min(16, frames)], min(16, frames)
+            for _ in range(2):  # the two chunks decoded ahead, as far as the utterance goes
+                if done < frames:
+                    sizes.append(min(32, frames - done))
+                    done += sizes[-1]
+            while done < frames:
+                sizes.append(min(opts.next_chunk(done, frames), frames - done))
+                done += sizes[-1]
+            assert [c.num_samples // hop for c in chunks] == sizes
+            assert [c.final for c in chunks] == [False] * (len(chunks) - 1) + [True]
+            assert runner.main_starts[0] == [16, 48]  # the launch ahead, whatever the length
+            shortest = min(shortest, frames)
+            assert len(runner.main_starts) == 1 + max(0, len(sizes) - 3)
+        assert shortest < 48 and frames > 80, "inputs should end inside and outlast what is decoded ahead"
+        # The longest alone is decoded ahead; two more arrive during its encoder and start together
+        # beside it (3 running > speculate_below): not ahead.
+        runner.main_starts.clear()
+        runner.gate, runner.encoding = threading.Event(), threading.Event()
+        requests = [scheduler.submit(inputs[2], Scales(0.0, 1.0, 0.0))]
+        assert runner.encoding.wait(scaled(10))
+        requests += [scheduler.submit(ids, Scales(0.0, 1.0, 0.0)) for ids in inputs[:2]]
+        runner.gate.set()
+        for ids, request in zip([inputs[2], *inputs[:2]], requests):
+            audio = np.concatenate([c.pcm for c in request])
+            assert np.abs(audio.astype(np.int32) - expected(ids)).max() <= 1
+        assert runner.main_starts.count([16, 48]) == 1, runner.main_starts
+    finally:
+        scheduler.close()
+
+
 class _BlockingRunner:
     """Stands in for StepRunner: each step waits for the test (orchestration only)."""
 
@@ -513,15 +604,17 @@ def test_compiled_kernels_are_cached_per_gpu_cuda_and_torch(tmp_path, monkeypatc
 
 
 def test_engine_from_config_captures_the_configured_batch_buckets(cfg):
-    """``tts.batch_buckets`` and ``tts.cudnn_benchmark_limit`` reach the runner (built on the CPU)."""
+    """``tts.batch_buckets``, ``tts.cudnn_benchmark_limit`` and the decoding-ahead settings reach
+    the runner (built on the CPU)."""
     from tts_engine.torch_vits.cuda_engine import CudaTtsEngine, batch_buckets
 
     tts = replace(cfg.tts, backend="cuda", device="cpu", cuda_graphs=False, max_batch=32,
-                  batch_buckets="coarse", cudnn_benchmark_limit=3)  # fmt: skip
+                  batch_buckets="coarse", cudnn_benchmark_limit=3, speculate_frames=512, speculate_below=3)  # fmt: skip
     engine = CudaTtsEngine.from_config(replace(cfg, tts=tts))
     try:
         assert engine.runner.options.decode_batches == (1, 2, 4, 8, 16, 32)
         assert engine.runner.options.cudnn_benchmark_limit == 3
+        assert (engine.runner.options.speculate_frames, engine.runner.options.speculate_below) == (512, 3)
     finally:
         engine.close()
     assert batch_buckets(32) == (1, 2, 4, 8, 16, 24, 32)  # "fine": every multiple of 8 up to 64 too

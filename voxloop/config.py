@@ -357,6 +357,13 @@ class TtsConfig:
     #: a first-chunk launch runs starts on a free one at once instead of waiting for it; each more
     #: lane holds its own encoder and first-chunk CUDA graphs (device memory, start-up time).
     fast_lanes: int = 1
+    #: GPU: frames decoded ahead for a new request while at most ``speculate_below`` requests run
+    #: (0: off): its chunks after the first, in chunks of ``tail_chunk_frames``, queued right behind
+    #: its encoder beside its first chunk instead of after the host learns its length. A lone
+    #: sentence is done in one step instead of one per chunk; frames past its end are wasted work.
+    speculate_frames: int = 0
+    #: GPU: decode ahead only while at most this many requests run (new ones included).
+    speculate_below: int = 2
     #: Batching engine (GPU): a text of at most this many characters is phonemized on the event loop
     #: when the text thread is idle (espeak: ~0.4 ms for a 14-word sentence), saving two thread
     #: hand-offs; longer texts, or any while the thread is busy, go through the thread. 0: always the thread.
@@ -390,6 +397,9 @@ class TtsConfig:
     def __post_init__(self) -> None:
         if self.cudnn_benchmark_limit < 0:
             raise ConfigError(f"tts.cudnn_benchmark_limit must be >= 0 (0: every algorithm), got {self.cudnn_benchmark_limit}")
+        if self.speculate_frames < 0 or self.speculate_below < 1:
+            raise ConfigError("tts.speculate_frames must be >= 0 (0: off) and tts.speculate_below >= 1, got "
+                              f"{self.speculate_frames} and {self.speculate_below}")  # fmt: skip
         if self.batch_buckets not in ("fine", "coarse"):
             raise ConfigError(f"tts.batch_buckets must be 'fine' or 'coarse', got {self.batch_buckets!r}")
         if self.first_clause_max_words < 0:

@@ -126,6 +126,8 @@ class CudaTtsEngine:
             cudnn_benchmark_limit=tts.cudnn_benchmark_limit,
             fast_lane=tts.fast_lane,
             fast_lanes=tts.fast_lanes,
+            speculate_frames=tts.speculate_frames,
+            speculate_below=tts.speculate_below,
             state_budget_mb=cfg.gpu.tts_state_budget_mb,
             encode_budget_mb=cfg.gpu.tts_encode_budget_mb,
             decode_budget_mb=cfg.gpu.tts_decode_budget_mb,

@@ -110,6 +110,13 @@ class RunnerOptions:
     #: arriving while a fast launch runs starts on a free one at once. Each has its own encoder and
     #: first-chunk graphs (device memory).
     fast_lanes: int = 1
+    #: Frames decoded ahead for a new request while the GPU is nearly idle (0: off): right behind its
+    #: encoder, on the main lane and beside its first chunk, before the host knows its length, in
+    #: chunks of the largest size. Saves the host round trips between a lone request's chunks; frames
+    #: past the utterance's end are decoded and dropped.
+    speculate_frames: int = 0
+    #: Decode ahead only while at most this many requests run (new ones included).
+    speculate_below: int = 2
 
     @property
     def compiles(self) -> bool:
@@ -445,12 +452,13 @@ class StepRunner:
         return out[:n]
 
     def decode(self, slots: Sequence[int], starts: Sequence[int], chunk: int | None = None,
-               lane: str = "main") -> torch.Tensor:
+               lane: str = "main", after: Sequence[torch.cuda.Event | None] = ()) -> torch.Tensor:
         """Queue one ``chunk``-frame chunk (default ``chunk_frames``) for each (slot, start frame)
         on ``lane`` (a fast lane: first chunks only, ``chunk`` = ``chunk_frames``).
 
         Returns int16 [len(slots), chunk * hop] on the device (not synced). The lanes do not wait
-        for each other: decode a slot on the main lane once its encoder is done (fetched).
+        for each other: decode a slot on the main lane once its encoder is done (fetched), or
+        pass ``after`` the events ``mark`` returned behind its encoder (the GPU waits for them).
         """
         chunk = chunk or self.options.chunk_frames
         if lane not in self.lanes:
@@ -465,8 +473,21 @@ class StepRunner:
         slot_arr[:], start_arr[:], active[:] = self.scratch_slot, 0, 0
         slot_arr[:n], start_arr[:n], active[:n] = slots, starts, 1
         with torch.inference_mode(), self._on(lane):
+            for event in after:
+                if event is not None:
+                    self._streams[lane].wait_event(event)
             out = self._decode_steps[(chunk, b, key_lane)](*staged)
         return out[:n]
+
+    def mark(self, lane: str) -> torch.cuda.Event | None:
+        """An event at the end of the work queued on ``lane`` so far (for ``decode(after=...)``);
+        None on CPU, where work runs when called."""
+        stream = self._streams[lane]
+        if stream is None:
+            return None
+        event = torch.cuda.Event()
+        event.record(stream)
+        return event
 
     def _stage(self, shape: tuple[int, ...], dtype: torch.dtype, lane: str) -> torch.Tensor:
         """A host tensor from the pool (pinned on CUDA, so copies are async), held until ``release_staged``."""

@@ -158,6 +158,8 @@ class BatchScheduler:
         self._outcomes: list[tuple[SpeechRequest, object]] = []  # this step's, until _flush
         #: Per fast lane, its launch in flight: (requests, batches, host results, start).
         self._fast: dict[str, tuple] = {}
+        #: New requests to decode ahead (``speculate_frames``), each with the event behind its encoder.
+        self._ahead: list[tuple[SpeechRequest, object]] = []
         #: Per lane: launches completed and their time from launch to hand-out, s (bench breakdown).
         self.lane_launches = dict.fromkeys(runner.lanes, 0)
         self.lane_s = dict.fromkeys(runner.lanes, 0.0)
@@ -321,30 +323,55 @@ class BatchScheduler:
                 self._arrivals(POLL_S)
 
     def _launch_main(self) -> tuple | None:
-        """Queue the next chunk of every running request past its first (main lane); None if none."""
+        """Queue the next chunk of every running request past its first (main lane), and the chunks
+        ahead of new requests (``_launch_ahead``); None if none."""
         options, limit = self.runner.options, self._max_batch
         groups: dict[int, list[SpeechRequest]] = {}
         for r in sorted(self._running.values(), key=lambda r: r.seq):
             if r.next_frame > 0 and not r.cancelled:  # not the fast lane's (their first chunk is not out yet)
                 groups.setdefault(options.next_chunk(r.next_frame, r.frames or 0), []).append(r)
-        launched: list[tuple[int, list[SpeechRequest], object]] = []
+        #: (chunk frames, requests, device audio, start frame of each row or None: each one's next)
+        launched: list[tuple[int, list[SpeechRequest], object, list[int] | None]] = []
         for size in sorted(groups):
             for i in range(0, len(groups[size]), limit):
                 batch = groups[size][i : i + limit]
                 self._launching(batch, options.decode_batches)
                 launched.append((size, batch, self.runner.decode([r.slot for r in batch], [r.next_frame for r in batch],
-                                                                 size, lane="main")))  # fmt: skip
+                                                                 size, lane="main"), None))  # fmt: skip
+        launched += self._launch_ahead()
         if not launched:
             return None
-        results = self.runner.fetch_async(*[audio for _, _, audio in launched], lane="main")
+        results = self.runner.fetch_async(*[audio for _, _, audio, _ in launched], lane="main")
         return launched, results, time.perf_counter()
+
+    def _launch_ahead(self) -> list[tuple]:
+        """Chunks of the largest size after the first chunk of new requests whose encoder is queued
+        but not handed out (``speculate_frames``): one main-lane launch, a row per (request, start),
+        that waits on the GPU for their encoders, not for the host to learn their lengths."""
+        options = self.runner.options
+        ahead = [(r, e) for r, e in self._ahead if r.frames is None and r.slot is not None and not r.cancelled]
+        self._ahead = []
+        size = options.chunk_sizes[-1]
+        starts = range(options.chunk_frames, options.chunk_frames + options.speculate_frames, size)
+        ahead = ahead[: self._max_batch // max(1, len(starts))]
+        if not ahead or not starts:
+            return []
+        rows = [(r, start) for start in starts for r, _ in ahead]  # each request's rows in order of start
+        batch = [r for r, _ in rows]
+        events = list({id(e): e for _, e in ahead}.values())
+        self._launching(batch, options.decode_batches)
+        audio = self.runner.decode([r.slot for r in batch], [start for _, start in rows], size, lane="main",
+                                   after=events)  # fmt: skip
+        return [(size, batch, audio, [start for _, start in rows])]
 
     def _finish_main(self, launched: list, results: list, t0: float) -> None:
         self.runner.wait("main")
         self.lane_s["main"] += time.perf_counter() - t0
         self.lane_launches["main"] += 1
-        for (size, batch, _), audio in zip(launched, results):
-            self._deliver(batch, audio, size)
+        for (size, batch, _, starts), audio in zip(launched, results):
+            if starts is not None and any(r.frames is None for r in batch):
+                self._finish_fast(wait=True)  # their first chunks (and lengths) come first
+            self._deliver(batch, audio, size, starts)
         self.runner.release_staged("main")
         self._flush()
 
@@ -361,6 +388,9 @@ class BatchScheduler:
             options = self.runner.options
             self._launching(admitted, options.encode_batches)
             frames_dev = self.runner.encode([self._encode_item(r) for r in admitted], lane=lane)
+            if 0 < options.speculate_frames and len(self._running) <= options.speculate_below:
+                encoded = self.runner.mark(lane)  # before the first chunks: chunks ahead need only the encoder
+                self._ahead += [(r, encoded) for r in admitted]
             batches = [admitted[i : i + self._max_batch] for i in range(0, len(admitted), self._max_batch)]
             launched = []
             for batch in batches:
@@ -373,9 +403,10 @@ class BatchScheduler:
             did = True
         return did
 
-    def _finish_fast(self) -> bool:
-        """For each fast lane whose launch is done: set the frame counts, hand out the first chunks."""
-        done = [lane for lane in self._fast if not self.runner.busy(lane)]
+    def _finish_fast(self, wait: bool = False) -> bool:
+        """For each fast lane whose launch is done (``wait``: every one, once done): set the frame
+        counts, hand out the first chunks."""
+        done = [lane for lane in self._fast if wait or not self.runner.busy(lane)]
         for lane in done:
             admitted, batches, (*audio, frames), t0 = self._fast.pop(lane)
             self.runner.wait(lane)
@@ -433,9 +464,14 @@ class BatchScheduler:
         # The whole utterance's audio, from the pool; chunks are views into it.
         request.audio = self.audio_pool.lease((request.frames * self.runner.geometry.hop_length,), np.int16)
 
-    def _deliver(self, batch: list[SpeechRequest], audio: np.ndarray, chunk: int) -> None:
+    def _deliver(self, batch: list[SpeechRequest], audio: np.ndarray, chunk: int,
+                 starts: Sequence[int] | None = None) -> None:
+        """Row i is ``batch[i]``'s next chunk; with ``starts``, its chunk from frame ``starts[i]``,
+        dropped unless that is where the request stands (decoded ahead past its end, or it ended)."""
         hop = self.runner.geometry.hop_length
-        for row, request in zip(audio, batch):
+        for i, (row, request) in enumerate(zip(audio, batch)):
+            if starts is not None and (request.audio is None or request.next_frame != starts[i]):
+                continue
             assert request.frames is not None
             n = min(chunk, request.frames - request.next_frame)
             start, end = request.next_frame * hop, (request.next_frame + n) * hop
@@ -463,6 +499,7 @@ class BatchScheduler:
             torch.cuda.empty_cache()
         self.runner.release_staged()
         self._fast = {}  # their requests are not encoded as far as we know: re-queued below
+        self._ahead = []
         failed_batch, old = self._attempt_batch, self._max_batch
         self._max_batch = self._bucket_at_most(max(1, min(old, failed_batch // 2)))
         log.warning("TTS GPU out of memory at batch %d (%s): max batch %d -> %d", failed_batch, exc, old, self._max_batch)
