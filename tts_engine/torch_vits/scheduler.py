@@ -10,6 +10,13 @@ stream on CUDA; ``fast_lanes`` of them), so a new request's first audio does not
 long chunks of the others; (4) hands out the main lane's chunks. A request is finished after its last chunk.
 A slot is freed only between steps, so the two lanes never share one.
 
+Decoding ahead (``RunnerOptions.speculate_frames``, while at most ``speculate_below`` requests run):
+the main lane's launch of the step also decodes new requests' chunks after their first, behind a
+CUDA event after their encoder, before their length is known; rows past a request's end are
+dropped. The one exception to the rule above: a request that ends with its first chunk frees its
+slot while such rows may still read it; a new request may take the slot at once, and those rows
+(of the ended request) are dropped.
+
 ``submit(ids, scales)`` returns a ``SpeechRequest`` at once: iterate it (from any one
 thread) for ``AudioChunk``s; ``cancel()`` (from any thread) ends it at the next step.
 The waiting line is bounded: ``submit`` raises ``Overloaded`` when it is full.
