@@ -358,18 +358,19 @@ class BatchScheduler:
         options = self.runner.options
         ahead = [(r, e) for r, e in self._ahead if r.frames is None and r.slot is not None and not r.cancelled]
         self._ahead = []
+        if not ahead:  # entries exist only with speculate_frames > 0: at least one start below
+            return []
         size = options.chunk_sizes[-1]
         starts = range(options.chunk_frames, options.chunk_frames + options.speculate_frames, size)
-        ahead = ahead[: self._max_batch // max(1, len(starts))]
-        if not ahead or not starts:
+        ahead = ahead[: self._max_batch // len(starts)]
+        if not ahead:  # max_batch (lowered by an OOM) holds fewer rows than one request needs
             return []
-        rows = [(r, start) for start in starts for r, _ in ahead]  # each request's rows in order of start
-        batch = [r for r, _ in rows]
+        batch = [r for _ in starts for r, _ in ahead]  # each request's rows in order of start
+        row_starts = [start for start in starts for _ in ahead]
         events = list({id(e): e for _, e in ahead}.values())
         self._launching(batch, options.decode_batches)
-        audio = self.runner.decode([r.slot for r in batch], [start for _, start in rows], size, lane="main",
-                                   after=events)  # fmt: skip
-        return [(size, batch, audio, [start for _, start in rows])]
+        audio = self.runner.decode([r.slot for r in batch], row_starts, size, lane="main", after=events)
+        return [(size, batch, audio, row_starts)]
 
     def _finish_main(self, launched: list, results: list, t0: float) -> None:
         self.runner.wait("main")
