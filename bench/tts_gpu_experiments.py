@@ -1,18 +1,23 @@
-"""Experiments toward the GPU TTS goals (not part of the engine): is torch.compile worth it?
+"""Experiments toward the GPU TTS goals (not part of the engine): is torch.compile worth it, and
+the fused Triton residual blocks (``tts_engine/torch_vits/fused_resblock.py``)?
 
 For the fp16 chunk decoder (flow + HiFi-GAN) at a few (chunk, batch) shapes and for the
 encoder step, compares a CUDA graph of the eager code with a CUDA graph of the
 ``torch.compile``d code (Inductor fuses the elementwise chains between convolutions):
 compile seconds, step ms (CUDA events, median), max abs difference. Inputs are real
-utterances. Writes ``<out>/tts_gpu_experiments-<hardware>-<date>.json``. Example::
+utterances. ``--fused`` adds the decoder with fused residual blocks, ``--polyphase`` the one whose
+upsampling runs as ``PolyphaseUp`` (and with both, both; each eager and compiled); ``--tiles`` times one residual step (dilated convolution,
+activation, mask, bias, residual) per channel count, cuDNN + PyTorch's pointwise ops against the
+fused kernel in each tile shape. Writes ``<out>/tts_gpu_experiments-<hardware>-<date>.json``. Example::
 
-    python -m bench.tts_gpu_experiments --voice VOICE.onnx --hardware h200 --out /tmp/exp
+    python -m bench.tts_gpu_experiments --voice VOICE.onnx --hardware h200 --out /tmp/exp [--fused --tiles]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 
@@ -39,23 +44,100 @@ def graphed(fn, *args):
     return g, out
 
 
+def kernel_profile(fn, reps: int = 5, top: int = 30) -> list[dict]:
+    """GPU ms per call of the ``top`` kernels of ``fn()`` (torch.profiler over ``reps`` calls), largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    kernels = {}  # kernels have self GPU time; the operators that launch them have none of their own
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)
+        if us > 0:
+            kernels[e.key[:140]] = [us, e.count]
+    total = sum(v[0] for v in kernels.values())
+    rows = [{"kernel": name, "ms_per_call": round(us / 1000 / reps, 4), "launches_per_call": n // reps,
+             "share": round(us / total, 4)} for name, (us, n) in kernels.items()]  # fmt: skip
+    rows.sort(key=lambda r: -r["ms_per_call"])
+    print(f"profile: {total / 1000 / reps:.2f} GPU ms per call, {sum(v[1] for v in kernels.values()) // reps} kernels", flush=True)
+    for r in rows[:top]:
+        print(f"  {r['ms_per_call']:8.3f} ms x{r['launches_per_call']:<3} {r['share']:6.1%}  {r['kernel'][:110]}", flush=True)
+    return rows[:top]
+
+
+def tile_rows(synth, batch: int = 48, frames: int = 278) -> list[dict]:
+    """One residual step (kernel 7, dilation 12, masked) per decoder stage's channel count, at a
+    256-frame chunk's decoder window for ``batch`` rows: cuDNN + pointwise ops (graph), the same
+    compiled, and the fused kernel in each tile shape (graph)."""
+    from torch.nn import functional as F
+
+    from tts_engine.torch_vits import fused_resblock as fr
+
+    rows = []
+    dec = synth.dec
+    for stage, up in enumerate(dec.ups):
+        conv = dec.resblocks[stage * dec.num_kernels + dec.num_kernels - 1].convs[-1]
+        c, length = conv.in_channels, frames * math.prod(dec.upsample_rates[: stage + 1])
+        x = torch.randn(batch, c, length, device="cuda", dtype=conv.weight.dtype)
+        m = torch.ones(batch, 1, length, device="cuda", dtype=x.dtype)
+        m[:, :, length - length // 5 :] = 0
+
+        def torch_step(x=x, m=m, conv=conv):
+            return conv(F.leaky_relu(x, 0.1) * m) + x
+
+        g, ref = graphed(torch_step)
+        row = {"what": "residual step", "channels": c, "samples": length, "batch": batch,
+               "kernel": conv.kernel_size[0], "dilation": conv.dilation[0], "cudnn_graph_ms": round(timed(g.replay, 20), 3)}  # fmt: skip
+        step_c = torch.compile(torch_step, dynamic=False)
+        g, _ = graphed(step_c)
+        row["compiled_graph_ms"] = round(timed(g.replay, 20), 3)
+        w, b = fr.tap_major(conv), conv.bias.detach()
+        out = torch.empty_like(x)
+        for tiles in [(bc, bt, nw) for bc in (16, 32, 64, 128) for bt in (64, 128, 256) for nw in (4, 8) if bc <= c]:
+            try:
+                g, _ = graphed(lambda tiles=tiles: fr.conv_step(x, w, b, conv.dilation[0], m, x, out, tiles=tiles))
+                row[f"fused_{tiles[0]}x{tiles[1]}w{tiles[2]}_ms"] = round(timed(g.replay, 20), 3)
+                row[f"fused_{tiles[0]}x{tiles[1]}w{tiles[2]}_diff"] = float((out.float() - ref.float()).abs().max())
+            except Exception as exc:  # a tile shape out of the GPU's resources
+                row[f"fused_{tiles[0]}x{tiles[1]}w{tiles[2]}_error"] = str(exc)[:120]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_common_arguments(p)
     p.add_argument("--shapes", default="64x1,256x1,64x16,256x48", help="chunk x batch")
     p.add_argument("--budget-s", type=float, default=200, help="stop starting new compiles after this")
+    p.add_argument("--cudnn-benchmark-limit", type=int, default=3,
+                   help="cuDNN times this many algorithms per shape, as configs/gpu.toml (0: cuDNN's heuristics only)")
+    p.add_argument("--no-compile", action="store_true", help="skip the compiled rows (and the encoder)")
+    p.add_argument("--fused", action="store_true", help="add the decoder with fused Triton residual blocks")
+    p.add_argument("--polyphase", action="store_true", help="add the decoder with polyphase upsampling (and both)")
+    p.add_argument("--tiles", action="store_true", help="time one residual step per channel count and tile shape")
+    p.add_argument("--profile", action="store_true",
+                   help="per shape: GPU time by kernel of the eager decoder (and the fused one with --fused)")
     args = common_arguments(p.parse_args())
     t_start = time.perf_counter()
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark_limit > 0
+    torch.backends.cudnn.benchmark_limit = max(args.cudnn_benchmark_limit, 1)
     sentences = [s["ids"] for s in load_sentences()]
     model = load_vits(args.voice, device="cuda")
-    runner = StepRunner(model, RunnerOptions(chunk_frames=64, tail_chunk_frames=256, max_frames=1024,
+    runner = StepRunner(model, RunnerOptions(chunk_frames=32, tail_chunk_frames=256, max_frames=1024,
                                              decode_batches=(64,), encode_batches=(32,), phoneme_buckets=(256,),
                                              precision="fp16", cuda_graphs=False), "cuda")  # fmt: skip
     fill_slots(runner, sentences, noise=True)
     synth = runner.synth_model
-    rows = []
+    rows = tile_rows(synth) if args.tiles else []
     torch._dynamo.config.cache_size_limit = 64
-    compiled = torch.compile(lambda z, m, geo: decode_windows(synth, z, m, geo), dynamic=False)
+    variants = [("eager", False, False)] + [(n, f, p) for n, f, p in (("fused", True, False), ("polyphase", False, True),
+                                                                      ("fused_polyphase", True, True))
+                                            if (args.fused or not f) and (args.polyphase or not p)]  # fmt: skip
     with torch.inference_mode():
         for shape in args.shapes.split(","):
             if time.perf_counter() - t_start > args.budget_s:
@@ -65,18 +147,36 @@ def main() -> int:
             slots = torch.arange(b, device="cuda")
             z, mask = gather_windows(runner.latents, slots, slots * 0 + 64, runner.frames[:b], geo)
             z, mask = z.half(), mask.half()
-            g_eager, out_eager = graphed(lambda: decode_windows(synth, z, mask, geo))
-            t0 = time.perf_counter()
-            compiled(z, mask, geo)
-            compile_s = time.perf_counter() - t0
-            g_comp, out_comp = graphed(lambda: compiled(z, mask, geo))
-            row = {"what": "decode", "chunk": chunk, "batch": b, "compile_s": round(compile_s, 1),
-                   "eager_graph_ms": round(timed(g_eager.replay, 20), 3),
-                   "compiled_graph_ms": round(timed(g_comp.replay, 20), 3),
-                   "max_abs_diff": float((out_eager.float() - out_comp.float()).abs().max())}  # fmt: skip
+            row = {"what": "decode", "chunk": chunk, "batch": b}
+            out_eager = None
+            for name, fused, poly in variants:
+                synth.dec.use_fused_blocks(fused)
+                synth.dec.use_polyphase(poly)
+                try:
+                    g, out = graphed(lambda: decode_windows(synth, z, mask, geo))
+                    row[f"{name}_graph_ms"] = round(timed(g.replay, 20), 3)
+                    out_eager = out.clone() if out_eager is None else out_eager
+                    row[f"{name}_max_abs_diff"] = float((out_eager.float() - out.float()).abs().max())
+                    if args.profile:
+                        row[f"{name}_profile"] = kernel_profile(lambda: decode_windows(synth, z, mask, geo))
+                    if not args.no_compile and time.perf_counter() - t_start < args.budget_s:
+                        t0 = time.perf_counter()  # a new function: no guard shares another variant's graph
+                        compiled = torch.compile(lambda z, m, geo: decode_windows(synth, z, m, geo), dynamic=False)
+                        compiled(z, mask, geo)
+                        row[f"compiled_{name}_compile_s"] = round(time.perf_counter() - t0, 1)
+                        g, out = graphed(lambda: compiled(z, mask, geo))
+                        row[f"compiled_{name}_graph_ms"] = round(timed(g.replay, 20), 3)
+                        row[f"compiled_{name}_max_abs_diff"] = float((out_eager.float() - out.float()).abs().max())
+                        if args.profile:
+                            row[f"compiled_{name}_profile"] = kernel_profile(lambda: compiled(z, mask, geo))
+                except Exception as exc:  # e.g. Dynamo / Inductor not taking the user kernels
+                    row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                finally:
+                    synth.dec.use_fused_blocks(False)
+                    synth.dec.use_polyphase(False)
             rows.append(row)
             print(json.dumps(row), flush=True)
-        if time.perf_counter() - t_start < args.budget_s:
+        if not args.no_compile and time.perf_counter() - t_start < args.budget_s:
             b, t = 8, 256
             ids = torch.zeros(b, t, dtype=torch.long, device="cuda")
             lengths = torch.zeros(b, dtype=torch.long, device="cuda")

@@ -118,6 +118,42 @@ def test_chunked_equals_whole_in_float64(model, chunk_frames):
         assert (wrong - whole).abs().max() > 1e-9
 
 
+@pytest.mark.parametrize("kernel, stride, padding", [(16, 8, 4), (8, 4, 2), (6, 3, 0), (6, 2, 2)])
+def test_polyphase_upsampling_is_the_transposed_convolution(kernel, stride, padding):
+    """``PolyphaseUp`` computes what ``ConvTranspose1d`` does (float64), also when the kernel spans
+    more than two strides or the padding is not half a stride; other shapes are refused."""
+    from torch import nn
+
+    from tts_engine.torch_vits.decoder import PolyphaseUp
+
+    gen = torch.Generator().manual_seed(1)
+    up = nn.ConvTranspose1d(5, 3, kernel, stride, padding=padding).double()
+    x = torch.randn(2, 5, 9, dtype=torch.float64, generator=gen)
+    with torch.inference_mode():
+        want, got = up(x), PolyphaseUp(up)(x)
+    assert got.shape == want.shape
+    assert (got - want).abs().max() < 1e-12
+    assert not PolyphaseUp.supports(nn.ConvTranspose1d(5, 3, 5, 2))
+    with pytest.raises(ValueError, match="no polyphase form"):
+        PolyphaseUp(nn.ConvTranspose1d(5, 3, 5, 2))
+
+
+@pytest.mark.slow
+def test_voice_decoder_with_polyphase_upsampling_matches_chunk_by_chunk(model):
+    """The real voice's decoder, masked 64-frame windows as the engine runs them: polyphase
+    upsampling changes no sample beyond float64 rounding."""
+    m = Vits(model.config).double().eval()
+    m.load_state_dict(model.state_dict())
+    frames = 150
+    z_p = torch.randn(1, m.config.inter_channels, frames, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        plain = chunked.decode_chunked(m, z_p, frames, 64)
+        m.dec.use_polyphase()
+        assert m.dec.polyphase is not None
+        poly = chunked.decode_chunked(m, z_p, frames, 64)
+    assert (poly - plain).abs().max() < 1e-10
+
+
 def test_receptive_radius_matches_perturbation():
     """Perturb one latent frame: audio changes exactly within the computed radius (tiny model, float64)."""
     m = tiny_model().double()

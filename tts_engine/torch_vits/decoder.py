@@ -61,6 +61,34 @@ def _masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return x if mask is None else x * mask
 
 
+class PolyphaseUp:
+    """A ``ConvTranspose1d`` whose kernel is a multiple of its stride ``s``, as a plain convolution
+    to ``s x C_out`` channels (one set per output phase) whose outputs are interleaved: the same
+    sums in another order, as a forward convolution (cuDNN's transposed ones are slow for these
+    shapes). Holds its own copy of the weights (take it after the last dtype or device change)."""
+
+    def __init__(self, up: nn.ConvTranspose1d) -> None:
+        self.stride, kernel, self.padding = up.stride[0], up.kernel_size[0], up.padding[0]
+        if kernel % self.stride or up.groups != 1 or up.dilation[0] != 1 or up.output_padding[0]:
+            raise ValueError(f"no polyphase form for {up}")
+        self.taps = kernel // self.stride
+        c_in, self.c_out, _ = up.weight.shape
+        w = up.weight.detach().view(c_in, self.c_out, self.taps, self.stride).flip(2)  # [.., tap j, phase r]
+        self.weight = w.permute(3, 1, 0, 2).reshape(self.stride * self.c_out, c_in, self.taps).contiguous()
+        self.bias = None if up.bias is None else up.bias.detach().repeat(self.stride)
+        self.kernel = kernel
+
+    @staticmethod
+    def supports(up: nn.ConvTranspose1d) -> bool:
+        return up.kernel_size[0] % up.stride[0] == 0 and up.groups == 1 and up.dilation[0] == 1 and not up.output_padding[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        b, _, n = x.shape
+        y = F.conv1d(x, self.weight, self.bias, padding=self.taps - 1)  # [B, s * C_out, n + taps - 1]
+        y = y.view(b, self.stride, self.c_out, n + self.taps - 1).permute(0, 2, 3, 1).reshape(b, self.c_out, -1)
+        return y[:, :, self.padding : self.padding + (n - 1) * self.stride - 2 * self.padding + self.kernel]
+
+
 class Generator(nn.Module):
     """Upsampling transposed convolutions, each followed by the mean of parallel ResBlocks."""
 
@@ -91,6 +119,25 @@ class Generator(nn.Module):
         self.conv_post = nn.Conv1d(ch, 1, 7, 1, padding=3, bias=False)
         if gin_channels:
             self.cond = nn.Conv1d(gin_channels, upsample_initial_channel, 1)
+        #: Per stage, its blocks as fused Triton kernels (``use_fused_blocks``); None: PyTorch's convolutions.
+        self.fused: list | None = None
+        #: Per stage, its upsampling as ``PolyphaseUp`` (``use_polyphase``); None: ``ConvTranspose1d``.
+        self.polyphase: list | None = None
+
+    def use_polyphase(self, on: bool = True) -> None:
+        """Upsample with ``PolyphaseUp`` (where every stage has a kernel that is a multiple of its stride)."""
+        self.polyphase = [PolyphaseUp(up) for up in self.ups] if on and all(map(PolyphaseUp.supports, self.ups)) else None
+
+    def use_fused_blocks(self, on: bool = True) -> None:
+        """Run the residual blocks as fused Triton kernels (``fused_resblock``; call after the last dtype or
+        device change: the kernels hold their own copy of the weights)."""
+        if not on:
+            self.fused = None
+            return
+        from tts_engine.torch_vits import fused_resblock
+
+        self.fused = [fused_resblock.FusedStage(list(self.resblocks[i * self.num_kernels : (i + 1) * self.num_kernels]))
+                      for i in range(len(self.ups))]  # fmt: skip
 
     @property
     def hop_length(self) -> int:
@@ -103,9 +150,12 @@ class Generator(nn.Module):
         if g is not None:
             x = x + self.cond(g)
         for i, up in enumerate(self.ups):
-            x = up(_masked(F.leaky_relu(x, LRELU_SLOPE), mask))
+            x = (self.polyphase[i] if self.polyphase else up)(_masked(F.leaky_relu(x, LRELU_SLOPE), mask))
             if mask is not None:
                 mask = mask.repeat_interleave(self.upsample_rates[i], dim=2)
+            if self.fused is not None:
+                x = self.fused[i](x, mask)
+                continue
             blocks = self.resblocks[i * self.num_kernels : (i + 1) * self.num_kernels]
             xs = blocks[0](x, mask)
             for block in blocks[1:]:
