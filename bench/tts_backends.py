@@ -24,7 +24,9 @@ def cuda_variant(args: argparse.Namespace, timing_tag: bool) -> str:
     return (("-compiled" if args.compile else "") + ("-encoder" if getattr(args, "compile_encoder", False) else "")
             + ("-cudnnbench" if timing_tag and timing else "") + (f"-limit{limit}" if timing and limit != 10 else "")
             + ("-coarse" if args.coarse else "")
-            + (f"-ahead{args.speculate_frames}" if getattr(args, "speculate_frames", 0) else ""))
+            + (f"-ahead{args.speculate_frames}" if getattr(args, "speculate_frames", 0) else "")
+            + ("-polyphase" if getattr(args, "polyphase", False) else "")
+            + ("-fused" if getattr(args, "fused_blocks", False) else ""))
 
 
 class CudaBackend:
@@ -51,7 +53,8 @@ class CudaBackend:
             compile_encoder=getattr(args, "compile_encoder", False),
             cudnn_benchmark=args.cudnn_benchmark, cudnn_benchmark_limit=getattr(args, "cudnn_benchmark_limit", 10),
             fast_lane=fast_lane, fast_lanes=fast_lanes, speculate_frames=getattr(args, "speculate_frames", 0),
-            speculate_below=getattr(args, "speculate_below", 2),
+            speculate_below=getattr(args, "speculate_below", 2), polyphase=getattr(args, "polyphase", False),
+            fused_blocks=getattr(args, "fused_blocks", False),
         )  # fmt: skip
         t0 = time.perf_counter()
         self.engine = CudaTtsEngine(Voice.load(args.voice), opts, device=args.device, queue_size=4096,
@@ -69,6 +72,7 @@ class CudaBackend:
             "compile_encoder": opts.compile_encoder, "cudnn_benchmark": args.cudnn_benchmark,
             "cudnn_benchmark_limit": opts.cudnn_benchmark_limit, "allocator": args.allocator, "fast_lane": fast_lane,
             "fast_lanes": fast_lanes, "speculate_frames": opts.speculate_frames, "speculate_below": opts.speculate_below,
+            "polyphase": opts.polyphase, "fused_blocks": opts.fused_blocks,
             "decode_batches": len(opts.decode_batches),
             "precision": args.precision, "max_batch": args.max_batch,
         }  # fmt: skip

@@ -35,6 +35,8 @@ class WsBackend:
                 f"--set=tts.batch_buckets={'coarse' if args.coarse else 'fine'}",
                 f"--set=tts.fast_lane={args.fast_lane}", f"--set=tts.fast_lanes={args.fast_lanes}",
                 f"--set=tts.speculate_frames={args.speculate_frames}", f"--set=tts.speculate_below={args.speculate_below}",
+                f"--set=tts.polyphase_upsampling={'true' if args.polyphase else 'false'}",
+                f"--set=tts.fused_blocks={'true' if args.fused_blocks else 'false'}",
                 *args.server_arg,
             ]  # fmt: skip
             self.name = f"ws-cuda-{args.precision}" + cuda_variant(args, timing_tag=False)

@@ -214,9 +214,12 @@ def tiny_runner(**kw) -> StepRunner:
     return StepRunner(tiny_model(), opts)
 
 
-@pytest.mark.parametrize("tail_chunk_frames", [0, 64])
-def test_scheduler_batched_chunks_equal_whole_utterances(tail_chunk_frames):
-    runner = tiny_runner(tail_chunk_frames=tail_chunk_frames)
+@pytest.mark.parametrize("tail_chunk_frames, polyphase", [(0, False), (64, False), (64, True)])
+def test_scheduler_batched_chunks_equal_whole_utterances(tail_chunk_frames, polyphase):
+    """Chunks of batched requests make each whole utterance (``model.infer``: the plain decoder,
+    also when the runner's upsamples polyphase)."""
+    runner = tiny_runner(tail_chunk_frames=tail_chunk_frames, polyphase=polyphase)
+    assert (runner.synth_model.dec.polyphase is not None) == polyphase
     scheduler = BatchScheduler(runner, sample_rate=22050, queue_size=16)
     rng = np.random.default_rng(1)
     inputs = [list(rng.integers(1, TINY.n_vocab, n)) for n in (9, 30, 57, 12, 44, 20)]  # > slots: queued
@@ -640,14 +643,19 @@ def test_compiled_kernels_are_cached_per_gpu_cuda_and_torch(tmp_path, monkeypatc
 
 
 def test_engine_from_config_captures_the_configured_batch_buckets(cfg):
-    """``tts.batch_buckets``, ``tts.cudnn_benchmark_limit`` and the decoding-ahead settings reach
-    the runner (built on the CPU)."""
+    """``tts.batch_buckets``, ``tts.cudnn_benchmark_limit``, the decoding-ahead settings and
+    polyphase upsampling reach the runner (built on the CPU); fused blocks are refused there."""
     from tts_engine.torch_vits.cuda_engine import CudaTtsEngine, batch_buckets
 
     tts = replace(cfg.tts, backend="cuda", device="cpu", cuda_graphs=False, max_batch=32,
-                  batch_buckets="coarse", cudnn_benchmark_limit=3, speculate_frames=512, speculate_below=3)  # fmt: skip
+                  batch_buckets="coarse", cudnn_benchmark_limit=3, speculate_frames=512, speculate_below=3,
+                  polyphase_upsampling=True)  # fmt: skip
+    with pytest.raises(ValueError, match="fused_blocks needs CUDA"):
+        CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, fused_blocks=True)))
     engine = CudaTtsEngine.from_config(replace(cfg, tts=tts))
     try:
+        assert engine.runner.synth_model.dec.polyphase is not None
+        assert engine.runner.model.dec.polyphase is None  # fp32: the encoder's copy stays as loaded
         assert engine.runner.options.decode_batches == (1, 2, 4, 8, 16, 32)
         assert engine.runner.options.cudnn_benchmark_limit == 3
         assert (engine.runner.options.speculate_frames, engine.runner.options.speculate_below) == (512, 3)

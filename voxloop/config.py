@@ -364,6 +364,13 @@ class TtsConfig:
     speculate_frames: int = 0
     #: GPU: decode ahead only while at most this many requests run (new ones included).
     speculate_below: int = 2
+    #: GPU: the decoder's upsampling layers (transposed convolutions) as plain convolutions to
+    #: stride x channels whose outputs are interleaved (polyphase): the same sums, no sample
+    #: changes beyond rounding; cuDNN's transposed-convolution kernels took 65 % of a 48-row decode step on the H200.
+    polyphase_upsampling: bool = False
+    #: GPU, fp16/bf16: the decoder's residual blocks as fused Triton kernels (activation, mask,
+    #: dilated convolution, bias, residual and the mean over blocks in one pass per convolution).
+    fused_blocks: bool = False
     #: Batching engine (GPU): a text of at most this many characters is phonemized on the event loop
     #: when the text thread is idle (espeak: ~0.4 ms for a 14-word sentence), saving two thread
     #: hand-offs; longer texts, or any while the thread is busy, go through the thread. 0: always the thread.

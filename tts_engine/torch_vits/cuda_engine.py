@@ -128,6 +128,8 @@ class CudaTtsEngine:
             fast_lanes=tts.fast_lanes,
             speculate_frames=tts.speculate_frames,
             speculate_below=tts.speculate_below,
+            polyphase=tts.polyphase_upsampling,
+            fused_blocks=tts.fused_blocks,
             state_budget_mb=cfg.gpu.tts_state_budget_mb,
             encode_budget_mb=cfg.gpu.tts_encode_budget_mb,
             decode_budget_mb=cfg.gpu.tts_decode_budget_mb,

@@ -79,8 +79,8 @@ class PolyphaseUp:
         self.kernel = kernel
 
     @staticmethod
-    def supports(up: nn.ConvTranspose1d) -> bool:
-        return up.kernel_size[0] % up.stride[0] == 0 and up.groups == 1 and up.dilation[0] == 1 and not up.output_padding[0]
+    def supports(up: nn.Module) -> bool:
+        return isinstance(up, nn.ConvTranspose1d) and up.kernel_size[0] % up.stride[0] == 0 and up.groups == 1 and up.dilation[0] == 1 and not up.output_padding[0]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         b, _, n = x.shape

@@ -117,6 +117,11 @@ class RunnerOptions:
     speculate_frames: int = 0
     #: Decode ahead only while at most this many requests run (new ones included).
     speculate_below: int = 2
+    #: Decoder upsampling as plain convolutions to stride x channels, interleaved
+    #: (``decoder.PolyphaseUp``): the same sums; cuDNN's transposed convolutions are slow here.
+    polyphase: bool = False
+    #: CUDA, fp16/bf16: the decoder's residual blocks as fused Triton kernels (``fused_resblock``).
+    fused_blocks: bool = False
 
     @property
     def compiles(self) -> bool:
@@ -261,6 +266,17 @@ class StepRunner:
             self.synth_model, self.dtype = int8_synth_model(self.model)
         else:
             self.synth_model = self.model if self.dtype == torch.float32 else copy.deepcopy(self.model).to(self.dtype)
+        if options.fused_blocks:
+            from tts_engine.torch_vits import fused_resblock
+
+            if not cuda or options.precision not in ("fp16", "bf16") or not fused_resblock.available():
+                raise ValueError("fused_blocks needs CUDA, triton and precision fp16 or bf16; got "
+                                 f"{self.device} and {options.precision!r}")  # fmt: skip
+            self.synth_model.dec.use_fused_blocks()
+        if options.polyphase:
+            if self.synth_model is self.model:  # fp32: the encoder's model is shared; keep it as loaded
+                self.synth_model = copy.deepcopy(self.model)
+            self.synth_model.dec.use_polyphase()
         self.geometries = {c: ChunkGeometry.for_model(self.model, c) for c in options.chunk_sizes}
         self.geometry = self.geometries[options.chunk_frames]
         c, s = self.model.config, options.max_slots + 1
