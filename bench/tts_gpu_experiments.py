@@ -20,6 +20,7 @@ import json
 import math
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -109,9 +110,43 @@ def tile_rows(synth, batch: int = 48, frames: int = 278) -> list[dict]:
     return rows
 
 
+def plot(path: Path) -> Path:
+    """PNG beside a result file: decoder step ms per variant and shape; residual step ms per channel count."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = json.loads(path.read_text())["rows"]
+    decode = [r for r in rows if r["what"] == "decode"]
+    steps = [r for r in rows if r["what"] == "residual step"]
+    fig, axes = plt.subplots(1, 2, figsize=(15, 5.5))
+    variants = sorted({k[: -len("_graph_ms")] for r in decode for k in r if k.endswith("_graph_ms")})
+    for i, v in enumerate(variants):
+        xs = [j + i / (len(variants) + 1) for j in range(len(decode))]
+        axes[0].bar(xs, [r.get(f"{v}_graph_ms", 0) for r in decode], width=1 / (len(variants) + 1), label=v)
+    axes[0].set_xticks(range(len(decode)), [f"{r['chunk']} frames x {r['batch']}" for r in decode])
+    axes[0].set_ylabel("decoder step (flow + HiFi-GAN), ms, CUDA graph")
+    axes[0].set_yscale("log")
+    axes[0].legend(fontsize=8)
+    for j, r in enumerate(steps):
+        fused = min(v for k, v in r.items() if k.startswith("fused_") and k.endswith("_ms"))
+        axes[1].bar([j - 0.25, j, j + 0.25], [r["cudnn_graph_ms"], r["compiled_graph_ms"], fused], width=0.25,
+                    color=["C0", "C1", "C2"], label=["cuDNN + pointwise", "compiled", "fused (best tile)"] if j == 0 else None)  # fmt: skip
+    axes[1].set_xticks(range(len(steps)), [f"{r['channels']} ch x {r['samples']} x {r['batch']}" for r in steps])
+    axes[1].set_ylabel("one residual step (kernel 7, dilation 12), ms")
+    axes[1].legend(fontsize=8)
+    fig.suptitle(path.stem)
+    fig.tight_layout()
+    out = path.with_suffix(".png")
+    fig.savefig(out, dpi=90)
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_common_arguments(p)
+    p.add_argument("--plot", type=Path, help="only draw the PNG of this result file")
     p.add_argument("--shapes", default="64x1,256x1,64x16,256x48", help="chunk x batch")
     p.add_argument("--budget-s", type=float, default=200, help="stop starting new compiles after this")
     p.add_argument("--cudnn-benchmark-limit", type=int, default=3,
@@ -122,7 +157,11 @@ def main() -> int:
     p.add_argument("--tiles", action="store_true", help="time one residual step per channel count and tile shape")
     p.add_argument("--profile", action="store_true",
                    help="per shape: GPU time by kernel of the eager decoder (and the fused one with --fused)")
-    args = common_arguments(p.parse_args())
+    args = p.parse_args()
+    if args.plot:
+        print(f"wrote {plot(args.plot)}")
+        return 0
+    args = common_arguments(args)
     t_start = time.perf_counter()
     torch.backends.cudnn.benchmark = args.cudnn_benchmark_limit > 0
     torch.backends.cudnn.benchmark_limit = max(args.cudnn_benchmark_limit, 1)

@@ -224,7 +224,18 @@ def test_gpu_polyphase_and_fused_blocks_keep_the_audio(model, voice_path):
     int16 steps); with fused Triton residual blocks too, fp16: as close to fp32 as fp16 is without
     them (>= the fp16 floor, and within 1 dB of the plain fp16 engine's SNR)."""
     from tts_engine.engine import SynthesisOptions
+    from voxloop.errors import ConfigError
 
+    if running_allocator() != "native":  # conftest's default: the engine refuses, so run this in a native process
+        with pytest.raises(ConfigError, match="native"):
+            engine(voice_path, "fp16", fused_blocks=True)
+        env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "backend:native"}
+        name = f"{__file__}::test_gpu_polyphase_and_fused_blocks_keep_the_audio"
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", name], env=env,
+                              capture_output=True, text=True, timeout=900)  # fmt: skip
+        print(done.stdout[-2000:])
+        assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
+        return
     quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
     inputs = bench_ids(4)
     refs = [whole(model, ids) for ids in inputs]

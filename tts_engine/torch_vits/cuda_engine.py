@@ -71,12 +71,13 @@ class CudaTtsEngine:
         if on_cuda and not torch.cuda.is_available():
             raise ModelError("tts.backend = 'cuda' but PyTorch sees no CUDA device; set tts.backend = 'onnx'")
         gpu = gpu or GpuConfig()
-        if on_cuda and options.compiles and options.cuda_graphs and gpu.allocator != "native":
-            # H200, torch 2.11: capturing the compiled encoder under cudaMallocAsync failed in a Triton
-            # launch ("CUDA driver error: invalid argument"); with the native allocator it passes
-            # tests/test_gpu_tts.py (bench/results/tts_load-h200-2026-12-03-startup.md).
-            raise ConfigError("tts.compile / tts.compile_encoder with CUDA graphs need gpu.allocator = 'native' "
-                              f"(got {gpu.allocator!r})")  # fmt: skip
+        if on_cuda and (options.compiles or options.fused_blocks) and options.cuda_graphs and gpu.allocator != "native":
+            # H200, torch 2.11: Triton kernels launched while a graph is captured under cudaMallocAsync
+            # fail: the compiled encoder with "CUDA driver error: invalid argument", the fused blocks with
+            # "Pointer argument cannot be accessed from Triton" (the pool's memory is not mapped yet);
+            # with the native allocator both pass tests/test_gpu_tts.py.
+            raise ConfigError("tts.compile / tts.compile_encoder / tts.fused_blocks with CUDA graphs need "
+                              f"gpu.allocator = 'native' (got {gpu.allocator!r})")  # fmt: skip
         if on_cuda:
             configure_allocator(gpu.allocator)
         #: The process's device memory pool (None on CPU).
