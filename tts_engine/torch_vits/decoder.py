@@ -136,8 +136,8 @@ class Generator(nn.Module):
             return
         from tts_engine.torch_vits import fused_resblock
 
-        self.fused = [fused_resblock.FusedStage(list(self.resblocks[i * self.num_kernels : (i + 1) * self.num_kernels]))
-                      for i in range(len(self.ups))]  # fmt: skip
+        self.fused = [fused_resblock.FusedStage(list(self.resblocks[i * self.num_kernels : (i + 1) * self.num_kernels]),
+                                                LRELU_SLOPE) for i in range(len(self.ups))]  # fmt: skip
 
     @property
     def hop_length(self) -> int:

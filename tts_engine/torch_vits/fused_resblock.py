@@ -16,9 +16,9 @@ Inputs are ``[B, C, T]`` contiguous (fp16 or bf16 as the model); accumulation is
 
 from __future__ import annotations
 
-import torch
+import os
 
-from tts_engine.torch_vits.decoder import LRELU_SLOPE, ResBlock1, ResBlock2
+import torch
 
 try:  # triton ships with CUDA builds of PyTorch; CPU-only installs lack it
     import triton
@@ -29,8 +29,6 @@ except ImportError:  # pragma: no cover - depends on the install
 
 def available() -> bool:
     """Triton importable and a CUDA device present (or Triton's interpreter asked for)."""
-    import os
-
     return triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
 
 
@@ -78,14 +76,14 @@ TILES = {128: (128, 64, 8), 64: (64, 128, 4), 32: (32, 128, 4), 16: (16, 128, 4)
 
 def conv_step(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, dilation: int, mask: torch.Tensor | None,
               residual: torch.Tensor | None, out: torch.Tensor, scale: float = 1.0, accumulate: bool = False,
-              tiles: tuple[int, int, int] | None = None) -> torch.Tensor:  # fmt: skip
-    """``out (+)= scale * (conv(mask * leaky_relu(x)) + bias + residual)``; ``weight`` [K, C, C] (tap-major);
-    ``tiles``: (BLOCK_CO, BLOCK_T, num_warps), default ``TILES``."""
+              tiles: tuple[int, int, int] | None = None, slope: float = 0.1) -> torch.Tensor:  # fmt: skip
+    """``out (+)= scale * (conv(mask * leaky_relu(x, slope)) + bias + residual)``; ``weight`` [K, C, C]
+    (tap-major); ``tiles``: (BLOCK_CO, BLOCK_T, num_warps), default ``TILES``."""
     batch, channels, length = x.shape
     block_co, block_t, warps = tiles or TILES.get(channels, (min(channels, 64), 128, 4))
     grid = (triton.cdiv(length, block_t), channels // block_co, batch)
     _conv_step[grid](x, weight, bias, mask if mask is not None else x, residual if residual is not None else x, out,
-                     length, scale, C=channels, K=weight.shape[0], DIL=dilation, SLOPE=LRELU_SLOPE,
+                     length, scale, C=channels, K=weight.shape[0], DIL=dilation, SLOPE=slope,
                      BLOCK_CO=block_co, BLOCK_T=block_t, HAS_MASK=mask is not None,
                      RESIDUAL=residual is not None, ACCUM=accumulate, num_warps=warps)  # fmt: skip
     return out
@@ -97,23 +95,26 @@ def tap_major(conv: torch.nn.Conv1d) -> torch.Tensor:
 
 
 class FusedStage:
-    """One decoder stage's blocks (``mean_j block_j(x)``) with fused kernels; weights taken from the modules."""
+    """One decoder stage's blocks (``mean_j block_j(x)``) with fused kernels; weights taken from the modules:
+    ``decoder.ResBlock2`` (``convs``) or ``decoder.ResBlock1`` (``convs1``, ``convs2``); ``slope``: their
+    leaky ReLU's."""
 
-    def __init__(self, blocks: list[torch.nn.Module]) -> None:
+    def __init__(self, blocks: list[torch.nn.Module], slope: float) -> None:
+        self.slope = slope
         if triton is None:
             raise RuntimeError("fused residual blocks need triton (it comes with PyTorch's CUDA builds)")
         self.blocks = []
         for block in blocks:
-            channels = (block.convs if isinstance(block, ResBlock2) else block.convs1)[0].in_channels
-            if not supports(channels):
-                raise ValueError(f"fused residual blocks need a power-of-two channel count >= 16, got {channels}")
-            if isinstance(block, ResBlock2):
+            if hasattr(block, "convs"):  # ResBlock2
                 steps = [(tap_major(c), c.bias.detach(), c.dilation[0], None) for c in block.convs]
-            elif isinstance(block, ResBlock1):
+            elif hasattr(block, "convs1"):  # ResBlock1
                 steps = [(tap_major(c1), c1.bias.detach(), c1.dilation[0], (tap_major(c2), c2.bias.detach()))
                          for c1, c2 in zip(block.convs1, block.convs2)]  # fmt: skip
             else:
                 raise TypeError(f"no fused kernel for {type(block).__name__}")
+            channels = steps[0][0].shape[1]
+            if not supports(channels):
+                raise ValueError(f"fused residual blocks need a power-of-two channel count >= 16, got {channels}")
             self.blocks.append(steps)
 
     def __call__(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -127,11 +128,11 @@ class FusedStage:
                 last = i == len(steps) - 1
                 if pair is None:  # ResBlock2: h = conv(act(h)) + h
                     dst = out if last else torch.empty_like(x)
-                    conv_step(h, w, b, d, m, h, dst, scale if last else 1.0, last and j > 0)
+                    conv_step(h, w, b, d, m, h, dst, scale if last else 1.0, last and j > 0, slope=self.slope)
                 else:  # ResBlock1: h = conv2(act(conv1(act(h)))) + h
-                    mid = conv_step(h, w, b, d, m, None, torch.empty_like(x))
+                    mid = conv_step(h, w, b, d, m, None, torch.empty_like(x), slope=self.slope)
                     w2, b2 = pair
                     dst = out if last else torch.empty_like(x)
-                    conv_step(mid, w2, b2, 1, m, h, dst, scale if last else 1.0, last and j > 0)
+                    conv_step(mid, w2, b2, 1, m, h, dst, scale if last else 1.0, last and j > 0, slope=self.slope)
                 h = dst
         return out

@@ -277,6 +277,8 @@ class StepRunner:
             if self.synth_model is self.model:  # fp32: the encoder's model is shared; keep it as loaded
                 self.synth_model = copy.deepcopy(self.model)
             self.synth_model.dec.use_polyphase()
+            if self.synth_model.dec.polyphase is None:
+                log.warning("polyphase upsampling: this decoder's upsampling layers have no polyphase form; left as is")
         self.geometries = {c: ChunkGeometry.for_model(self.model, c) for c in options.chunk_sizes}
         self.geometry = self.geometries[options.chunk_frames]
         c, s = self.model.config, options.max_slots + 1
