@@ -69,7 +69,7 @@ class PolyphaseUp:
 
     def __init__(self, up: nn.ConvTranspose1d) -> None:
         self.stride, kernel, self.padding = up.stride[0], up.kernel_size[0], up.padding[0]
-        if kernel % self.stride or up.groups != 1 or up.dilation[0] != 1 or up.output_padding[0]:
+        if not self.supports(up):
             raise ValueError(f"no polyphase form for {up}")
         self.taps = kernel // self.stride
         c_in, self.c_out, _ = up.weight.shape
@@ -80,7 +80,9 @@ class PolyphaseUp:
 
     @staticmethod
     def supports(up: nn.Module) -> bool:
-        return isinstance(up, nn.ConvTranspose1d) and up.kernel_size[0] % up.stride[0] == 0 and up.groups == 1 and up.dilation[0] == 1 and not up.output_padding[0]
+        if not isinstance(up, nn.ConvTranspose1d):
+            return False
+        return up.kernel_size[0] % up.stride[0] == 0 and up.groups == 1 and up.dilation[0] == 1 and not up.output_padding[0]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         b, _, n = x.shape
@@ -130,14 +132,18 @@ class Generator(nn.Module):
 
     def use_fused_blocks(self, on: bool = True) -> None:
         """Run the residual blocks as fused Triton kernels (``fused_resblock``; call after the last dtype or
-        device change: the kernels hold their own copy of the weights)."""
+        device change: the kernels hold their own copy of the weights). A stage whose channel count the
+        kernel does not take keeps PyTorch's convolutions (its entry is None)."""
         if not on:
             self.fused = None
             return
         from tts_engine.torch_vits import fused_resblock
 
-        self.fused = [fused_resblock.FusedStage(list(self.resblocks[i * self.num_kernels : (i + 1) * self.num_kernels]),
-                                                LRELU_SLOPE) for i in range(len(self.ups))]  # fmt: skip
+        self.fused = []
+        for i, up in enumerate(self.ups):
+            blocks = list(self.resblocks[i * self.num_kernels : (i + 1) * self.num_kernels])
+            ok = fused_resblock.supports(up.out_channels)
+            self.fused.append(fused_resblock.FusedStage(blocks, LRELU_SLOPE) if ok else None)
 
     @property
     def hop_length(self) -> int:
@@ -153,7 +159,7 @@ class Generator(nn.Module):
             x = (self.polyphase[i] if self.polyphase else up)(_masked(F.leaky_relu(x, LRELU_SLOPE), mask))
             if mask is not None:
                 mask = mask.repeat_interleave(self.upsample_rates[i], dim=2)
-            if self.fused is not None:
+            if self.fused is not None and self.fused[i] is not None:
                 x = self.fused[i](x, mask)
                 continue
             blocks = self.resblocks[i * self.num_kernels : (i + 1) * self.num_kernels]

@@ -1,4 +1,4 @@
-"""HiFi-GAN residual blocks as fused Triton convolutions (GPU; ``tts.decoder_kernels = "triton"``).
+"""HiFi-GAN residual blocks as fused Triton convolutions (GPU; ``tts.fused_blocks``).
 
 A Piper decoder stage is ``x -> mean_j block_j(x)`` where each "medium" block
 (``ResBlock2``) is two steps ``x = conv_d(mask * leaky_relu(x)) + x`` with small channel
@@ -11,7 +11,8 @@ output, so the mean costs nothing extra. ``ResBlock1`` ("high" voices) uses the 
 for its plain convolutions.
 
 Inputs are ``[B, C, T]`` contiguous (fp16 or bf16 as the model); accumulation is fp32.
-``C`` must be a power of two >= 16 (``supports``); otherwise the stage stays on cuDNN.
+``C`` must be a power of two >= 16 (``supports``); a stage with other channel counts keeps
+PyTorch's convolutions (``Generator.use_fused_blocks``).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ if triton is not None:
         tl.store(y_ptr + b * C * T + out, acc.to(y_ptr.dtype.element_ty), mask=keep)
 
 
-#: (BLOCK_CO, BLOCK_T, num_warps) per channel count, chosen on the H200 (``bench/tts_gpu_experiments.py --kernels``).
+#: (BLOCK_CO, BLOCK_T, num_warps) per channel count, chosen on the H200 (``bench/tts_gpu_experiments.py --tiles``).
 TILES = {128: (128, 64, 8), 64: (64, 128, 4), 32: (32, 128, 4), 16: (16, 128, 4)}
 
 
