@@ -174,9 +174,13 @@ def main() -> int:
     synth = runner.synth_model
     rows = tile_rows(synth) if args.tiles else []
     torch._dynamo.config.cache_size_limit = 64
-    variants = [("eager", False, False)] + [(n, f, p) for n, f, p in (("fused", True, False), ("polyphase", False, True),
-                                                                      ("fused_polyphase", True, True))
-                                            if (args.fused or not f) and (args.polyphase or not p)]  # fmt: skip
+    variants = [("eager", False, False)]  # (name, fused blocks, polyphase upsampling)
+    if args.fused:
+        variants.append(("fused", True, False))
+    if args.polyphase:
+        variants.append(("polyphase", False, True))
+    if args.fused and args.polyphase:
+        variants.append(("fused_polyphase", True, True))
     with torch.inference_mode():
         for shape in args.shapes.split(","):
             if time.perf_counter() - t_start > args.budget_s:

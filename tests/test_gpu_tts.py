@@ -73,6 +73,16 @@ def running_allocator() -> str:
     return "native" if torch.cuda.get_allocator_backend() == "native" else "async"
 
 
+def run_with_native_allocator(test_name: str) -> None:
+    """Run one test of this file in a process whose PyTorch uses the native allocator; assert it passed
+    (prints its output)."""
+    env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "backend:native"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", f"{__file__}::{test_name}"],
+                          env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
+    print(done.stdout[-2000:])
+    assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
+
+
 def whole(model, ids: list[int]) -> np.ndarray:
     audio, _ = model.infer(torch.tensor([ids], device="cuda"), torch.tensor([len(ids)], device="cuda"), 0.0, 1.0, 0.0)
     return audio[0].float().cpu().numpy()
@@ -125,11 +135,7 @@ def test_gpu_compiled_encoder_and_decoder_keep_durations_and_audio(model, voice_
     if running_allocator() != "native":  # conftest's default: the engine refuses, so run this in a native process
         with pytest.raises(ConfigError, match="native"):
             engine(voice_path, "fp32", compile=True)
-        env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "backend:native"}
-        name = f"{__file__}::test_gpu_compiled_encoder_and_decoder_keep_durations_and_audio"
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", name], env=env,
-                              capture_output=True, text=True, timeout=900)  # fmt: skip
-        assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
+        run_with_native_allocator("test_gpu_compiled_encoder_and_decoder_keep_durations_and_audio")
         return
     from tts_engine.engine import SynthesisOptions
 
@@ -229,12 +235,7 @@ def test_gpu_polyphase_and_fused_blocks_keep_the_audio(model, voice_path):
     if running_allocator() != "native":  # conftest's default: the engine refuses, so run this in a native process
         with pytest.raises(ConfigError, match="native"):
             engine(voice_path, "fp16", fused_blocks=True)
-        env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "backend:native"}
-        name = f"{__file__}::test_gpu_polyphase_and_fused_blocks_keep_the_audio"
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", name], env=env,
-                              capture_output=True, text=True, timeout=900)  # fmt: skip
-        print(done.stdout[-2000:])
-        assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
+        run_with_native_allocator("test_gpu_polyphase_and_fused_blocks_keep_the_audio")
         return
     quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
     inputs = bench_ids(4)

@@ -127,13 +127,11 @@ class FusedStage:
             h = x
             for i, (w, b, d, pair) in enumerate(steps):
                 last = i == len(steps) - 1
-                if pair is None:  # ResBlock2: h = conv(act(h)) + h
-                    dst = out if last else torch.empty_like(x)
-                    conv_step(h, w, b, d, m, h, dst, scale if last else 1.0, last and j > 0, slope=self.slope)
-                else:  # ResBlock1: h = conv2(act(conv1(act(h)))) + h
-                    mid = conv_step(h, w, b, d, m, None, torch.empty_like(x), slope=self.slope)
-                    w2, b2 = pair
-                    dst = out if last else torch.empty_like(x)
-                    conv_step(mid, w2, b2, 1, m, h, dst, scale if last else 1.0, last and j > 0, slope=self.slope)
+                src = h  # ResBlock2: h = conv(act(h)) + h
+                if pair is not None:  # ResBlock1: h = conv2(act(conv1(act(h)))) + h
+                    src = conv_step(h, w, b, d, m, None, torch.empty_like(x), slope=self.slope)
+                    (w, b), d = pair, 1
+                dst = out if last else torch.empty_like(x)
+                conv_step(src, w, b, d, m, h, dst, scale if last else 1.0, last and j > 0, slope=self.slope)
                 h = dst
         return out
