@@ -239,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--speculate-below", type=int, default=2, help="tts.speculate_below: ... while at most this many run")
     p.add_argument("--polyphase", action="store_true", help="tts.polyphase_upsampling: upsampling as plain convolutions")
     p.add_argument("--fused-blocks", action="store_true", help="tts.fused_blocks: residual blocks as fused Triton kernels")
+    p.add_argument("--chunks-per-step", type=int, default=1,
+                   help="tts.chunks_per_step: later chunks of a request per scheduler step (0: all it has left)")
     p.add_argument("--append", action="store_true", help="add rows to an existing results file")
     p.add_argument("--plot", type=Path, help="only render PNGs from this results JSON")
     p.add_argument("--make-sentences", action="store_true")

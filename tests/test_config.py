@@ -110,6 +110,13 @@ def test_gpu_tts_start_up_settings_are_checked():
     assert (cfg.tts.cudnn_benchmark_limit, cfg.tts.batch_buckets) == (2, "coarse")
 
 
+def test_chunks_per_step_is_checked():
+    with pytest.raises(ConfigError, match=r"tts\.chunks_per_step must be >= 0"):
+        load_config(None, ["tts.chunks_per_step=-1"], environ={})
+    assert load_config(None, ["tts.chunks_per_step=0"], environ={}).tts.chunks_per_step == 0
+    assert load_config(None, [], environ={}).tts.chunks_per_step == 1
+
+
 def test_decoding_ahead_settings_are_checked():
     for bad in (["tts.speculate_frames=-1"], ["tts.speculate_below=0"]):
         with pytest.raises(ConfigError, match=r"tts\.speculate_frames must be >= 0"):

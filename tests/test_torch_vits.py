@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import math
 import threading
 import time
 from dataclasses import replace
@@ -214,11 +215,13 @@ def tiny_runner(**kw) -> StepRunner:
     return StepRunner(tiny_model(), opts)
 
 
-@pytest.mark.parametrize("tail_chunk_frames, polyphase", [(0, False), (64, False), (64, True)])
-def test_scheduler_batched_chunks_equal_whole_utterances(tail_chunk_frames, polyphase):
+@pytest.mark.parametrize("tail_chunk_frames, polyphase, chunks_per_step",
+                         [(0, False, 1), (64, False, 1), (64, True, 1), (32, False, 0), (32, False, 2)])
+def test_scheduler_batched_chunks_equal_whole_utterances(tail_chunk_frames, polyphase, chunks_per_step):
     """Chunks of batched requests make each whole utterance (``model.infer``: the plain decoder,
-    also when the runner's upsamples polyphase)."""
-    runner = tiny_runner(tail_chunk_frames=tail_chunk_frames, polyphase=polyphase)
+    also when the runner's upsamples polyphase), in the same chunk sizes however many of a
+    request's chunks one step decodes."""
+    runner = tiny_runner(tail_chunk_frames=tail_chunk_frames, polyphase=polyphase, chunks_per_step=chunks_per_step)
     assert (runner.synth_model.dec.polyphase is not None) == polyphase
     scheduler = BatchScheduler(runner, sample_rate=22050, queue_size=16)
     rng = np.random.default_rng(1)
@@ -240,6 +243,50 @@ def test_scheduler_batched_chunks_equal_whole_utterances(tail_chunk_frames, poly
             done += sizes[-1]
         assert [c.num_samples // runner.geometry.hop_length for c in chunks] == sizes
         assert [c.final for c in chunks] == [False] * (len(chunks) - 1) + [True]
+
+
+class _CountingRunner(StepRunner):
+    """The real CPU runner, recording each main-lane launch as (chunk frames, start frames)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.main: list[tuple[int, list[int]]] = []
+
+    def decode(self, slots, starts, chunk=None, lane="main", after=()):
+        if lane == "main":
+            self.main.append((chunk, list(starts)))
+        return super().decode(slots, starts, chunk, lane, after)
+
+
+@pytest.mark.parametrize("chunks_per_step", [0, 1, 2])
+def test_chunks_per_step_decodes_a_requests_chunks_together(chunks_per_step):
+    """``chunks_per_step``: once a request's first chunk is out, the next step decodes that many of
+    its later chunks (0: all), one row per start frame, a launch per chunk size; they are handed
+    out in order and make the whole utterance in the same chunk sizes as one chunk per step."""
+    opts = RunnerOptions(chunk_frames=16, tail_chunk_frames=32, max_frames=512, decode_batches=(1, 2, 4),
+                         encode_batches=(1, 2, 4), phoneme_buckets=(32, 64), chunks_per_step=chunks_per_step)  # fmt: skip
+    runner = _CountingRunner(tiny_model(), opts)
+    scheduler = BatchScheduler(runner, sample_rate=22050, queue_size=16)
+    ids = list(np.random.default_rng(3).integers(1, TINY.n_vocab, 57))
+    try:
+        chunks = list(scheduler.submit(ids, Scales(0.0, 1.0, 0.0)))
+    finally:
+        scheduler.close()  # the step that handed out the last chunk is counted once the thread has stopped
+    steps = scheduler.steps
+    whole, samples = runner.model.infer(torch.tensor([ids]), torch.tensor([len(ids)]), 0.0, 1.0, 0.0)
+    audio = np.concatenate([c.pcm for c in chunks])
+    assert audio.shape[0] == int(samples[0])
+    assert np.abs(audio.astype(np.int32) - chunked.to_int16(whole[0]).numpy()).max() <= 1
+    hop = runner.geometry.hop_length
+    frames = int(samples[0]) // hop
+    later = [(opts.next_chunk(s, frames), s) for s in range(16, frames, 32)]  # 32-frame chunks, the last one fits
+    assert len(later) >= 4 and later[-1][0] < 32, "the utterance should need several later chunks and a short last one"
+    assert [c.num_samples // hop for c in chunks] == [16] + [min(size, frames - s) for size, s in later]
+    assert [c.final for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    per_step = chunks_per_step or len(later)
+    assert steps == math.ceil(len(later) / per_step)  # the first step also starts the request on the fast lane
+    rows = sorted((start, size) for size, starts in runner.main for start in starts)
+    assert rows == sorted((s, size) for size, s in later)  # each later chunk decoded once
 
 
 class _AheadRunner(StepRunner):
@@ -649,7 +696,7 @@ def test_engine_from_config_captures_the_configured_batch_buckets(cfg):
 
     tts = replace(cfg.tts, backend="cuda", device="cpu", cuda_graphs=False, max_batch=32,
                   batch_buckets="coarse", cudnn_benchmark_limit=3, speculate_frames=512, speculate_below=3,
-                  polyphase_upsampling=True)  # fmt: skip
+                  polyphase_upsampling=True, chunks_per_step=0)  # fmt: skip
     with pytest.raises(ValueError, match="fused_blocks needs CUDA"):
         CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, fused_blocks=True)))
     engine = CudaTtsEngine.from_config(replace(cfg, tts=tts))
@@ -659,6 +706,7 @@ def test_engine_from_config_captures_the_configured_batch_buckets(cfg):
         assert engine.runner.options.decode_batches == (1, 2, 4, 8, 16, 32)
         assert engine.runner.options.cudnn_benchmark_limit == 3
         assert (engine.runner.options.speculate_frames, engine.runner.options.speculate_below) == (512, 3)
+        assert engine.runner.options.chunks_per_step == 0
     finally:
         engine.close()
     assert batch_buckets(32) == (1, 2, 4, 8, 16, 24, 32)  # "fine": every multiple of 8 up to 64 too

@@ -364,6 +364,11 @@ class TtsConfig:
     speculate_frames: int = 0
     #: GPU: decode ahead only while at most this many requests run (new ones included).
     speculate_below: int = 2
+    #: GPU: later chunks of one request decoded in one scheduler step (0: all it has left once its
+    #: first chunk is out). Each chunk needs only the request's latents, so its chunks need not wait
+    #: for each other's hand-out: fewer steps per sentence, the same audio; a request cancelled
+    #: mid-way (barge-in) has had more of its audio decoded for nothing.
+    chunks_per_step: int = 1
     #: GPU: the decoder's upsampling layers (transposed convolutions) as plain convolutions to
     #: stride x channels whose outputs are interleaved (polyphase): the same sums, no sample
     #: changes beyond rounding; cuDNN's transposed-convolution kernels took 65 % of a 48-row decode step on the H200.
@@ -407,6 +412,8 @@ class TtsConfig:
         if self.speculate_frames < 0 or self.speculate_below < 1:
             raise ConfigError("tts.speculate_frames must be >= 0 (0: off) and tts.speculate_below >= 1, got "
                               f"{self.speculate_frames} and {self.speculate_below}")  # fmt: skip
+        if self.chunks_per_step < 0:
+            raise ConfigError(f"tts.chunks_per_step must be >= 0 (0: all of a request's chunks), got {self.chunks_per_step}")
         if self.batch_buckets not in ("fine", "coarse"):
             raise ConfigError(f"tts.batch_buckets must be 'fine' or 'coarse', got {self.batch_buckets!r}")
         if self.first_clause_max_words < 0:

@@ -129,6 +129,7 @@ class CudaTtsEngine:
             fast_lanes=tts.fast_lanes,
             speculate_frames=tts.speculate_frames,
             speculate_below=tts.speculate_below,
+            chunks_per_step=tts.chunks_per_step,
             polyphase=tts.polyphase_upsampling,
             fused_blocks=tts.fused_blocks,
             state_budget_mb=cfg.gpu.tts_state_budget_mb,

@@ -117,6 +117,10 @@ class RunnerOptions:
     speculate_frames: int = 0
     #: Decode ahead only while at most this many requests run (new ones included).
     speculate_below: int = 2
+    #: Later chunks of one request queued in one main-lane step (0: all it has left). Chunks read
+    #: only the request's latents, so they need not wait for each other: fewer steps per request,
+    #: the same audio; a request cancelled mid-way has had more of its audio decoded.
+    chunks_per_step: int = 1
     #: Decoder upsampling as plain convolutions to stride x channels, interleaved
     #: (``decoder.PolyphaseUp``): the same sums; cuDNN's transposed convolutions are slow here.
     polyphase: bool = False
@@ -256,6 +260,8 @@ class StepRunner:
             self._streams = dict.fromkeys(self.lanes, torch.cuda.Stream(self.device))
         else:
             self._streams = dict.fromkeys(self.lanes)
+        if options.chunks_per_step < 0:
+            raise ValueError(f"chunks_per_step must be >= 0 (0: all), got {options.chunks_per_step}")
         if options.precision not in DTYPES:
             raise ValueError(f"precision must be one of {sorted(DTYPES)}, got {options.precision!r}")
         self.dtype = DTYPES[options.precision]

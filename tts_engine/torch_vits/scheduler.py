@@ -330,21 +330,30 @@ class BatchScheduler:
                 self._arrivals(POLL_S)
 
     def _launch_main(self) -> tuple | None:
-        """Queue the next chunk of every running request past its first (main lane), and the chunks
-        ahead of new requests (``_launch_ahead``); None if none."""
+        """Queue the later chunks of every running request past its first (main lane): its next
+        ``chunks_per_step`` chunks (0: all it has left), one row per (request, start frame) and one
+        launch per chunk size; and the chunks ahead of new requests (``_launch_ahead``). None if none."""
         options, limit = self.runner.options, self._max_batch
-        groups: dict[int, list[SpeechRequest]] = {}
+        groups: dict[int, list[tuple[SpeechRequest, int]]] = {}
         for r in sorted(self._running.values(), key=lambda r: r.seq):
-            if r.next_frame > 0 and not r.cancelled:  # not the fast lane's (their first chunk is not out yet)
-                groups.setdefault(options.next_chunk(r.next_frame, r.frames or 0), []).append(r)
-        #: (chunk frames, requests, device audio, start frame of each row or None: each one's next)
-        launched: list[tuple[int, list[SpeechRequest], object, list[int] | None]] = []
+            if r.next_frame == 0 or r.cancelled or r.frames is None:  # the fast lane's (first chunk not out yet)
+                continue
+            start = r.next_frame
+            for _ in itertools.repeat(None) if options.chunks_per_step == 0 else range(options.chunks_per_step):
+                if start >= r.frames:
+                    break
+                size = options.next_chunk(start, r.frames)
+                groups.setdefault(size, []).append((r, start))
+                start += min(size, r.frames - start)
+        #: (chunk frames, requests, device audio, start frame of each row)
+        launched: list[tuple[int, list[SpeechRequest], object, list[int]]] = []
         for size in sorted(groups):
             for i in range(0, len(groups[size]), limit):
-                batch = groups[size][i : i + limit]
+                rows = groups[size][i : i + limit]
+                batch, starts = [r for r, _ in rows], [start for _, start in rows]
                 self._launching(batch, options.decode_batches)
-                launched.append((size, batch, self.runner.decode([r.slot for r in batch], [r.next_frame for r in batch],
-                                                                 size, lane="main"), None))  # fmt: skip
+                launched.append((size, batch, self.runner.decode([r.slot for r in batch], starts, size, lane="main"),
+                                 starts))  # fmt: skip
         launched += self._launch_ahead()
         if not launched:
             return None
@@ -376,10 +385,13 @@ class BatchScheduler:
         self.runner.wait("main")
         self.lane_s["main"] += time.perf_counter() - t0
         self.lane_launches["main"] += 1
-        for (size, batch, _, starts), audio in zip(launched, results):
-            if starts is not None and any(r.frames is None for r in batch):
-                self._finish_fast(wait=True)  # their first chunks (and lengths) come first
-            self._deliver(batch, audio, size, starts)
+        if any(r.frames is None for _, batch, _, _ in launched for r in batch):
+            self._finish_fast(wait=True)  # rows decoded ahead: their first chunks (and lengths) come first
+        # Each request's rows in order of start frame (one request's rows may be in launches of several sizes).
+        rows = sorted(((start, size, request, row) for (size, batch, _, starts), audio in zip(launched, results)
+                       for request, start, row in zip(batch, starts, audio)), key=lambda x: x[0])  # fmt: skip
+        for start, size, request, row in rows:
+            self._deliver_row(request, row, size, start)
         self.runner.release_staged("main")
         self._flush()
 
@@ -472,25 +484,26 @@ class BatchScheduler:
         # The whole utterance's audio, from the pool; chunks are views into it.
         request.audio = self.audio_pool.lease((request.frames * self.runner.geometry.hop_length,), np.int16)
 
-    def _deliver(self, batch: list[SpeechRequest], audio: np.ndarray, chunk: int,
-                 starts: Sequence[int] | None = None) -> None:
-        """Row i is ``batch[i]``'s next chunk; with ``starts``, its chunk from frame ``starts[i]``,
-        dropped unless that is where the request stands (decoded ahead past its end, or it ended)."""
+    def _deliver(self, batch: list[SpeechRequest], audio: np.ndarray, chunk: int) -> None:
+        """Row i is ``batch[i]``'s next chunk of ``chunk`` frames."""
+        for row, request in zip(audio, batch):
+            self._deliver_row(request, row, chunk, request.next_frame)
+
+    def _deliver_row(self, request: SpeechRequest, row: np.ndarray, chunk: int, start: int) -> None:
+        """``request``'s chunk of ``chunk`` frames from frame ``start``; dropped unless that is where the
+        request stands (decoded ahead past its end, or it ended)."""
+        if request.audio is None or request.next_frame != start:
+            return
+        assert request.frames is not None
         hop = self.runner.geometry.hop_length
-        for i, (row, request) in enumerate(zip(audio, batch)):
-            if starts is not None and (request.audio is None or request.next_frame != starts[i]):
-                continue
-            assert request.frames is not None
-            n = min(chunk, request.frames - request.next_frame)
-            start, end = request.next_frame * hop, (request.next_frame + n) * hop
-            request.next_frame += n
-            final = request.next_frame >= request.frames
-            assert request.audio is not None
-            pcm = request.audio[start:end]
-            pcm[:] = row[: n * hop]
-            self._post(request, AudioChunk(pcm, request.sample_rate, request.clause_index, final))
-            if final:
-                self._release(request)
+        n = min(chunk, request.frames - start)
+        request.next_frame += n
+        final = request.next_frame >= request.frames
+        pcm = request.audio[start * hop : (start + n) * hop]
+        pcm[:] = row[: n * hop]
+        self._post(request, AudioChunk(pcm, request.sample_rate, request.clause_index, final))
+        if final:
+            self._release(request)
 
     def _release(self, request: SpeechRequest) -> None:
         request.audio = None  # delivered chunks keep their views; the block returns when they go
