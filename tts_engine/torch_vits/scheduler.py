@@ -3,8 +3,9 @@
 One thread owns the GPU. Each step it (1) drops cancelled requests, freeing their
 slots; (2) *starts new requests*: admits waiting requests into free slots, runs the encoder
 for all of them in one launch and their first chunks, on the runner's fast lane, and hands
-those chunks out at once; (3) queues the next chunk of every other running request on the
-main lane (one launch per chunk size and ``max_batch``), and **while the GPU runs them**
+those chunks out at once; (3) queues the next ``chunks_per_step`` chunks (0: all that are left)
+of every other running request on the main lane (a row per (request, start frame); one launch per
+chunk size and ``max_batch`` rows), and **while the GPU runs them**
 starts every request that arrives meanwhile as in (2) on a free fast lane (a high-priority
 stream on CUDA; ``fast_lanes`` of them), so a new request's first audio does not wait for the
 long chunks of the others; (4) hands out the main lane's chunks. A request is finished after its last chunk.
