@@ -106,10 +106,13 @@ def test_gpu_fp32_matches_onnxruntime(model, voice_path):
         assert np.abs(mine - ref).max() < 1e-3
 
 
-def test_gpu_engine_chunks_equal_whole_utterance(model, voice_path):
+@pytest.mark.parametrize("chunks_per_step", [1, 0])
+def test_gpu_engine_chunks_equal_whole_utterance(model, voice_path, chunks_per_step):
+    """Chunks equal the whole utterance, one later chunk per step or all of them at once (rows of one
+    request in launches of several sizes, copied back asynchronously, handed out in order)."""
     from tts_engine.engine import SynthesisOptions
 
-    eng = engine(voice_path, "fp32")
+    eng = engine(voice_path, "fp32", chunks_per_step=chunks_per_step)
     quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
     try:
         assert all(s.graph is not None for s in [*eng.runner._encode_steps.values(), *eng.runner._decode_steps.values()])
