@@ -152,6 +152,38 @@ class OnnxStreamBackend(OnnxBackend):
         return consume(self.engine.synthesize_ids(ids), self.sample_rate)
 
 
+def scheduler_counters(scheduler) -> dict:
+    """A ``BatchScheduler``'s running counters (steps, lanes, launches), for ``scheduler_breakdown``."""
+    return {"steps": scheduler.steps, "step_s": scheduler.step_s, "lane_launches": dict(scheduler.lane_launches),
+            "lane_s": dict(scheduler.lane_s), **scheduler.launch_stats}  # fmt: skip
+
+
+def scheduler_breakdown(before: dict, after: dict) -> dict:
+    """What the GPU scheduler did between two ``scheduler_counters`` (a level, its warm-up
+    included): steps and their mean wall time; per lane, launches and mean time from launch to
+    hand-out; rows per encoder / decoder launch; padding: rows of the captured buckets not used,
+    phoneme ids of the encoder's buckets not used, decoder frames computed but not handed out
+    (padding rows, chunk tails past an utterance's end, rows decoded ahead and dropped), in %."""
+    d = {k: after[k] - before[k] for k in after if not isinstance(after[k], dict)}
+    launches = {lane: after["lane_launches"][lane] - before["lane_launches"][lane] for lane in after["lane_launches"]}
+    lane_s = {lane: after["lane_s"][lane] - before["lane_s"][lane] for lane in after["lane_s"]}
+
+    def pct(part: float, whole: float) -> float | None:
+        return round(100 * part / whole, 1) if whole else None
+
+    return {
+        "steps": d["steps"], "step_mean_ms": round(1000 * d["step_s"] / max(1, d["steps"]), 2),
+        "lane_launches": launches,
+        "lane_mean_ms": {lane: round(1000 * lane_s[lane] / n, 2) for lane, n in launches.items() if n},
+        "encode_rows_per_launch": round(d["encode_rows"] / max(1, d["encode_launches"]), 2),
+        "decode_rows_per_launch": round(d["decode_rows"] / max(1, d["decode_launches"]), 2),
+        "encode_padding_rows_pct": pct(d["encode_padded_rows"] - d["encode_rows"], d["encode_padded_rows"]),
+        "encode_padding_ids_pct": pct(d["encode_padded_ids"] - d["encode_ids"], d["encode_padded_ids"]),
+        "decode_padding_rows_pct": pct(d["decode_padded_rows"] - d["decode_rows"], d["decode_padded_rows"]),
+        "decode_frames_not_out_pct": pct(d["decode_padded_frames"] - d["decode_frames_out"], d["decode_padded_frames"]),
+    }  # fmt: skip
+
+
 def consume(chunks, sample_rate: int) -> tuple[float, int, float]:
     """Read a clause's chunks: (first-audio delay s, samples, stall s).
 

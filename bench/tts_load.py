@@ -3,7 +3,10 @@
 Each of N clients speaks one sentence of ``bench/tts_sentences.json`` (English, 8-20 words,
 3-5 s with the bundled voice), waits for its last chunk, and repeats, for ``--duration``
 seconds. Reported per (backend, N): QPS, audio seconds per second, first-audio and
-full-sentence latency p50/p99, RTF (p50 of latency / audio length), peak VRAM (null on CPU).
+full-sentence latency p50/p99, RTF (p50 of latency / audio length), peak VRAM (null on CPU);
+engine mode ``cuda`` rows also carry ``scheduler``: what the GPU scheduler did in the level
+(warm-up included): steps, launches and mean time per lane, rows per launch, and padding
+(bucket rows unused, encoder phoneme ids unused, decoder frames computed but not handed out), %.
 
 Modes: ``engine`` calls the engines in-process: ``cuda`` (``CudaTtsEngine.submit``),
 ``onnx`` (the CPU engine's whole-sentence ``OnnxVits.infer`` + int16, i.e.
@@ -50,7 +53,7 @@ from bench.harness import (
     ROOT, SENTENCES, add_common_arguments, closed_loop, command_line, common_arguments, cpu_name, gpu_name,
     load_sentences, summarize,
 )  # fmt: skip
-from bench.tts_backends import CudaBackend, OnnxBackend, OnnxStreamBackend
+from bench.tts_backends import CudaBackend, OnnxBackend, OnnxStreamBackend, scheduler_breakdown, scheduler_counters
 
 #: Engine-mode rows: clients are threads in the bench process calling the engine; audio stays int16 at
 #: the voice's rate (no resampling, no serialization, no socket).
@@ -125,8 +128,10 @@ def run(args: argparse.Namespace) -> Path:
             print(f"[{backend.name}] {json.dumps(backend.info)}", flush=True)
             for clients in levels:
                 backend.reset_peak()
-                record({**summarize(closed_loop(backend, sentences, clients, args.duration, args.warmup),
-                                    backend, clients, args.hardware), **ENGINE_CLIENTS})  # fmt: skip
+                before = scheduler_counters(backend.engine.scheduler)
+                row = summarize(closed_loop(backend, sentences, clients, args.duration, args.warmup), backend, clients,
+                                args.hardware)  # fmt: skip
+                record({**row, **ENGINE_CLIENTS, "scheduler": scheduler_breakdown(before, scheduler_counters(backend.engine.scheduler))})
             if args.steps_report:
                 sched = backend.engine.scheduler
                 lanes = ", ".join(f"{lane} lane {n} launches, mean {1000 * sched.lane_s[lane] / max(1, n):.2f} ms"

@@ -17,10 +17,11 @@ pytest.importorskip("onnx")
 
 from conftest import scaled  # noqa: E402
 from bench.harness import load_sentences  # noqa: E402
+from bench.tts_backends import scheduler_breakdown, scheduler_counters  # noqa: E402
 from tts_engine.engine import SynthesisOptions  # noqa: E402
 from tts_engine.torch_vits import chunked  # noqa: E402
 from tts_engine.torch_vits.model import Vits, VitsConfig  # noqa: E402
-from tts_engine.torch_vits.runner import RunnerOptions, StepRunner  # noqa: E402
+from tts_engine.torch_vits.runner import RunnerOptions, StepRunner, bucket_for  # noqa: E402
 from tts_engine.torch_vits.scheduler import BatchScheduler, Scales  # noqa: E402
 from tts_engine.torch_vits.weights import load_vits, save_checkpoint, state_dict_from_checkpoint  # noqa: E402
 from voxloop.errors import InvalidInput, Overloaded  # noqa: E402
@@ -267,6 +268,7 @@ def test_chunks_per_step_decodes_a_requests_chunks_together(chunks_per_step):
                          encode_batches=(1, 2, 4), phoneme_buckets=(32, 64), chunks_per_step=chunks_per_step)  # fmt: skip
     runner = _CountingRunner(tiny_model(), opts)
     scheduler = BatchScheduler(runner, sample_rate=22050, queue_size=16)
+    before = scheduler_counters(scheduler)
     ids = list(np.random.default_rng(3).integers(1, TINY.n_vocab, 57))
     try:
         chunks = list(scheduler.submit(ids, Scales(0.0, 1.0, 0.0)))
@@ -287,6 +289,19 @@ def test_chunks_per_step_decodes_a_requests_chunks_together(chunks_per_step):
     assert steps == math.ceil(len(later) / per_step)  # the first step also starts the request on the fast lane
     rows = sorted((start, size) for size, starts in runner.main for start in starts)
     assert rows == sorted((s, size) for size, s in later)  # each later chunk decoded once
+    # What the benchmark reports: launches, rows and padding (first chunk: 16 frames in a batch-1 bucket).
+    padded = 16 + sum(bucket_for(len(starts), opts.decode_batches) * size for size, starts in runner.main)
+    assert scheduler.launch_stats == {
+        "encode_launches": 1, "encode_rows": 1, "encode_padded_rows": 1, "encode_ids": 57, "encode_padded_ids": 64,
+        "decode_launches": 1 + len(runner.main), "decode_rows": 1 + len(later),
+        "decode_padded_rows": 1 + sum(bucket_for(len(starts), opts.decode_batches) for _, starts in runner.main),
+        "decode_padded_frames": padded, "decode_frames_out": frames,
+    }  # fmt: skip
+    report = scheduler_breakdown(before, scheduler_counters(scheduler))
+    assert report["steps"] == steps and report["lane_launches"]["fast"] == 1
+    assert report["encode_padding_ids_pct"] == round(100 * 7 / 64, 1)
+    assert report["decode_frames_not_out_pct"] == round(100 * (padded - frames) / padded, 1)
+    assert report["decode_rows_per_launch"] == round((1 + len(later)) / (1 + len(runner.main)), 2)
 
 
 class _AheadRunner(StepRunner):

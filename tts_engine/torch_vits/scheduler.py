@@ -171,6 +171,13 @@ class BatchScheduler:
         #: Per lane: launches completed and their time from launch to hand-out, s (bench breakdown).
         self.lane_launches = dict.fromkeys(runner.lanes, 0)
         self.lane_s = dict.fromkeys(runner.lanes, 0.0)
+        #: Launches counted when queued (bench breakdown): per kind ("encode", "decode") launches, rows
+        #: (requests / chunk rows) and rows of the captured buckets they ran in; the encoder's phoneme ids
+        #: and ids of its (batch, length) bucket; the decoder's frames in its buckets (rows x chunk frames)
+        #: and frames handed out (the rest: padding rows, chunk tails past an utterance's end, rows dropped).
+        self.launch_stats = dict.fromkeys(
+            ("encode_launches", "encode_rows", "encode_padded_rows", "encode_ids", "encode_padded_ids",
+             "decode_launches", "decode_rows", "decode_padded_rows", "decode_padded_frames", "decode_frames_out"), 0)  # fmt: skip
         #: Steps run and their wall time, s (for the benchmark's breakdown).
         self.steps = 0
         self.step_s = 0.0
@@ -296,9 +303,20 @@ class BatchScheduler:
                 break
         self._waiting = [r for r in self._waiting if not r.cancelled]
 
-    def _launching(self, batch: list[SpeechRequest], buckets: Sequence[int]) -> None:
-        """Note the launch about to run (for ``_on_oom``) and call the fault hook."""
+    def _launching(self, batch: list[SpeechRequest], buckets: Sequence[int], chunk: int = 0) -> None:
+        """Note the launch about to run (for ``_on_oom``), count it in ``launch_stats`` and call the
+        fault hook. ``chunk``: frames per row of a decoder launch; 0: an encoder launch."""
         self._attempt, self._attempt_batch = batch, bucket_for(len(batch), buckets)
+        stats, kind = self.launch_stats, "decode" if chunk else "encode"
+        stats[f"{kind}_launches"] += 1
+        stats[f"{kind}_rows"] += len(batch)
+        stats[f"{kind}_padded_rows"] += self._attempt_batch
+        if chunk:
+            stats["decode_padded_frames"] += self._attempt_batch * chunk
+        else:
+            longest = bucket_for(max(len(r.ids) for r in batch), self.runner.options.phoneme_buckets)
+            stats["encode_ids"] += sum(len(r.ids) for r in batch)
+            stats["encode_padded_ids"] += self._attempt_batch * longest
         if self.fault is not None:
             self.fault(self._attempt_batch)
 
@@ -352,7 +370,7 @@ class BatchScheduler:
             for i in range(0, len(groups[size]), limit):
                 rows = groups[size][i : i + limit]
                 batch, starts = [r for r, _ in rows], [start for _, start in rows]
-                self._launching(batch, options.decode_batches)
+                self._launching(batch, options.decode_batches, size)
                 launched.append((size, batch, self.runner.decode([r.slot for r in batch], starts, size, lane="main"),
                                  starts))  # fmt: skip
         launched += self._launch_ahead()
@@ -378,7 +396,7 @@ class BatchScheduler:
         batch = [r for _ in starts for r, _ in ahead]  # each request's rows in order of start
         row_starts = [start for start in starts for _ in ahead]
         events = list({id(e): e for _, e in ahead}.values())
-        self._launching(batch, options.decode_batches)
+        self._launching(batch, options.decode_batches, size)
         audio = self.runner.decode([r.slot for r in batch], row_starts, size, lane="main", after=events)
         return [(size, batch, audio, row_starts)]
 
@@ -415,7 +433,7 @@ class BatchScheduler:
             batches = [admitted[i : i + self._max_batch] for i in range(0, len(admitted), self._max_batch)]
             launched = []
             for batch in batches:
-                self._launching(batch, options.decode_batches)
+                self._launching(batch, options.decode_batches, options.chunk_frames)
                 launched.append(self.runner.decode([r.slot for r in batch], [0] * len(batch), options.chunk_frames,
                                                    lane=lane))  # fmt: skip
             results = self.runner.fetch_async(*launched, frames_dev, lane=lane)
@@ -498,6 +516,7 @@ class BatchScheduler:
         assert request.frames is not None
         hop = self.runner.geometry.hop_length
         n = min(chunk, request.frames - start)
+        self.launch_stats["decode_frames_out"] += n
         request.next_frame += n
         final = request.next_frame >= request.frames
         pcm = request.audio[start * hop : (start + n) * hop]
