@@ -406,6 +406,7 @@ class _BlockingRunner:
         self.frames = frames
         self.go = threading.Semaphore(0)
         self.decoded: list[list[tuple[int, int]]] = []
+        self.entered = 0  # decode calls begun (each then waits for ``go``)
 
     def max_encode_batch(self, phonemes: int) -> int:
         return self.options.max_slots
@@ -414,6 +415,7 @@ class _BlockingRunner:
         return np.full(len(items), self.frames)
 
     def decode(self, slots, starts, chunk, lane="main"):
+        self.entered += 1
         assert self.go.acquire(timeout=scaled(10))
         self.decoded.append(list(zip(slots, starts)))
         return np.ones((len(slots), self.geometry.chunk_samples), dtype=np.int16)
@@ -456,6 +458,36 @@ def test_scheduler_cancel_frees_slot_and_queue_is_bounded():
     finally:
         for _ in range(10):
             runner.go.release()
+        scheduler.close()
+
+
+def test_cancelled_request_gets_nothing_from_a_launch_in_flight():
+    """``chunks_per_step = 0``: a request cancelled while the launch holding all its later chunks runs
+    gets none of them (its iteration has ended; a sink would not hear of it again); the other
+    request of the launch gets all of its own, and the freed slot takes the next request."""
+    runner = _BlockingRunner(slots=2, frames=64)
+    runner.options = replace(runner.options, chunks_per_step=0)
+    scheduler = BatchScheduler(runner, sample_rate=16000, queue_size=4)  # type: ignore[arg-type]
+    try:
+        a, b = scheduler.submit([1] * 10), scheduler.submit([1] * 10)
+        runner.go.release()  # their first chunks (one fast launch)
+        assert not next(iter(a)).final and not next(iter(b)).final
+        deadline = time.monotonic() + scaled(10)
+        while runner.entered < 2:  # the step's first main launch (rows of both) waits for go
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        a.cancel()
+        assert list(a) == []
+        runner.go.release(3)  # 6 later rows (3 per request) in launches of at most 2
+        rest_b = list(b)
+        assert [c.num_samples // runner.geometry.hop_length for c in rest_b] == [16, 16, 16] and rest_b[-1].final
+        assert a._chunks.empty(), "nothing may follow the end of a cancelled request"
+        assert sorted(start for launch in runner.decoded[1:4] for _, start in launch) == [16, 16, 32, 32, 48, 48]
+        c = scheduler.submit([1] * 10)
+        runner.go.release(10)
+        assert len(list(c)) == 4  # a's slot was freed
+    finally:
+        runner.go.release(10)
         scheduler.close()
 
 

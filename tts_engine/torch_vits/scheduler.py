@@ -510,8 +510,8 @@ class BatchScheduler:
 
     def _deliver_row(self, request: SpeechRequest, row: np.ndarray, chunk: int, start: int) -> None:
         """``request``'s chunk of ``chunk`` frames from frame ``start``; dropped unless that is where the
-        request stands (decoded ahead past its end, or it ended)."""
-        if request.audio is None or request.next_frame != start:
+        request stands (decoded ahead past its end, or it ended) and it is not cancelled."""
+        if request.audio is None or request.next_frame != start or request.cancelled:
             return
         assert request.frames is not None
         hop = self.runner.geometry.hop_length
