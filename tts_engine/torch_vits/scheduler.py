@@ -105,7 +105,8 @@ class SpeechRequest:
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
 
     def cancel(self) -> None:
-        """Stop this request: its slot is freed at the next step and iteration ends."""
+        """Stop this request: iteration ends, nothing more is handed out for it (not even chunks of a
+        launch already running), and its slot is freed at the next step."""
         self._cancelled.set()
         self._chunks.put(_END)
 
