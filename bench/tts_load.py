@@ -246,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fused-blocks", action="store_true", help="tts.fused_blocks: residual blocks as fused Triton kernels")
     p.add_argument("--chunks-per-step", type=int, default=1,
                    help="tts.chunks_per_step: later chunks of a request per scheduler step (0: all it has left)")
+    p.add_argument("--main-in-flight", type=int, default=1, help="tts.main_in_flight: main-lane launches queued at once")
     p.add_argument("--append", action="store_true", help="add rows to an existing results file")
     p.add_argument("--plot", type=Path, help="only render PNGs from this results JSON")
     p.add_argument("--make-sentences", action="store_true")

@@ -115,6 +115,10 @@ def test_chunks_per_step_is_checked():
         load_config(None, ["tts.chunks_per_step=-1"], environ={})
     assert load_config(None, ["tts.chunks_per_step=0"], environ={}).tts.chunks_per_step == 0
     assert load_config(None, [], environ={}).tts.chunks_per_step == 1
+    for bad in ("0", "5"):
+        with pytest.raises(ConfigError, match=r"tts\.main_in_flight must be 1\.\.4"):
+            load_config(None, [f"tts.main_in_flight={bad}"], environ={})
+    assert load_config(None, ["tts.main_in_flight=2"], environ={}).tts.main_in_flight == 2
 
 
 def test_decoding_ahead_settings_are_checked():

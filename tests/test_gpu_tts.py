@@ -106,13 +106,14 @@ def test_gpu_fp32_matches_onnxruntime(model, voice_path):
         assert np.abs(mine - ref).max() < 1e-3
 
 
-@pytest.mark.parametrize("chunks_per_step", [1, 0])
-def test_gpu_engine_chunks_equal_whole_utterance(model, voice_path, chunks_per_step):
+@pytest.mark.parametrize("chunks_per_step, main_in_flight", [(1, 1), (0, 1), (1, 2), (0, 2)])
+def test_gpu_engine_chunks_equal_whole_utterance(model, voice_path, chunks_per_step, main_in_flight):
     """Chunks equal the whole utterance, one later chunk per step or all of them at once (rows of one
-    request in launches of several sizes, copied back asynchronously, handed out in order)."""
+    request in launches of several sizes, copied back asynchronously, handed out in order), with one
+    main launch at a time or two queued (each with its own event and staged buffers)."""
     from tts_engine.engine import SynthesisOptions
 
-    eng = engine(voice_path, "fp32", chunks_per_step=chunks_per_step)
+    eng = engine(voice_path, "fp32", chunks_per_step=chunks_per_step, main_in_flight=main_in_flight)
     quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
     try:
         assert all(s.graph is not None for s in [*eng.runner._encode_steps.values(), *eng.runner._decode_steps.values()])

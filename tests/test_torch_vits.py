@@ -216,13 +216,15 @@ def tiny_runner(**kw) -> StepRunner:
     return StepRunner(tiny_model(), opts)
 
 
-@pytest.mark.parametrize("tail_chunk_frames, polyphase, chunks_per_step",
-                         [(0, False, 1), (64, False, 1), (64, True, 1), (32, False, 0), (32, False, 2)])
-def test_scheduler_batched_chunks_equal_whole_utterances(tail_chunk_frames, polyphase, chunks_per_step):
+@pytest.mark.parametrize("tail_chunk_frames, polyphase, chunks_per_step, main_in_flight",
+                         [(0, False, 1, 1), (64, False, 1, 1), (64, True, 1, 1), (32, False, 0, 1), (32, False, 2, 1),
+                          (32, False, 1, 2), (32, False, 0, 3)])  # fmt: skip
+def test_scheduler_batched_chunks_equal_whole_utterances(tail_chunk_frames, polyphase, chunks_per_step, main_in_flight):
     """Chunks of batched requests make each whole utterance (``model.infer``: the plain decoder,
     also when the runner's upsamples polyphase), in the same chunk sizes however many of a
-    request's chunks one step decodes."""
-    runner = tiny_runner(tail_chunk_frames=tail_chunk_frames, polyphase=polyphase, chunks_per_step=chunks_per_step)
+    request's chunks one step decodes and however many main launches may be queued."""
+    runner = tiny_runner(tail_chunk_frames=tail_chunk_frames, polyphase=polyphase, chunks_per_step=chunks_per_step,
+                         main_in_flight=main_in_flight)  # fmt: skip
     assert (runner.synth_model.dec.polyphase is not None) == polyphase
     scheduler = BatchScheduler(runner, sample_rate=22050, queue_size=16)
     rng = np.random.default_rng(1)
@@ -611,6 +613,111 @@ def test_second_fast_lane_starts_an_arrival_while_the_first_is_busy():
     finally:
         runner.held = set()
         runner.done["fast"].set()
+        scheduler.close()
+
+
+class _EventRunner(_BlockingRunner):
+    """Stands in for StepRunner on CUDA with ``main_in_flight`` > 1: each main launch has an event of
+    its own that the test sets (in launch order, as one stream finishes them); fast launches are
+    done at once."""
+
+    def __init__(self, main_in_flight: int) -> None:
+        super().__init__(slots=4, frames=80)
+        self.options = replace(self.options, main_in_flight=main_in_flight)
+        self.go.release(1000)
+        self.events: list[threading.Event] = []  # one per main launch
+        self.main_starts: list[list[int]] = []
+        self.given: list[list] = []
+
+    def decode(self, slots, starts, chunk, lane="main"):
+        if lane == "main":
+            self.main_starts.append(list(starts))
+            self.events.append(threading.Event())
+        return super().decode(slots, starts, chunk, lane)
+
+    def mark(self, lane):
+        return self.events[-1]
+
+    def busy(self, lane) -> bool:
+        return lane == "main" and any(not e.is_set() for e in self.events)
+
+    def wait(self, lane) -> None:
+        if lane == "main":
+            for e in self.events:
+                assert e.wait(scaled(10))
+
+    def done(self, event) -> bool:
+        return event.is_set()
+
+    def wait_event(self, event) -> None:
+        assert event.wait(scaled(10))
+
+    def take_staged(self, lane):
+        return [f"blocks of main launch {len(self.events)}"]
+
+    def give_staged(self, blocks) -> None:
+        self.given.append(blocks)
+
+
+@pytest.mark.parametrize("main_in_flight", [1, 2])
+def test_main_launches_in_flight_queue_ready_chunks_behind_a_running_one(main_in_flight):
+    """``main_in_flight = 2``: chunks that become ready while a main launch runs (the next chunk of a
+    request in it, a new request's second) are queued at once behind it (one in flight: only once
+    it is handed out); launches are handed out oldest first, each request's chunks in order, each
+    launch's staged buffers given back once it is done; a cancelled request keeps its slot while a
+    launch with its chunks may still read it."""
+    runner = _EventRunner(main_in_flight)
+    scheduler = BatchScheduler(runner, sample_rate=16000)  # type: ignore[arg-type]
+
+    def wait_until(condition) -> None:
+        deadline = time.monotonic() + scaled(10)
+        while not condition():
+            assert time.monotonic() < deadline, runner.main_starts
+            time.sleep(0.001)
+
+    def holds_slot(request) -> bool:
+        return any(r is request for r in scheduler._running.values())
+
+    try:
+        a = scheduler.submit([1] * 10)
+        assert next(iter(a)).num_samples == 16 * 4  # a's first chunk; its second now runs (main launch 1)
+        wait_until(lambda: len(runner.main_starts) == 1)
+        b = scheduler.submit([1] * 10)
+        assert not next(iter(b)).final  # b's first chunk, from the fast lane, while main launch 1 runs
+        if main_in_flight == 2:
+            wait_until(lambda: len(runner.main_starts) == 2)
+            assert runner.main_starts == [[16], [32, 16]]  # a's third chunk and b's second, behind launch 1
+        else:
+            time.sleep(0.05)
+            assert runner.main_starts == [[16]]  # they wait for main launch 1 to be handed out
+        a.cancel()
+        assert list(a) == []
+        time.sleep(0.02)
+        assert holds_slot(a)  # launch 1 reads a's slot
+        runner.events[0].set()
+        if main_in_flight == 2:
+            wait_until(lambda: len(runner.given) == 1)
+            assert runner.given == [["blocks of main launch 1"]]  # launch 2 still runs: its buffers kept
+            time.sleep(0.02)
+            assert holds_slot(a)  # launch 2 reads it too
+            runner.events[1].set()
+        wait_until(lambda: not holds_slot(a))
+        rest: list = []
+        consumer = threading.Thread(target=lambda: rest.extend(b))  # b's later chunks
+        consumer.start()
+        deadline = time.monotonic() + scaled(10)
+        while consumer.is_alive():
+            assert time.monotonic() < deadline, runner.main_starts
+            for e in list(runner.events):  # later launches finish in order
+                e.set()
+            time.sleep(0.002)
+        assert [c.num_samples // 4 for c in rest] == [16, 16, 16, 16] and rest[-1].final  # b: 80 frames
+        assert all(starts.count(16) <= 2 for starts in runner.main_starts)
+        if main_in_flight == 1:
+            assert runner.given == []  # one in flight: the lane's buffers, released after each launch
+    finally:
+        for e in runner.events:
+            e.set()
         scheduler.close()
 
 

@@ -19,10 +19,12 @@ RETRY_AFTER_MS = 20
 SENTENCES = ["Hello there.", "How are you today?", "Fine, thanks.", "See you soon."]
 
 
-@pytest.fixture(scope="module", params=[1, 0], ids=["one-chunk-per-step", "all-chunks-per-step"])
+@pytest.fixture(scope="module", params=[(1, 1), (0, 1), (0, 2)],
+                ids=["one-chunk-per-step", "all-chunks-per-step", "all-chunks-two-main-launches"])
 def engine(cfg, request):
     """``chunks_per_step`` 0: a request's later chunks (32 frames each here) go in one step as rows of
-    one launch, so a failed launch holds several rows of each of its requests."""
+    one launch, so a failed launch holds several rows of each of its requests; ``main_in_flight`` 2:
+    main launches keep their own staged buffers (given back when an OOM drops them)."""
     from tts_engine.torch_vits.cuda_engine import CudaTtsEngine
     from tts_engine.torch_vits.runner import RunnerOptions
     from tts_engine.voice import Voice
@@ -31,7 +33,8 @@ def engine(cfg, request):
     torch.set_num_threads(2)
     options = RunnerOptions(
         chunk_frames=32, max_frames=512, decode_batches=(1, 2, 4, 8), encode_batches=(1, 2, 4, 8),
-        phoneme_buckets=(64, 128), cuda_graphs=False, chunks_per_step=request.param,
+        phoneme_buckets=(64, 128), cuda_graphs=False, chunks_per_step=request.param[0],
+        main_in_flight=request.param[1],
     )  # fmt: skip
     engine = CudaTtsEngine(
         Voice.load(models.resolve_voice(cfg).path), options, device="cpu", oom_retry_after_ms=RETRY_AFTER_MS

@@ -369,6 +369,10 @@ class TtsConfig:
     #: for each other's hand-out: fewer steps per sentence, the same audio; a request cancelled
     #: mid-way (barge-in) has had more of its audio decoded for nothing.
     chunks_per_step: int = 1
+    #: GPU: main-lane launches queued at once (1-4). With more than one, later chunks that become
+    #: ready while a main launch runs are queued behind it at once instead of after it is handed out:
+    #: the main stream does not wait for the host between launches. Not measured on a GPU yet.
+    main_in_flight: int = 1
     #: GPU: the decoder's upsampling layers (transposed convolutions) as plain convolutions to
     #: stride x channels whose outputs are interleaved (polyphase): the same sums, no sample
     #: changes beyond rounding; cuDNN's transposed-convolution kernels took 65 % of a 48-row decode step on the H200.
@@ -412,6 +416,8 @@ class TtsConfig:
         if self.speculate_frames < 0 or self.speculate_below < 1:
             raise ConfigError("tts.speculate_frames must be >= 0 (0: off) and tts.speculate_below >= 1, got "
                               f"{self.speculate_frames} and {self.speculate_below}")  # fmt: skip
+        if not 1 <= self.main_in_flight <= 4:
+            raise ConfigError(f"tts.main_in_flight must be 1..4, got {self.main_in_flight}")
         if self.chunks_per_step < 0:
             raise ConfigError(f"tts.chunks_per_step must be >= 0 (0: all of a request's chunks), got {self.chunks_per_step}")
         if self.batch_buckets not in ("fine", "coarse"):

@@ -130,6 +130,7 @@ class CudaTtsEngine:
             speculate_frames=tts.speculate_frames,
             speculate_below=tts.speculate_below,
             chunks_per_step=tts.chunks_per_step,
+            main_in_flight=tts.main_in_flight,
             polyphase=tts.polyphase_upsampling,
             fused_blocks=tts.fused_blocks,
             state_budget_mb=cfg.gpu.tts_state_budget_mb,

@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 
 #: Most fast lanes (``RunnerOptions.fast_lanes``).
 MAX_FAST_LANES = 4
+#: Most main-lane launches queued at once (``RunnerOptions.main_in_flight``).
+MAX_MAIN_IN_FLIGHT = 4
 
 
 def fast_lane_names(n: int) -> tuple[str, ...]:
@@ -121,6 +123,10 @@ class RunnerOptions:
     #: only the request's latents, so they need not wait for each other: fewer steps per request,
     #: the same audio; a request cancelled mid-way has had more of its audio decoded.
     chunks_per_step: int = 1
+    #: Main-lane launches queued at once (1..``MAX_MAIN_IN_FLIGHT``): with more than one, later
+    #: chunks that become ready while a main launch runs are queued behind it at once instead of
+    #: after its hand-out, so the main stream does not wait for the host between launches.
+    main_in_flight: int = 1
     #: Decoder upsampling as plain convolutions to stride x channels, interleaved
     #: (``decoder.PolyphaseUp``): the same sums; cuDNN's transposed convolutions are slow here.
     polyphase: bool = False
@@ -262,6 +268,8 @@ class StepRunner:
             self._streams = dict.fromkeys(self.lanes)
         if options.chunks_per_step < 0:
             raise ValueError(f"chunks_per_step must be >= 0 (0: all), got {options.chunks_per_step}")
+        if not 1 <= options.main_in_flight <= MAX_MAIN_IN_FLIGHT:
+            raise ValueError(f"main_in_flight must be 1..{MAX_MAIN_IN_FLIGHT}, got {options.main_in_flight}")
         if options.precision not in DTYPES:
             raise ValueError(f"precision must be one of {sorted(DTYPES)}, got {options.precision!r}")
         self.dtype = DTYPES[options.precision]
@@ -519,6 +527,27 @@ class StepRunner:
         block = self.host_pool.take(nbytes)
         self._staged[lane].append(block)
         return block[:nbytes].view(dtype).view(shape)
+
+    def take_staged(self, lane: str) -> list[torch.Tensor]:
+        """The host buffers staged on ``lane`` since the last take or release, now the caller's: give
+        them back (``give_staged``) once the launch they belong to is done (``done``/``wait_event``),
+        while later launches of the lane still run."""
+        blocks, self._staged[lane] = self._staged[lane], []
+        return blocks
+
+    def give_staged(self, blocks: list[torch.Tensor]) -> None:
+        """Return buffers from ``take_staged`` to the pool."""
+        for block in blocks:
+            self.host_pool.give(block)
+
+    def done(self, event: torch.cuda.Event | None) -> bool:
+        """True once the work before ``event`` (from ``mark``) is done; None (CPU): True."""
+        return event is None or event.query()
+
+    def wait_event(self, event: torch.cuda.Event | None) -> None:
+        """Block until the work before ``event`` is done (None, CPU: at once)."""
+        if event is not None:
+            event.synchronize()
 
     def release_staged(self, lane: str | None = None) -> None:
         """Return ``lane``'s staged host buffers (None: every lane's) to the pool; call once its

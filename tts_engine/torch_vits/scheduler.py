@@ -9,7 +9,10 @@ chunk size and ``max_batch`` rows), and **while the GPU runs them**
 starts every request that arrives meanwhile as in (2) on a free fast lane (a high-priority
 stream on CUDA; ``fast_lanes`` of them), so a new request's first audio does not wait for the
 long chunks of the others; (4) hands out the main lane's chunks. A request is finished after its last chunk.
-A slot is freed only between steps, so the two lanes never share one.
+A slot is freed only between steps, so the two lanes never share one. With ``main_in_flight`` > 1,
+chunks that become ready during (3) are queued behind the running main launch at once (up to that
+many launches, each with its own event and staged buffers) and a step ends when the oldest is
+handed out; a request keeps its slot while any launch in flight holds its rows.
 
 Decoding ahead (``RunnerOptions.speculate_frames``, while at most ``speculate_below`` requests run):
 the main lane's launch of the step also decodes new requests' chunks after their first, behind a
@@ -45,6 +48,7 @@ lower limit just means smaller captured buckets.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import queue
@@ -95,6 +99,8 @@ class SpeechRequest:
     frames: int | None = None
     #: Frames already delivered.
     next_frame: int = 0
+    #: Frames whose chunks are queued on the main lane (delivered or not).
+    queued_frame: int = 0
     slot: int | None = None
     seq: int = 0
     #: int16 samples of the whole utterance (pooled), filled chunk by chunk; None once finished.
@@ -169,6 +175,9 @@ class BatchScheduler:
         self._fast: dict[str, tuple] = {}
         #: New requests to decode ahead (``speculate_frames``), each with the event behind its encoder.
         self._ahead: list[tuple[SpeechRequest, object]] = []
+        #: Main-lane launches in flight, oldest first (more than one with ``main_in_flight`` > 1):
+        #: (launches, host results, start, event behind them or None, their staged buffers or None).
+        self._mains: collections.deque[tuple] = collections.deque()
         #: Per lane: launches completed and their time from launch to hand-out, s (bench breakdown).
         self.lane_launches = dict.fromkeys(runner.lanes, 0)
         self.lane_s = dict.fromkeys(runner.lanes, 0.0)
@@ -285,6 +294,7 @@ class BatchScheduler:
         """
         self._waiting = [r for r in self._waiting if not r.cancelled]
         in_flight = {r for launch in self._fast.values() for r in launch[0]}  # their slots are written now
+        in_flight |= {r for main in self._mains for _, batch, _, _ in main[0] for r in batch}  # or read
         for request in [r for r in self._running.values() if r.cancelled and r not in in_flight]:
             self._release(request)
         if not self._running and not self._waiting:
@@ -329,25 +339,33 @@ class BatchScheduler:
         the fast lane may start at the step's start and while the main launch runs, not while
         later chunks wait for it)."""
         exclusive = self.runner.options.fast_lane == "exclusive"
-        main, first = None, True
+        room = self.runner.options.main_in_flight
+        first = True
         while True:
             # exclusive: the fast lane starts once at the step's start; while later chunks then wait
             # for it, it starts nothing more (neither lane can starve the other)
-            hold_fast = exclusive and main is None and not first
+            hold_fast = exclusive and not self._mains and not first
             progressed = self._fast_lane(start=not hold_fast)
             # Later chunks become ready only at the step's start or as first chunks come out: look
             # for them then, not on every poll.
-            if main is None and (first or progressed) and not (exclusive and self._fast):
+            if len(self._mains) < room and (first or progressed) and not (exclusive and self._fast):
                 main = self._launch_main()  # later chunks, also of requests whose first just came out
-                progressed |= main is not None
+                if main is not None:
+                    self._mains.append(main)
+                    progressed = True
             first = False
-            if main is not None and not self.runner.busy("main"):
-                self._finish_main(*main)
+            if self._mains and self._main_done(self._mains[0]):
+                self._finish_main(*self._mains.popleft())
                 return
-            if main is None and not self._fast:
+            if not self._mains and not self._fast:
                 return
             if not progressed:
                 self._arrivals(POLL_S)
+
+    def _main_done(self, main: tuple) -> bool:
+        """The oldest main launch is done (one in flight: the main lane is idle)."""
+        event, blocks = main[3], main[4]
+        return not self.runner.busy("main") if blocks is None else self.runner.done(event)
 
     def _launch_main(self) -> tuple | None:
         """Queue the later chunks of every running request past its first (main lane): its next
@@ -358,13 +376,14 @@ class BatchScheduler:
         for r in sorted(self._running.values(), key=lambda r: r.seq):
             if r.next_frame == 0 or r.cancelled or r.frames is None:  # the fast lane's (first chunk not out yet)
                 continue
-            start = r.next_frame
+            start = max(r.next_frame, r.queued_frame)  # chunks of launches still in flight are not queued again
             for _ in itertools.repeat(None) if options.chunks_per_step == 0 else range(options.chunks_per_step):
                 if start >= r.frames:
                     break
                 size = options.next_chunk(start, r.frames)
                 groups.setdefault(size, []).append((r, start))
                 start += min(size, r.frames - start)
+            r.queued_frame = start
         #: (chunk frames, requests, device audio, start frame of each row)
         launched: list[tuple[int, list[SpeechRequest], object, list[int]]] = []
         for size in sorted(groups):
@@ -378,7 +397,9 @@ class BatchScheduler:
         if not launched:
             return None
         results = self.runner.fetch_async(*[audio for _, _, audio, _ in launched], lane="main")
-        return launched, results, time.perf_counter()
+        if self.runner.options.main_in_flight == 1:  # the lane is idle before the next: wait for the lane
+            return launched, results, time.perf_counter(), None, None
+        return launched, results, time.perf_counter(), self.runner.mark("main"), self.runner.take_staged("main")
 
     def _launch_ahead(self) -> list[tuple]:
         """Chunks of the largest size after the first chunk of new requests whose encoder is queued
@@ -395,14 +416,21 @@ class BatchScheduler:
         if not ahead:  # max_batch (lowered by an OOM) holds fewer rows than one request needs
             return []
         batch = [r for _ in starts for r, _ in ahead]  # each request's rows in order of start
+        for r, _ in ahead:
+            r.queued_frame = starts[-1] + size
         row_starts = [start for start in starts for _ in ahead]
         events = list({id(e): e for _, e in ahead}.values())
         self._launching(batch, options.decode_batches, size)
         audio = self.runner.decode([r.slot for r in batch], row_starts, size, lane="main", after=events)
         return [(size, batch, audio, row_starts)]
 
-    def _finish_main(self, launched: list, results: list, t0: float) -> None:
-        self.runner.wait("main")
+    def _finish_main(self, launched: list, results: list, t0: float, event: object, blocks: list | None) -> None:
+        """Hand out a main launch's rows; ``event``/``blocks``: its own event and staged buffers (with
+        ``main_in_flight`` > 1; None: the lane's)."""
+        if blocks is None:
+            self.runner.wait("main")
+        else:
+            self.runner.wait_event(event)
         self.lane_s["main"] += time.perf_counter() - t0
         self.lane_launches["main"] += 1
         if any(r.frames is None for _, batch, _, _ in launched for r in batch):
@@ -412,7 +440,10 @@ class BatchScheduler:
                        for request, start, row in zip(batch, starts, audio)), key=lambda x: x[0])  # fmt: skip
         for start, size, request, row in rows:
             self._deliver_row(request, row, size, start)
-        self.runner.release_staged("main")
+        if blocks is None:
+            self.runner.release_staged("main")
+        else:
+            self.runner.give_staged(blocks)
         self._flush()
 
     def _fast_lane(self, start: bool = True) -> bool:
@@ -540,6 +571,12 @@ class BatchScheduler:
             torch.cuda.synchronize(self.runner.device)  # queued copies from staged buffers are done
             torch.cuda.empty_cache()
         self.runner.release_staged()
+        for main in self._mains:  # their rows are lost: queued again from where each request stands
+            if main[4] is not None:
+                self.runner.give_staged(main[4])
+        self._mains.clear()
+        for request in self._running.values():
+            request.queued_frame = request.next_frame
         self._fast = {}  # their requests are not encoded as far as we know: re-queued below
         self._ahead = []
         failed_batch, old = self._attempt_batch, self._max_batch
