@@ -397,6 +397,14 @@ def test_decoding_ahead_keeps_audio_and_saves_steps():
         scheduler.close()
 
 
+def wait_until(condition, shows=None) -> None:
+    """Poll ``condition`` until true (10 s, scaled); the assertion shows ``shows()`` if it never is."""
+    deadline = time.monotonic() + scaled(10)
+    while not condition():
+        assert time.monotonic() < deadline, shows() if shows else "condition never held"
+        time.sleep(0.001)
+
+
 class _BlockingRunner:
     """Stands in for StepRunner: each step waits for the test (orchestration only)."""
 
@@ -474,10 +482,7 @@ def test_cancelled_request_gets_nothing_from_a_launch_in_flight():
         a, b = scheduler.submit([1] * 10), scheduler.submit([1] * 10)
         runner.go.release()  # their first chunks (one fast launch)
         assert not next(iter(a)).final and not next(iter(b)).final
-        deadline = time.monotonic() + scaled(10)
-        while runner.entered < 2:  # the step's first main launch (rows of both) waits for go
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
+        wait_until(lambda: runner.entered >= 2)  # the step's first main launch (rows of both) waits for go
         a.cancel()
         assert list(a) == []
         runner.go.release(3)  # 6 later rows (3 per request) in launches of at most 2
@@ -565,12 +570,6 @@ def test_scheduler_launches_later_chunks_while_the_fast_lane_keeps_starting_arri
     runner = _LaneRunner()
     runner.held = {"fast"}  # fast-lane launches stay busy until the test lets each finish
     scheduler = BatchScheduler(runner, sample_rate=16000)  # type: ignore[arg-type]
-
-    def wait_until(condition) -> None:
-        deadline = time.monotonic() + scaled(10)
-        while not condition():
-            assert time.monotonic() < deadline, runner.launched
-            time.sleep(0.001)
 
     try:
         a = iter(scheduler.submit([1] * 10))
@@ -668,12 +667,6 @@ def test_main_launches_in_flight_queue_ready_chunks_behind_a_running_one(main_in
     launch with its chunks may still read it."""
     runner = _EventRunner(main_in_flight)
     scheduler = BatchScheduler(runner, sample_rate=16000)  # type: ignore[arg-type]
-
-    def wait_until(condition) -> None:
-        deadline = time.monotonic() + scaled(10)
-        while not condition():
-            assert time.monotonic() < deadline, runner.main_starts
-            time.sleep(0.001)
 
     def holds_slot(request) -> bool:
         return any(r is request for r in scheduler._running.values())
