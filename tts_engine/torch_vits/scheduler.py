@@ -55,6 +55,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -73,6 +74,18 @@ POLL_S = 0.0002
 
 #: Receives one step's outcomes for its requests: ``(request, AudioChunk | BaseException | None)``.
 Sink = Callable[[list[tuple["SpeechRequest", object]]], None]
+
+
+class _MainLaunch(NamedTuple):
+    """A main-lane launch in flight: per chunk size ``(frames, requests, device audio, start frames)``,
+    the host arrays its audio is copied to, when it was queued; with ``main_in_flight`` > 1 its own
+    event and staged buffers (None: it is the lane's only launch; wait for the lane)."""
+
+    launched: list[tuple[int, list["SpeechRequest"], object, list[int]]]
+    results: list[np.ndarray]
+    t0: float
+    event: object
+    blocks: list | None
 
 
 @dataclass(frozen=True)
@@ -175,9 +188,8 @@ class BatchScheduler:
         self._fast: dict[str, tuple] = {}
         #: New requests to decode ahead (``speculate_frames``), each with the event behind its encoder.
         self._ahead: list[tuple[SpeechRequest, object]] = []
-        #: Main-lane launches in flight, oldest first (more than one with ``main_in_flight`` > 1):
-        #: (launches, host results, start, event behind them or None, their staged buffers or None).
-        self._mains: collections.deque[tuple] = collections.deque()
+        #: Main-lane launches in flight, oldest first (more than one with ``main_in_flight`` > 1).
+        self._mains: collections.deque[_MainLaunch] = collections.deque()
         #: Per lane: launches completed and their time from launch to hand-out, s (bench breakdown).
         self.lane_launches = dict.fromkeys(runner.lanes, 0)
         self.lane_s = dict.fromkeys(runner.lanes, 0.0)
@@ -294,7 +306,7 @@ class BatchScheduler:
         """
         self._waiting = [r for r in self._waiting if not r.cancelled]
         in_flight = {r for launch in self._fast.values() for r in launch[0]}  # their slots are written now
-        in_flight |= {r for main in self._mains for _, batch, _, _ in main[0] for r in batch}  # or read
+        in_flight |= {r for main in self._mains for _, batch, _, _ in main.launched for r in batch}  # or read
         for request in [r for r in self._running.values() if r.cancelled and r not in in_flight]:
             self._release(request)
         if not self._running and not self._waiting:
@@ -355,19 +367,18 @@ class BatchScheduler:
                     progressed = True
             first = False
             if self._mains and self._main_done(self._mains[0]):
-                self._finish_main(*self._mains.popleft())
+                self._finish_main(self._mains.popleft())
                 return
             if not self._mains and not self._fast:
                 return
             if not progressed:
                 self._arrivals(POLL_S)
 
-    def _main_done(self, main: tuple) -> bool:
+    def _main_done(self, main: _MainLaunch) -> bool:
         """The oldest main launch is done (one in flight: the main lane is idle)."""
-        event, blocks = main[3], main[4]
-        return not self.runner.busy("main") if blocks is None else self.runner.done(event)
+        return not self.runner.busy("main") if main.blocks is None else self.runner.done(main.event)
 
-    def _launch_main(self) -> tuple | None:
+    def _launch_main(self) -> _MainLaunch | None:
         """Queue the later chunks of every running request past its first (main lane): its next
         ``chunks_per_step`` chunks (0: all it has left), one row per (request, start frame) and one
         launch per chunk size; and the chunks ahead of new requests (``_launch_ahead``). None if none."""
@@ -398,8 +409,9 @@ class BatchScheduler:
             return None
         results = self.runner.fetch_async(*[audio for _, _, audio, _ in launched], lane="main")
         if self.runner.options.main_in_flight == 1:  # the lane is idle before the next: wait for the lane
-            return launched, results, time.perf_counter(), None, None
-        return launched, results, time.perf_counter(), self.runner.mark("main"), self.runner.take_staged("main")
+            return _MainLaunch(launched, results, time.perf_counter(), None, None)
+        return _MainLaunch(launched, results, time.perf_counter(), self.runner.mark("main"),
+                           self.runner.take_staged("main"))  # fmt: skip
 
     def _launch_ahead(self) -> list[tuple]:
         """Chunks of the largest size after the first chunk of new requests whose encoder is queued
@@ -424,26 +436,26 @@ class BatchScheduler:
         audio = self.runner.decode([r.slot for r in batch], row_starts, size, lane="main", after=events)
         return [(size, batch, audio, row_starts)]
 
-    def _finish_main(self, launched: list, results: list, t0: float, event: object, blocks: list | None) -> None:
-        """Hand out a main launch's rows; ``event``/``blocks``: its own event and staged buffers (with
-        ``main_in_flight`` > 1; None: the lane's)."""
-        if blocks is None:
+    def _finish_main(self, main: _MainLaunch) -> None:
+        """Hand out a main launch's rows (once it is done), then its staged buffers."""
+        if main.blocks is None:
             self.runner.wait("main")
         else:
-            self.runner.wait_event(event)
-        self.lane_s["main"] += time.perf_counter() - t0
+            self.runner.wait_event(main.event)
+        self.lane_s["main"] += time.perf_counter() - main.t0
         self.lane_launches["main"] += 1
+        launched = main.launched
         if any(r.frames is None for _, batch, _, _ in launched for r in batch):
             self._finish_fast(wait=True)  # rows decoded ahead: their first chunks (and lengths) come first
         # Each request's rows in order of start frame (one request's rows may be in launches of several sizes).
-        rows = sorted(((start, size, request, row) for (size, batch, _, starts), audio in zip(launched, results)
+        rows = sorted(((start, size, request, row) for (size, batch, _, starts), audio in zip(launched, main.results)
                        for request, start, row in zip(batch, starts, audio)), key=lambda x: x[0])  # fmt: skip
         for start, size, request, row in rows:
             self._deliver_row(request, row, size, start)
-        if blocks is None:
+        if main.blocks is None:
             self.runner.release_staged("main")
         else:
-            self.runner.give_staged(blocks)
+            self.runner.give_staged(main.blocks)
         self._flush()
 
     def _fast_lane(self, start: bool = True) -> bool:
@@ -572,8 +584,8 @@ class BatchScheduler:
             torch.cuda.empty_cache()
         self.runner.release_staged()
         for main in self._mains:  # their rows are lost: queued again from where each request stands
-            if main[4] is not None:
-                self.runner.give_staged(main[4])
+            if main.blocks is not None:
+                self.runner.give_staged(main.blocks)
         self._mains.clear()
         for request in self._running.values():
             request.queued_frame = request.next_frame
