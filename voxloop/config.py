@@ -27,6 +27,8 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 ENV_PREFIX = "VOXLOOP_"
 #: The model stages a server can run (``server.stages``).
 STAGES = ("asr", "llm", "tts")
+#: Most main-lane launches of the GPU TTS engine queued at once (``tts.main_in_flight``).
+MAX_MAIN_IN_FLIGHT = 4
 #: What ``server.allowed_origins`` entries look like (besides ``*``): no path, query or user.
 _ORIGIN = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[^\s/?#@:\[\]]+)(:\d{1,5})?", re.IGNORECASE)
 
@@ -416,8 +418,8 @@ class TtsConfig:
         if self.speculate_frames < 0 or self.speculate_below < 1:
             raise ConfigError("tts.speculate_frames must be >= 0 (0: off) and tts.speculate_below >= 1, got "
                               f"{self.speculate_frames} and {self.speculate_below}")  # fmt: skip
-        if not 1 <= self.main_in_flight <= 4:
-            raise ConfigError(f"tts.main_in_flight must be 1..4, got {self.main_in_flight}")
+        if not 1 <= self.main_in_flight <= MAX_MAIN_IN_FLIGHT:
+            raise ConfigError(f"tts.main_in_flight must be 1..{MAX_MAIN_IN_FLIGHT}, got {self.main_in_flight}")
         if self.chunks_per_step < 0:
             raise ConfigError(f"tts.chunks_per_step must be >= 0 (0: all of a request's chunks), got {self.chunks_per_step}")
         if self.batch_buckets not in ("fine", "coarse"):

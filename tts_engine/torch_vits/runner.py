@@ -41,14 +41,13 @@ from tts_engine.torch_vits.buffers import HostBufferPool
 from tts_engine.torch_vits.chunked import ChunkGeometry, decode_windows, gather_windows, to_int16
 from tts_engine.torch_vits.gpu_memory import GpuMemory
 from tts_engine.torch_vits.model import Vits
+from voxloop.config import MAX_MAIN_IN_FLIGHT
 from voxloop.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 #: Most fast lanes (``RunnerOptions.fast_lanes``).
 MAX_FAST_LANES = 4
-#: Most main-lane launches queued at once (``RunnerOptions.main_in_flight``).
-MAX_MAIN_IN_FLIGHT = 4
 
 
 def fast_lane_names(n: int) -> tuple[str, ...]:
