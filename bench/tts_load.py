@@ -126,17 +126,15 @@ def run(args: argparse.Namespace) -> Path:
         elif name == "cuda":
             backend = CudaBackend(args)
             print(f"[{backend.name}] {json.dumps(backend.info)}", flush=True)
+            start = scheduler_counters(backend.engine.scheduler)
             for clients in levels:
                 backend.reset_peak()
                 before = scheduler_counters(backend.engine.scheduler)
                 row = summarize(closed_loop(backend, sentences, clients, args.duration, args.warmup), backend, clients,
                                 args.hardware)  # fmt: skip
                 record({**row, **ENGINE_CLIENTS, "scheduler": scheduler_breakdown(before, scheduler_counters(backend.engine.scheduler))})
-            if args.steps_report:
-                sched = backend.engine.scheduler
-                lanes = ", ".join(f"{lane} lane {n} launches, mean {1000 * sched.lane_s[lane] / max(1, n):.2f} ms"
-                                  for lane, n in sched.lane_launches.items())
-                print(f"[{backend.name}] steps {sched.steps}, mean step {1000 * sched.step_s / max(1, sched.steps):.2f} ms; {lanes}")
+            if args.steps_report:  # the whole run at once (each row has its level's)
+                print(f"[{backend.name}] {json.dumps(scheduler_breakdown(start, scheduler_counters(backend.engine.scheduler)))}")
             backend.close()
         elif name in ("onnx", "onnx-stream"):
             cls = OnnxBackend if name == "onnx" else OnnxStreamBackend
@@ -236,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--allocator", default="async", choices=["async", "native"], help="gpu.allocator")
     p.add_argument("--coarse", action="store_true", help="power-of-two decode batch buckets only (tts.batch_buckets = coarse: faster start-up)")
     add_common_arguments(p)
-    p.add_argument("--steps-report", action="store_true")
+    p.add_argument("--steps-report", action="store_true", help="also print the scheduler breakdown of the whole run")
     p.add_argument("--fast-lane", choices=("overlap", "exclusive", "off"), default="overlap",
                    help="tts.fast_lane: new requests' encoder + first chunk on a high-priority stream (default overlap)")
     p.add_argument("--fast-lanes", type=int, default=1, help="tts.fast_lanes: fast-lane streams side by side (overlap)")
