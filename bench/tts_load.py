@@ -6,7 +6,9 @@ seconds. Reported per (backend, N): QPS, audio seconds per second, first-audio a
 full-sentence latency p50/p99, RTF (p50 of latency / audio length), peak VRAM (null on CPU);
 engine mode ``cuda`` rows also carry ``scheduler``: what the GPU scheduler did in the level
 (warm-up included): steps, launches and mean time per lane, rows per launch, and padding
-(bucket rows unused, encoder phoneme ids unused, decoder frames computed but not handed out), %.
+(bucket rows unused, encoder phoneme ids unused, decoder frames computed but not handed out), %;
+with ``--gpu-profile S``, also ``gpu_timeline``: the level run S seconds more under PyTorch's
+profiler, its kernels per CUDA stream, busy and overlap % (``bench.gpu_timeline``; not timed).
 
 Modes: ``engine`` calls the engines in-process: ``cuda`` (``CudaTtsEngine.submit``),
 ``onnx`` (the CPU engine's whole-sentence ``OnnxVits.infer`` + int16, i.e.
@@ -53,6 +55,7 @@ from bench.harness import (
     ROOT, SENTENCES, add_common_arguments, closed_loop, command_line, common_arguments, cpu_name, gpu_name,
     load_sentences, summarize,
 )  # fmt: skip
+from bench.gpu_timeline import profile_kernels
 from bench.tts_backends import CudaBackend, OnnxBackend, OnnxStreamBackend, scheduler_breakdown, scheduler_counters
 
 #: Engine-mode rows: clients are threads in the bench process calling the engine; audio stays int16 at
@@ -133,6 +136,11 @@ def run(args: argparse.Namespace) -> Path:
                 row = summarize(closed_loop(backend, sentences, clients, args.duration, args.warmup), backend, clients,
                                 args.hardware)  # fmt: skip
                 record({**row, **ENGINE_CLIENTS, "scheduler": scheduler_breakdown(before, scheduler_counters(backend.engine.scheduler))})
+                if args.gpu_profile and clients in args.gpu_profile_levels:
+                    _, timeline = profile_kernels(lambda c=clients: closed_loop(backend, sentences, c, args.gpu_profile, 0.5))
+                    print(f"[{backend.name}] gpu timeline, {clients} clients: {json.dumps(timeline)}", flush=True)
+                    rows[-1]["gpu_timeline"] = {"clients": clients, "seconds": args.gpu_profile, **timeline}
+                    out.write_text(json.dumps(rows, indent=1) + "\n")
             if args.steps_report:  # the whole run at once (each row has its level's)
                 print(f"[{backend.name}] {json.dumps(scheduler_breakdown(start, scheduler_counters(backend.engine.scheduler)))}")
             backend.close()
@@ -245,6 +253,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunks-per-step", type=int, default=1,
                    help="tts.chunks_per_step: later chunks of a request per scheduler step (0: all it has left)")
     p.add_argument("--main-in-flight", type=int, default=1, help="tts.main_in_flight: main-lane launches queued at once")
+    p.add_argument("--gpu-profile", type=float, default=0.0, metavar="SECONDS",
+                   help="engine cuda: after a level, run it this long again under the profiler and add the kernel "
+                        "timeline (bench.gpu_timeline) to its row as gpu_timeline (0: off)")
+    p.add_argument("--gpu-profile-levels", type=int, nargs="+", default=[50], help="levels --gpu-profile applies to")
     p.add_argument("--append", action="store_true", help="add rows to an existing results file")
     p.add_argument("--plot", type=Path, help="only render PNGs from this results JSON")
     p.add_argument("--make-sentences", action="store_true")

@@ -22,7 +22,7 @@ from conftest import scaled
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 #: Library modules of the package; every other module is a benchmark (it has a ``main``).
-LIBRARIES = {"bench.harness", "bench.tts_backends", "bench.gpu_steps", "bench.zh_evaluation", "bench.scaleout.topology",
+LIBRARIES = {"bench.harness", "bench.tts_backends", "bench.gpu_steps", "bench.gpu_timeline", "bench.zh_evaluation", "bench.scaleout.topology",
              "bench.turn_set", "bench.llm_engine"}
 #: A benchmark may use another's code only when it is that benchmark's own mode (WebSocket mode:
 #: the server process, and the client processes, which also run alone).
@@ -165,3 +165,22 @@ def test_turn_taking_server_counts():
              "voxloop_asr_utterances_total": {(): 14.0}}
     assert server_counts(before, after) == {"server_discarded_turns": 2.0, "server_asr_runs": 4.0}
     assert server_counts(None, after) == {"server_discarded_turns": None, "server_asr_runs": None}
+
+
+def test_gpu_timeline_busy_overlap_and_top_kernels():
+    """Two streams: A busy 0-10 and 20-30 µs (a kernel inside another counted once), B 5-25 µs."""
+    from bench.gpu_timeline import summarize_kernels
+
+    def k(name, ts, dur, stream):
+        return {"cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"stream": stream}}
+
+    events = [k("enc", 0, 10, 7), k("enc", 2, 3, 7), k("dec", 20, 10, 7), k("dec", 5, 20, 13),
+              {"cat": "cpu_op", "name": "aten::add", "ts": 0, "dur": 100}]  # fmt: skip
+    s = summarize_kernels(events)
+    assert s["window_ms"] == 0.03 and s["kernels"] == 4 and s["kernel_ms"] == 0.04
+    assert s["busy_pct"] == 100.0  # 0-30 covered by A or B
+    assert s["overlap_pct"] == round(100 * 10 / 30, 1)  # 5-10 and 20-25
+    assert s["streams"]["7"] == {"kernels": 3, "kernel_ms": 0.02, "busy_ms": 0.02, "busy_pct": round(100 * 20 / 30, 1)}
+    assert s["streams"]["13"]["busy_pct"] == round(100 * 20 / 30, 1)
+    assert [(t["kernel"], t["calls"], t["streams"]) for t in s["top_kernels"]] == [("dec", 2, [7, 13]), ("enc", 2, [7])]
+    assert summarize_kernels([]) == {"kernels": 0}
