@@ -236,14 +236,21 @@ def common_arguments(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
+#: Environment variables that change what a GPU benchmark measures: named before its command.
+RECORDED_ENV = ("CUDNN_", "TORCH_CUDNN", "TORCHINDUCTOR_", "CUBLAS_", "PYTORCH_CUDA_ALLOC_CONF", "CUDA_LAUNCH_BLOCKING",
+                "VOXLOOP_")  # fmt: skip
+
+
 def command_line() -> str:
-    """How this benchmark was started, e.g. ``python -m bench.tts_load --backends onnx``."""
+    """How this benchmark was started, e.g. ``CUDNN_X=1 python -m bench.tts_load --backends onnx``
+    (variables of ``RECORDED_ENV`` first)."""
     argv = list(sys.argv)
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     if spec is not None and spec.name:
         argv[0:1] = ["-m", spec.name]
-    return " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *argv])
+    env = [f"{k}={shlex.quote(v)}" for k, v in sorted(os.environ.items()) if k.startswith(RECORDED_ENV)]
+    return " ".join(env + [shlex.quote(a) for a in [Path(sys.executable).name, *argv]])
 
 
 def result_path(name: str, ext: str, out: Path = RESULTS, hardware: str | None = None, date: str | None = None) -> Path:

@@ -21,8 +21,10 @@ def cuda_variant(args: argparse.Namespace, timing_tag: bool) -> str:
     """The backend-name suffix for the GPU engine's start-up options, e.g. ``-compiled-encoder-limit3``
     (``timing_tag``: ``-cudnnbench`` when cuDNN times its algorithms, before the limit)."""
     timing, limit = args.cudnn_benchmark, getattr(args, "cudnn_benchmark_limit", 10)
+    stages = getattr(args, "cudnn_benchmark_stages", ("encode", "decode"))
     return (("-compiled" if args.compile else "") + ("-encoder" if getattr(args, "compile_encoder", False) else "")
             + ("-cudnnbench" if timing_tag and timing else "") + (f"-limit{limit}" if timing and limit != 10 else "")
+            + ("".join(f"-timed-{s}" for s in stages) if timing and set(stages) != {"encode", "decode"} else "")
             + ("-coarse" if args.coarse else "")
             + (f"-ahead{args.speculate_frames}" if getattr(args, "speculate_frames", 0) else "")
             + (f"-steps{getattr(args, 'chunks_per_step', 1)}" if getattr(args, "chunks_per_step", 1) != 1 else "")
@@ -54,6 +56,7 @@ class CudaBackend:
             encode_batches=batch_buckets(args.max_batch, fine=False), compile=args.compile,
             compile_encoder=getattr(args, "compile_encoder", False),
             cudnn_benchmark=args.cudnn_benchmark, cudnn_benchmark_limit=getattr(args, "cudnn_benchmark_limit", 10),
+            cudnn_benchmark_stages=tuple(getattr(args, "cudnn_benchmark_stages", ("encode", "decode"))),
             fast_lane=fast_lane, fast_lanes=fast_lanes, speculate_frames=getattr(args, "speculate_frames", 0),
             speculate_below=getattr(args, "speculate_below", 2), polyphase=getattr(args, "polyphase", False),
             fused_blocks=getattr(args, "fused_blocks", False), chunks_per_step=getattr(args, "chunks_per_step", 1),
@@ -68,12 +71,13 @@ class CudaBackend:
         runner = self.engine.runner
         self.info = {
             "startup_s": round(self.startup_s, 2), "graph_capture_s": round(runner.capture_s, 2),
+            "capture_s_by_stage": {k: round(v, 2) for k, v in runner.stage_capture_s.items()},
             "graphs": len(runner._encode_steps) + len(runner._decode_steps),
             "capture_peak_mb": round(runner.capture_peak_mb, 1),
             "memory_after_capture_mb": round(self.torch.cuda.memory_reserved() / 2**20, 1),
             "chunk_frames": args.chunk_frames, "tail_chunk_frames": args.tail_chunk_frames, "compile": args.compile,
             "compile_encoder": opts.compile_encoder, "cudnn_benchmark": args.cudnn_benchmark,
-            "cudnn_benchmark_limit": opts.cudnn_benchmark_limit, "allocator": args.allocator, "fast_lane": fast_lane,
+            "cudnn_benchmark_limit": opts.cudnn_benchmark_limit, "cudnn_benchmark_stages": list(opts.cudnn_benchmark_stages), "allocator": args.allocator, "fast_lane": fast_lane,
             "fast_lanes": fast_lanes, "speculate_frames": opts.speculate_frames, "speculate_below": opts.speculate_below,
             "polyphase": opts.polyphase, "fused_blocks": opts.fused_blocks, "chunks_per_step": opts.chunks_per_step,
             "main_in_flight": opts.main_in_flight,

@@ -239,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cudnn-benchmark", action="store_true", help="cuDNN algorithm timing at start-up (tts.cudnn_benchmark)")
     p.add_argument("--cudnn-benchmark-limit", type=int, default=10,
                    help="most cuDNN algorithms timed per shape (tts.cudnn_benchmark_limit; 0: all)")
+    p.add_argument("--cudnn-benchmark-stages", nargs="+", choices=("encode", "decode"), default=["encode", "decode"],
+                   help="tts.cudnn_benchmark_stages: with --cudnn-benchmark, the stages whose convolutions are timed")
     p.add_argument("--allocator", default="async", choices=["async", "native"], help="gpu.allocator")
     p.add_argument("--coarse", action="store_true", help="power-of-two decode batch buckets only (tts.batch_buckets = coarse: faster start-up)")
     add_common_arguments(p)

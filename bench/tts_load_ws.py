@@ -32,6 +32,7 @@ class WsBackend:
                 f"--set=tts.compile_encoder={'true' if args.compile_encoder else 'false'}",
                 f"--set=tts.cudnn_benchmark={'true' if args.cudnn_benchmark else 'false'}",
                 f"--set=tts.cudnn_benchmark_limit={args.cudnn_benchmark_limit}",
+                f"--set=tts.cudnn_benchmark_stages={','.join(args.cudnn_benchmark_stages)}",
                 f"--set=tts.batch_buckets={'coarse' if args.coarse else 'fine'}",
                 f"--set=tts.fast_lane={args.fast_lane}", f"--set=tts.fast_lanes={args.fast_lanes}",
                 f"--set=tts.speculate_frames={args.speculate_frames}", f"--set=tts.speculate_below={args.speculate_below}",

@@ -122,11 +122,14 @@ def test_result_files_say_date_hardware_and_command(tmp_path, monkeypatch):
     from bench import harness
 
     monkeypatch.setattr(sys, "argv", ["bench/x.py", "--clients", "2"])
+    monkeypatch.setenv("CUDNN_CONV_WSCAP_DBG", "256")
+    monkeypatch.setenv("HOME_UNRELATED_X", "1")
     path = harness.write_json("x", [{"a": 1}], {"note": "n"}, path=harness.result_path("x", "json", tmp_path, "box", "2026-01-02"))
     assert path.name == "x-box-2026-01-02.json"
     doc = json.loads(path.read_text())
     assert doc["rows"] == [{"a": 1}] and doc["note"] == "n" and doc["date"]
     assert doc["hardware"]["cores"] >= 1 and "--clients 2" in doc["command"]
+    assert doc["command"].startswith("CUDNN_CONV_WSCAP_DBG=256 ") and "HOME_UNRELATED_X" not in doc["command"]
     assert harness.pct([1, 2, 3, 4], 50) == 2.5 and harness.pct([], 50) is None
 
 

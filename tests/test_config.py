@@ -108,6 +108,11 @@ def test_gpu_tts_start_up_settings_are_checked():
         load_config(None, ["tts.batch_buckets=some"], environ={})
     cfg = load_config(None, ["tts.cudnn_benchmark_limit=2", "tts.batch_buckets=coarse"], environ={})
     assert (cfg.tts.cudnn_benchmark_limit, cfg.tts.batch_buckets) == (2, "coarse")
+    for bad in ("", "encode,flow"):
+        with pytest.raises(ConfigError, match=r"tts\.cudnn_benchmark_stages"):
+            load_config(None, [f"tts.cudnn_benchmark_stages={bad}"], environ={})
+    assert load_config(None, ["tts.cudnn_benchmark_stages=encode"], environ={}).tts.cudnn_benchmark_stages == ("encode",)
+    assert load_config(None, [], environ={}).tts.cudnn_benchmark_stages == ("encode", "decode")
 
 
 def test_chunks_per_step_is_checked():

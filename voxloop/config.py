@@ -338,6 +338,9 @@ class TtsConfig:
     #: GPU, with ``cudnn_benchmark``: most algorithms cuDNN times per convolution shape (PyTorch's
     #: ``torch.backends.cudnn.benchmark_limit``; 0 = all it offers). Fewer: shorter start-up.
     cudnn_benchmark_limit: int = 10
+    #: GPU, with ``cudnn_benchmark``: the stages whose convolutions are timed: "encode" (fp32 text
+    #: encoder and durations), "decode" (flow and decoder); the others take cuDNN's heuristic choice.
+    cudnn_benchmark_stages: tuple[str, ...] = ("encode", "decode")
     #: GPU decoder batch sizes captured as CUDA graphs: "fine" (powers of two, every multiple of 8 up
     #: to 64 and of 16 beyond: a batch padded by at most ~15-25 %, 15 sizes at max_batch 128) or
     #: "coarse" (powers of two only: 8 sizes, about half the decoder's start-up, more padding).
@@ -415,6 +418,9 @@ class TtsConfig:
     def __post_init__(self) -> None:
         if self.cudnn_benchmark_limit < 0:
             raise ConfigError(f"tts.cudnn_benchmark_limit must be >= 0 (0: every algorithm), got {self.cudnn_benchmark_limit}")
+        if not self.cudnn_benchmark_stages or not set(self.cudnn_benchmark_stages) <= {"encode", "decode"}:
+            raise ConfigError("tts.cudnn_benchmark_stages must name one or both of 'encode', 'decode' (no timing: "
+                              f"tts.cudnn_benchmark = false), got {list(self.cudnn_benchmark_stages)}")  # fmt: skip
         if self.speculate_frames < 0 or self.speculate_below < 1:
             raise ConfigError("tts.speculate_frames must be >= 0 (0: off) and tts.speculate_below >= 1, got "
                               f"{self.speculate_frames} and {self.speculate_below}")  # fmt: skip

@@ -125,6 +125,7 @@ class CudaTtsEngine:
             compile_encoder=tts.compile_encoder,
             cudnn_benchmark=tts.cudnn_benchmark,
             cudnn_benchmark_limit=tts.cudnn_benchmark_limit,
+            cudnn_benchmark_stages=tts.cudnn_benchmark_stages,
             fast_lane=tts.fast_lane,
             fast_lanes=tts.fast_lanes,
             speculate_frames=tts.speculate_frames,

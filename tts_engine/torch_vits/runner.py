@@ -97,6 +97,9 @@ class RunnerOptions:
     #: With ``cudnn_benchmark``: most cuDNN algorithms timed per convolution shape
     #: (``torch.backends.cudnn.benchmark_limit``; 0 = every one cuDNN offers). PyTorch's default: 10.
     cudnn_benchmark_limit: int = 10
+    #: With ``cudnn_benchmark``: the stages whose convolutions are timed ("encode", "decode"); the
+    #: others take cuDNN's heuristic choice.
+    cudnn_benchmark_stages: tuple[str, ...] = ("encode", "decode")
     #: Device memory budgets of the stages, MiB (0: none; see ``voxloop.config.GpuConfig``):
     #: weights + slot buffers, encoder graphs, decoder graphs. Enforced at start-up on CUDA.
     state_budget_mb: int = 0
@@ -305,6 +308,8 @@ class StepRunner:
         self._encode_steps: dict[tuple[int, int, str], _Step] = {}  # (batch, phonemes, fast lane)
         self._decode_steps: dict[tuple[int, int, str], _Step] = {}  # (chunk frames, batch, lane)
         self.capture_s = 0.0
+        #: Seconds each stage's graphs took to capture ("encode", "decode"; cuDNN timing included).
+        self.stage_capture_s: dict[str, float] = {}
         self.capture_peak_mb = 0.0
         self._build()
 
@@ -386,14 +391,23 @@ class StepRunner:
         smallest batch first, measuring after each batch; the batch that goes over the budget is
         dropped with every larger one (logged); ConfigError if even the smallest does not fit.
         """
-        batch_of = (lambda k: k[0]) if stage == "encode" else (lambda k: k[1])  # keys: (b, t, lane) / (chunk, b, lane)
-        batches = sorted({batch_of(k) for k in steps})
         if budget_mb and self.memory and self.memory.backend == "cudaMallocAsync":
             # Graph memory then lives in CUDA's graph memory pool, whose counters did not attribute it
             # per stage on the H200 (the decode stage measured 0 MiB): no budget we could enforce.
             raise ConfigError(f"gpu.tts_{stage}_budget_mb needs gpu.allocator = 'native' (graph memory is not "
                               "attributed per stage with the async pool)")  # fmt: skip
+        options = self.options
+        torch.backends.cudnn.benchmark = options.cudnn_benchmark and stage in options.cudnn_benchmark_stages
         start = self.memory.footprint() if self.memory else 0
+        t0 = time.perf_counter()
+        kept = self._capture_batches(stage, steps, budget_mb, start)
+        self.stage_capture_s[stage] = time.perf_counter() - t0
+        return kept
+
+    def _capture_batches(self, stage: str, steps: dict, budget_mb: int, start: int) -> tuple[int, ...]:
+        """``_capture_stage``'s captures; ``start``: the memory footprint before them."""
+        batch_of = (lambda k: k[0]) if stage == "encode" else (lambda k: k[1])  # keys: (b, t, lane) / (chunk, b, lane)
+        batches = sorted({batch_of(k) for k in steps})
         if not budget_mb or not self.memory:
             for key in sorted(steps, key=lambda k: -k[0] * k[1]):
                 steps[key].capture()
