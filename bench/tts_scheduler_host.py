@@ -71,6 +71,18 @@ class InstantRunner:
     def mark(self, lane: str) -> None:
         return None
 
+    def done(self, event: None) -> bool:
+        return True
+
+    def wait_event(self, event: None) -> None:
+        pass
+
+    def take_staged(self, lane: str) -> list:
+        return []
+
+    def give_staged(self, blocks: list) -> None:
+        pass
+
     def release_staged(self, lane: str | None = None) -> None:
         pass
 

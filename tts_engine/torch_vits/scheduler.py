@@ -78,14 +78,14 @@ Sink = Callable[[list[tuple["SpeechRequest", object]]], None]
 
 class _MainLaunch(NamedTuple):
     """A main-lane launch in flight: per chunk size ``(frames, requests, device audio, start frames)``,
-    the host arrays its audio is copied to, when it was queued; with ``main_in_flight`` > 1 its own
-    event and staged buffers (None: it is the lane's only launch; wait for the lane)."""
+    the host arrays its audio is copied to, when it was queued, the event behind it (``runner.mark``)
+    and its staged host buffers (``runner.take_staged``, given back once it is done)."""
 
     launched: list[tuple[int, list["SpeechRequest"], object, list[int]]]
     results: list[np.ndarray]
     t0: float
     event: object
-    blocks: list | None
+    blocks: list
 
 
 @dataclass(frozen=True)
@@ -366,17 +366,13 @@ class BatchScheduler:
                     self._mains.append(main)
                     progressed = True
             first = False
-            if self._mains and self._main_done(self._mains[0]):
+            if self._mains and self.runner.done(self._mains[0].event):
                 self._finish_main(self._mains.popleft())
                 return
             if not self._mains and not self._fast:
                 return
             if not progressed:
                 self._arrivals(POLL_S)
-
-    def _main_done(self, main: _MainLaunch) -> bool:
-        """The oldest main launch is done (one in flight: the main lane is idle)."""
-        return not self.runner.busy("main") if main.blocks is None else self.runner.done(main.event)
 
     def _launch_main(self) -> _MainLaunch | None:
         """Queue the later chunks of every running request past its first (main lane): its next
@@ -408,8 +404,6 @@ class BatchScheduler:
         if not launched:
             return None
         results = self.runner.fetch_async(*[audio for _, _, audio, _ in launched], lane="main")
-        if self.runner.options.main_in_flight == 1:  # the lane is idle before the next: wait for the lane
-            return _MainLaunch(launched, results, time.perf_counter(), None, None)
         return _MainLaunch(launched, results, time.perf_counter(), self.runner.mark("main"),
                            self.runner.take_staged("main"))  # fmt: skip
 
@@ -438,10 +432,7 @@ class BatchScheduler:
 
     def _finish_main(self, main: _MainLaunch) -> None:
         """Hand out a main launch's rows (once it is done), then its staged buffers."""
-        if main.blocks is None:
-            self.runner.wait("main")
-        else:
-            self.runner.wait_event(main.event)
+        self.runner.wait_event(main.event)
         self.lane_s["main"] += time.perf_counter() - main.t0
         self.lane_launches["main"] += 1
         launched = main.launched
@@ -452,10 +443,7 @@ class BatchScheduler:
                        for request, start, row in zip(batch, starts, audio)), key=lambda x: x[0])  # fmt: skip
         for start, size, request, row in rows:
             self._deliver_row(request, row, size, start)
-        if main.blocks is None:
-            self.runner.release_staged("main")
-        else:
-            self.runner.give_staged(main.blocks)
+        self.runner.give_staged(main.blocks)
         self._flush()
 
     def _fast_lane(self, start: bool = True) -> bool:
@@ -584,8 +572,7 @@ class BatchScheduler:
             torch.cuda.empty_cache()
         self.runner.release_staged()
         for main in self._mains:  # their rows are lost: queued again from where each request stands
-            if main.blocks is not None:
-                self.runner.give_staged(main.blocks)
+            self.runner.give_staged(main.blocks)
         self._mains.clear()
         for request in self._running.values():
             request.queued_frame = request.next_frame
