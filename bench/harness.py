@@ -237,7 +237,7 @@ def common_arguments(args: argparse.Namespace) -> argparse.Namespace:
 
 
 #: Environment variables that change what a GPU benchmark measures: named before its command.
-RECORDED_ENV = ("CUDNN_", "TORCH_CUDNN", "TORCHINDUCTOR_", "CUBLAS_", "PYTORCH_CUDA_ALLOC_CONF", "CUDA_LAUNCH_BLOCKING",
+RECORDED_ENV = ("CUDNN_", "TORCH_CUDNN", "TORCHINDUCTOR_", "TRITON_", "CUBLAS_", "PYTORCH_CUDA_ALLOC_CONF", "CUDA_LAUNCH_BLOCKING",
                 "VOXLOOP_")  # fmt: skip
 
 

@@ -837,7 +837,8 @@ def test_onnx_export_matches_pytorch(model, tmp_path):
 
 def test_compiled_kernels_are_cached_per_gpu_cuda_and_torch(tmp_path, monkeypatch):
     """``tts.compile``: Inductor's cache goes under the models cache, one directory per GPU model, CUDA
-    and torch (a reboot or a container restart keeps it); a TORCHINDUCTOR_CACHE_DIR of the user wins."""
+    and torch (a reboot or a container restart keeps it); a TORCHINDUCTOR_CACHE_DIR of the user wins.
+    ``tts.fused_blocks``: Triton's cache likewise."""
     from tts_engine.torch_vits.compile_cache import ENV, cache_key, use_compile_cache
 
     h200 = cache_key("NVIDIA H200", (9, 0), "13.0", "2.11.0+cu130")
@@ -857,6 +858,14 @@ def test_compiled_kernels_are_cached_per_gpu_cuda_and_torch(tmp_path, monkeypatc
     blocked = tmp_path / "read-only"
     blocked.write_text("a file where the directory would go")  # as a read-only models volume: no mkdir
     assert use_compile_cache(blocked, h200) is None and ENV not in os.environ
+    # tts.fused_blocks: Triton's own cache (kernels outside Inductor) the same way
+    from tts_engine.torch_vits.compile_cache import TRITON_ENV
+
+    monkeypatch.delenv(TRITON_ENV, raising=False)
+    used = use_compile_cache(tmp_path / "triton", h200, TRITON_ENV)
+    assert used == tmp_path / "triton" / h200 and os.environ[TRITON_ENV] == str(used) and ENV not in os.environ
+    triton_cache = pytest.importorskip("triton.runtime.cache")
+    assert triton_cache.get_cache_manager("00ff").cache_dir.startswith(str(used))  # what Triton itself will use
 
 
 def test_engine_from_config_captures_the_configured_batch_buckets(cfg):

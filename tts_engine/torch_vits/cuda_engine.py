@@ -138,12 +138,14 @@ class CudaTtsEngine:
             encode_budget_mb=cfg.gpu.tts_encode_budget_mb,
             decode_budget_mb=cfg.gpu.tts_decode_budget_mb,
         )
-        if options.compiles and str(tts.device).startswith("cuda") and torch.cuda.is_available():
-            from tts_engine.torch_vits.compile_cache import use_device_compile_cache
+        if (options.compiles or options.fused_blocks) and str(tts.device).startswith("cuda") and torch.cuda.is_available():
+            from tts_engine.torch_vits.compile_cache import ENV, TRITON_ENV, use_device_compile_cache
 
-            where = use_device_compile_cache(models.cache_dir(cfg) / "inductor", tts.device)
-            if where is not None:
-                log.info("compiled kernels are kept in %s", where)
+            caches = [("triton", TRITON_ENV)] + ([("inductor", ENV)] if options.compiles else [])
+            for name, env in caches:
+                where = use_device_compile_cache(models.cache_dir(cfg) / name, tts.device, env)
+                if where is not None:
+                    log.info("compiled %s kernels are kept in %s", name, where)
         defaults = SynthesisOptions.from_config(tts)
         return cls(
             voice,
