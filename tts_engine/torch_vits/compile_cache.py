@@ -41,8 +41,8 @@ def use_compile_cache(root: Path, key: str, env: str = ENV) -> Path | None:
         if not os.access(path, os.W_OK):
             raise PermissionError(f"{path} is not writable")
     except OSError as e:
-        log.warning("compiled kernels cannot be kept in %s (%s): torch's temporary directory is used, "
-                    "so every start compiles again; set %s or models.cache_dir", path, e, env)
+        log.warning("compiled kernels cannot be kept in %s (%s): the compiler's default directory is used, "
+                    "which a reboot or a container's restart may lose; set %s or models.cache_dir", path, e, env)
         return None
     os.environ[env] = str(path)
     return path

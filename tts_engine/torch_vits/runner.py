@@ -97,8 +97,9 @@ class RunnerOptions:
     #: With ``cudnn_benchmark``: most cuDNN algorithms timed per convolution shape
     #: (``torch.backends.cudnn.benchmark_limit``; 0 = every one cuDNN offers). PyTorch's default: 10.
     cudnn_benchmark_limit: int = 10
-    #: With ``cudnn_benchmark``: the stages whose convolutions are timed ("encode", "decode"); the
-    #: others take cuDNN's heuristic choice.
+    #: With ``cudnn_benchmark``: the stages whose convolutions are timed when their graphs are captured
+    #: ("encode", "decode"); the others take cuDNN's heuristic choice. Eager (``cuda_graphs`` off):
+    #: every stage is timed.
     cudnn_benchmark_stages: tuple[str, ...] = ("encode", "decode")
     #: Device memory budgets of the stages, MiB (0: none; see ``voxloop.config.GpuConfig``):
     #: weights + slot buffers, encoder graphs, decoder graphs. Enforced at start-up on CUDA.
