@@ -373,9 +373,16 @@ class StepRunner:
                     for tensor in inputs:  # one compiled graph for every batch > 1
                         torch._dynamo.mark_dynamic(tensor, 0)
         if use_graphs:
+            kept = {}
             with torch.inference_mode():
-                encode_kept = self._capture_stage("encode", self._encode_steps, self.options.encode_budget_mb)
-                decode_kept = self._capture_stage("decode", self._decode_steps, self.options.decode_budget_mb)
+                for stage, steps, budget_mb in (("encode", self._encode_steps, self.options.encode_budget_mb),
+                                                ("decode", self._decode_steps, self.options.decode_budget_mb)):
+                    timed = self.options.cudnn_benchmark and stage in self.options.cudnn_benchmark_stages
+                    torch.backends.cudnn.benchmark = timed
+                    t1 = time.perf_counter()
+                    kept[stage] = self._capture_stage(stage, steps, budget_mb)
+                    self.stage_capture_s[stage] = time.perf_counter() - t1
+            encode_kept, decode_kept = kept["encode"], kept["decode"]
             torch.cuda.synchronize(dev)
             self.capture_peak_mb = torch.cuda.max_memory_reserved(dev) / 2**20
             torch.cuda.empty_cache()  # drop cuDNN benchmark workspaces; the graphs keep their pool
@@ -392,23 +399,14 @@ class StepRunner:
         smallest batch first, measuring after each batch; the batch that goes over the budget is
         dropped with every larger one (logged); ConfigError if even the smallest does not fit.
         """
+        batch_of = (lambda k: k[0]) if stage == "encode" else (lambda k: k[1])  # keys: (b, t, lane) / (chunk, b, lane)
+        batches = sorted({batch_of(k) for k in steps})
         if budget_mb and self.memory and self.memory.backend == "cudaMallocAsync":
             # Graph memory then lives in CUDA's graph memory pool, whose counters did not attribute it
             # per stage on the H200 (the decode stage measured 0 MiB): no budget we could enforce.
             raise ConfigError(f"gpu.tts_{stage}_budget_mb needs gpu.allocator = 'native' (graph memory is not "
                               "attributed per stage with the async pool)")  # fmt: skip
-        options = self.options
-        torch.backends.cudnn.benchmark = options.cudnn_benchmark and stage in options.cudnn_benchmark_stages
         start = self.memory.footprint() if self.memory else 0
-        t0 = time.perf_counter()
-        kept = self._capture_batches(stage, steps, budget_mb, start)
-        self.stage_capture_s[stage] = time.perf_counter() - t0
-        return kept
-
-    def _capture_batches(self, stage: str, steps: dict, budget_mb: int, start: int) -> tuple[int, ...]:
-        """``_capture_stage``'s captures; ``start``: the memory footprint before them."""
-        batch_of = (lambda k: k[0]) if stage == "encode" else (lambda k: k[1])  # keys: (b, t, lane) / (chunk, b, lane)
-        batches = sorted({batch_of(k) for k in steps})
         if not budget_mb or not self.memory:
             for key in sorted(steps, key=lambda k: -k[0] * k[1]):
                 steps[key].capture()
