@@ -640,7 +640,7 @@ def test_second_fast_lane_starts_an_arrival_while_the_first_is_busy():
 
 
 class _EventRunner(_BlockingRunner):
-    """Stands in for StepRunner on CUDA with ``main_in_flight`` > 1: each main launch has an event of
+    """Stands in for StepRunner on CUDA: each main launch has an event of
     its own that the test sets (in launch order, as one stream finishes them); fast launches are
     done at once."""
 
@@ -660,14 +660,6 @@ class _EventRunner(_BlockingRunner):
 
     def mark(self, lane):
         return self.events[-1]
-
-    def busy(self, lane) -> bool:
-        return lane == "main" and any(not e.is_set() for e in self.events)
-
-    def wait(self, lane) -> None:
-        if lane == "main":
-            for e in self.events:
-                assert e.wait(scaled(10))
 
     def done(self, event) -> bool:
         return event.is_set()
