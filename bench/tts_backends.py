@@ -30,7 +30,8 @@ def cuda_variant(args: argparse.Namespace, timing_tag: bool) -> str:
             + (f"-steps{getattr(args, 'chunks_per_step', 1)}" if getattr(args, "chunks_per_step", 1) != 1 else "")
             + (f"-inflight{getattr(args, 'main_in_flight', 1)}" if getattr(args, "main_in_flight", 1) != 1 else "")
             + ("-polyphase" if getattr(args, "polyphase", False) else "")
-            + ("-fused" if getattr(args, "fused_blocks", False) else ""))
+            + ("-fused" if getattr(args, "fused_blocks", False) else "")
+            + ("-gemmenc" if getattr(args, "encoder_convs", "cudnn") == "gemm" else ""))
 
 
 class CudaBackend:
@@ -60,7 +61,7 @@ class CudaBackend:
             fast_lane=fast_lane, fast_lanes=fast_lanes, speculate_frames=getattr(args, "speculate_frames", 0),
             speculate_below=getattr(args, "speculate_below", 2), polyphase=getattr(args, "polyphase", False),
             fused_blocks=getattr(args, "fused_blocks", False), chunks_per_step=getattr(args, "chunks_per_step", 1),
-            main_in_flight=getattr(args, "main_in_flight", 1),
+            main_in_flight=getattr(args, "main_in_flight", 1), encoder_convs=getattr(args, "encoder_convs", "cudnn"),
         )  # fmt: skip
         t0 = time.perf_counter()
         self.engine = CudaTtsEngine(Voice.load(args.voice), opts, device=args.device, queue_size=4096,
@@ -81,7 +82,7 @@ class CudaBackend:
             "cudnn_benchmark_stages": list(opts.cudnn_benchmark_stages), "allocator": args.allocator, "fast_lane": fast_lane,
             "fast_lanes": fast_lanes, "speculate_frames": opts.speculate_frames, "speculate_below": opts.speculate_below,
             "polyphase": opts.polyphase, "fused_blocks": opts.fused_blocks, "chunks_per_step": opts.chunks_per_step,
-            "main_in_flight": opts.main_in_flight,
+            "main_in_flight": opts.main_in_flight, "encoder_convs": opts.encoder_convs,
             "decode_batches": len(opts.decode_batches),
             "precision": args.precision, "max_batch": args.max_batch,
         }  # fmt: skip

@@ -113,6 +113,9 @@ def test_gpu_tts_start_up_settings_are_checked():
             load_config(None, [f"tts.cudnn_benchmark_stages={bad}"], environ={})
     assert load_config(None, ["tts.cudnn_benchmark_stages=encode"], environ={}).tts.cudnn_benchmark_stages == ("encode",)
     assert load_config(None, [], environ={}).tts.cudnn_benchmark_stages == ("encode", "decode")
+    with pytest.raises(ConfigError, match=r"tts\.encoder_convs"):
+        load_config(None, ["tts.encoder_convs=cublas"], environ={})
+    assert load_config(None, ["tts.encoder_convs=gemm"], environ={}).tts.encoder_convs == "gemm"
 
 
 def test_chunks_per_step_is_checked():

@@ -106,14 +106,18 @@ def test_gpu_fp32_matches_onnxruntime(model, voice_path):
         assert np.abs(mine - ref).max() < 1e-3
 
 
-@pytest.mark.parametrize("chunks_per_step, main_in_flight", [(1, 1), (0, 1), (1, 2), (0, 2)])
-def test_gpu_engine_chunks_equal_whole_utterance(model, voice_path, chunks_per_step, main_in_flight):
+@pytest.mark.parametrize("chunks_per_step, main_in_flight, encoder_convs",
+                         [(1, 1, "cudnn"), (0, 1, "cudnn"), (1, 2, "cudnn"), (0, 2, "cudnn"), (0, 2, "gemm")])
+def test_gpu_engine_chunks_equal_whole_utterance(model, voice_path, chunks_per_step, main_in_flight, encoder_convs):
     """Chunks equal the whole utterance, one later chunk per step or all of them at once (rows of one
     request in launches of several sizes, copied back asynchronously, handed out in order), with one
-    main launch at a time or two queued (each with its own event and staged buffers)."""
+    main launch at a time or two queued (each with its own event and staged buffers), and with the
+    encoder's convolutions as cuBLAS products (``tts.encoder_convs = "gemm"``; the reference keeps
+    cuDNN's: the same durations, samples within the same 3 int16 steps)."""
     from tts_engine.engine import SynthesisOptions
 
-    eng = engine(voice_path, "fp32", chunks_per_step=chunks_per_step, main_in_flight=main_in_flight)
+    eng = engine(voice_path, "fp32", chunks_per_step=chunks_per_step, main_in_flight=main_in_flight,
+                 encoder_convs=encoder_convs)  # fmt: skip
     quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
     try:
         assert all(s.graph is not None for s in [*eng.runner._encode_steps.values(), *eng.runner._decode_steps.values()])

@@ -20,6 +20,7 @@ from bench.harness import load_sentences  # noqa: E402
 from bench.tts_backends import scheduler_breakdown, scheduler_counters  # noqa: E402
 from tts_engine.engine import SynthesisOptions  # noqa: E402
 from tts_engine.torch_vits import chunked  # noqa: E402
+from tts_engine.torch_vits.gemm_conv import GemmConv1d, use_gemm_convs  # noqa: E402
 from tts_engine.torch_vits.model import Vits, VitsConfig  # noqa: E402
 from tts_engine.torch_vits.runner import RunnerOptions, StepRunner, bucket_for  # noqa: E402
 from tts_engine.torch_vits.scheduler import BatchScheduler, Scales  # noqa: E402
@@ -93,6 +94,56 @@ def test_batched_infer_equals_single(model):
         single, n = model.infer(torch.tensor([i]), torch.tensor([len(i)]), 0.0, 1.0, 0.0)
         assert int(samples[row]) == int(n[0])
         assert (batch[row, : int(n[0])] - single[0]).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("in_ch, out_ch, kernel, dilation, padding, groups, bias",
+                         [(5, 7, 1, 1, 0, 1, True), (6, 9, 3, 1, 0, 1, True), (6, 9, 3, 1, 1, 1, False),
+                          (8, 8, 3, 3, 3, 8, True), (8, 8, 3, 9, 9, 8, True), (4, 4, 5, 2, 4, 4, False)])  # fmt: skip
+def test_gemm_conv_is_the_convolution(in_ch, out_ch, kernel, dilation, padding, groups, bias):
+    """``GemmConv1d`` computes ``nn.Conv1d``'s sums (float64): plain, padded, bias-free and
+    depthwise dilated, as the text encoder and the duration predictor use them."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv1d(in_ch, out_ch, kernel, dilation=dilation, padding=padding, groups=groups, bias=bias).double()
+    x = torch.randn(3, in_ch, 37, dtype=torch.float64)
+    with torch.inference_mode():
+        want, got = conv(x), GemmConv1d(conv)(x)
+    assert got.shape == want.shape
+    assert (got - want).abs().max() < 1e-12
+
+
+@pytest.mark.parametrize("conv", [torch.nn.Conv1d(4, 4, 3, stride=2), torch.nn.Conv1d(4, 6, 3, groups=2),
+                                  torch.nn.Conv1d(4, 4, 3, padding="same")])  # fmt: skip
+def test_gemm_conv_refuses_what_it_does_not_compute(conv):
+    with pytest.raises(ValueError, match="GemmConv1d"):
+        GemmConv1d(conv)
+
+
+@pytest.mark.slow
+def test_gemm_encoder_keeps_the_voices_durations(model):
+    """The voice's text encoder and stochastic duration predictor with ``use_gemm_convs`` (fp32,
+    the stochastic path with noise): the same frames per phoneme for 40 sentences in one padded
+    batch, the prior's statistics equal up to fp32 rounding."""
+    import copy
+
+    gemm = copy.deepcopy(model)
+    convs = sum(isinstance(m, torch.nn.Conv1d) for part in (model.enc_p, model.dp) for m in part.modules())
+    assert use_gemm_convs(gemm.enc_p) + use_gemm_convs(gemm.dp) == convs > 30
+    assert not any(isinstance(m, torch.nn.Conv1d) for part in (gemm.enc_p, gemm.dp) for m in part.modules())
+    ids = bench_ids(40)
+    lengths = torch.tensor([len(i) for i in ids])
+    padded = torch.zeros(len(ids), int(lengths.max()), dtype=torch.long)
+    for row, i in enumerate(ids):
+        padded[row, : len(i)] = torch.tensor(i)
+    noise = torch.randn(len(ids), 2, padded.shape[1], generator=torch.Generator().manual_seed(3))
+    scales = torch.full((len(ids),), 0.8), torch.ones(len(ids))
+    with torch.inference_mode():
+        results = []
+        for m in (model, gemm):
+            x, m_p, logs_p, mask = m.encode(padded, lengths)
+            results.append((m_p, logs_p, *m.durations(x, mask, *scales, noise=noise)))
+    (m_a, logs_a, w_a, frames_a), (m_b, logs_b, w_b, frames_b) = results
+    assert torch.equal(w_a, w_b) and torch.equal(frames_a, frames_b)
+    assert (m_a - m_b).abs().max() < 1e-4 and (logs_a - logs_b).abs().max() < 1e-4
 
 
 # ---------------------------------------------------------------- chunked == whole
@@ -216,16 +267,23 @@ def tiny_runner(**kw) -> StepRunner:
     return StepRunner(tiny_model(), opts)
 
 
-@pytest.mark.parametrize("tail_chunk_frames, polyphase, chunks_per_step, main_in_flight",
-                         [(0, False, 1, 1), (64, False, 1, 1), (64, True, 1, 1), (32, False, 0, 1), (32, False, 2, 1),
-                          (32, False, 1, 2), (32, False, 0, 3)])  # fmt: skip
-def test_scheduler_batched_chunks_equal_whole_utterances(tail_chunk_frames, polyphase, chunks_per_step, main_in_flight):
-    """Chunks of batched requests make each whole utterance (``model.infer``: the plain decoder,
-    also when the runner's upsamples polyphase), in the same chunk sizes however many of a
-    request's chunks one step decodes and however many main launches may be queued."""
+@pytest.mark.parametrize("tail_chunk_frames, polyphase, chunks_per_step, main_in_flight, encoder_convs",
+                         [(0, False, 1, 1, "cudnn"), (64, False, 1, 1, "cudnn"), (64, True, 1, 1, "cudnn"),
+                          (32, False, 0, 1, "cudnn"), (32, False, 2, 1, "cudnn"), (32, False, 1, 2, "cudnn"),
+                          (32, False, 0, 3, "cudnn"), (32, True, 0, 2, "gemm")])  # fmt: skip
+def test_scheduler_batched_chunks_equal_whole_utterances(tail_chunk_frames, polyphase, chunks_per_step, main_in_flight,
+                                                         encoder_convs):  # fmt: skip
+    """Chunks of batched requests make each whole utterance (``model.infer`` of the model as
+    loaded: the plain decoder and ``nn.Conv1d`` encoder, also when the runner's upsamples
+    polyphase or its encoder convolves by matrix products), in the same chunk sizes however many
+    of a request's chunks one step decodes and however many main launches may be queued."""
     runner = tiny_runner(tail_chunk_frames=tail_chunk_frames, polyphase=polyphase, chunks_per_step=chunks_per_step,
-                         main_in_flight=main_in_flight)  # fmt: skip
+                         main_in_flight=main_in_flight, encoder_convs=encoder_convs)  # fmt: skip
+    reference = tiny_model()  # tiny_runner's weights
     assert (runner.synth_model.dec.polyphase is not None) == polyphase
+    gemm_convs = [m for m in runner.model.modules() if isinstance(m, GemmConv1d)]
+    assert len(gemm_convs) == (0 if encoder_convs == "cudnn" else sum(
+        isinstance(m, torch.nn.Conv1d) for part in (reference.enc_p, reference.dp) for m in part.modules()))
     scheduler = BatchScheduler(runner, sample_rate=22050, queue_size=16)
     rng = np.random.default_rng(1)
     inputs = [list(rng.integers(1, TINY.n_vocab, n)) for n in (9, 30, 57, 12, 44, 20)]  # > slots: queued
@@ -235,7 +293,7 @@ def test_scheduler_batched_chunks_equal_whole_utterances(tail_chunk_frames, poly
     finally:
         scheduler.close()
     for ids, chunks in zip(inputs, results):
-        whole, samples = runner.model.infer(torch.tensor([ids]), torch.tensor([len(ids)]), 0.0, 1.0, 0.0)
+        whole, samples = reference.infer(torch.tensor([ids]), torch.tensor([len(ids)]), 0.0, 1.0, 0.0)
         audio = np.concatenate([c.pcm for c in chunks])
         expected = chunked.to_int16(whole[0]).numpy()
         assert audio.shape[0] == int(samples[0])
@@ -861,13 +919,14 @@ def test_compiled_kernels_are_cached_per_gpu_cuda_and_torch(tmp_path, monkeypatc
 
 
 def test_engine_from_config_captures_the_configured_batch_buckets(cfg):
-    """``tts.batch_buckets``, ``tts.cudnn_benchmark_limit``, the decoding-ahead settings and
-    polyphase upsampling reach the runner (built on the CPU); fused blocks are refused there."""
+    """``tts.batch_buckets``, ``tts.cudnn_benchmark_limit``, the decoding-ahead settings, polyphase
+    upsampling and the encoder's convolutions reach the runner (built on the CPU); fused blocks are
+    refused there."""
     from tts_engine.torch_vits.cuda_engine import CudaTtsEngine, batch_buckets
 
     tts = replace(cfg.tts, backend="cuda", device="cpu", cuda_graphs=False, max_batch=32,
                   batch_buckets="coarse", cudnn_benchmark_limit=3, speculate_frames=512, speculate_below=3,
-                  polyphase_upsampling=True, chunks_per_step=0)  # fmt: skip
+                  polyphase_upsampling=True, chunks_per_step=0, encoder_convs="gemm")  # fmt: skip
     with pytest.raises(ValueError, match="fused_blocks needs CUDA"):
         CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, fused_blocks=True)))
     engine = CudaTtsEngine.from_config(replace(cfg, tts=tts))
@@ -878,6 +937,8 @@ def test_engine_from_config_captures_the_configured_batch_buckets(cfg):
         assert engine.runner.options.cudnn_benchmark_limit == 3
         assert (engine.runner.options.speculate_frames, engine.runner.options.speculate_below) == (512, 3)
         assert engine.runner.options.chunks_per_step == 0
+        assert isinstance(engine.runner.model.enc_p.encoder.ffn_layers[0].conv_1, GemmConv1d)
+        assert isinstance(engine.runner.synth_model.flow.flows[0].enc.in_layers[0], torch.nn.Conv1d)  # flow + decoder: as loaded
     finally:
         engine.close()
     assert batch_buckets(32) == (1, 2, 4, 8, 16, 24, 32)  # "fine": every multiple of 8 up to 64 too

@@ -386,6 +386,10 @@ class TtsConfig:
     #: GPU, fp16/bf16: the decoder's residual blocks as fused Triton kernels (activation, mask,
     #: dilated convolution, bias, residual and the mean over blocks in one pass per convolution).
     fused_blocks: bool = False
+    #: GPU: the (fp32) text encoder's and duration predictor's convolutions: "cudnn" or "gemm"
+    #: (cuBLAS matrix products and multiply-adds computing the same sums: no cuDNN algorithms to
+    #: time for them at start-up and no cuDNN workspace held in their CUDA graphs).
+    encoder_convs: str = "cudnn"
     #: Batching engine (GPU): a text of at most this many characters is phonemized on the event loop
     #: when the text thread is idle (espeak: ~0.4 ms for a 14-word sentence), saving two thread
     #: hand-offs; longer texts, or any while the thread is busy, go through the thread. 0: always the thread.
@@ -419,6 +423,8 @@ class TtsConfig:
     def __post_init__(self) -> None:
         if self.cudnn_benchmark_limit < 0:
             raise ConfigError(f"tts.cudnn_benchmark_limit must be >= 0 (0: every algorithm), got {self.cudnn_benchmark_limit}")
+        if self.encoder_convs not in ("cudnn", "gemm"):
+            raise ConfigError(f"tts.encoder_convs must be 'cudnn' or 'gemm', got {self.encoder_convs!r}")
         if not self.cudnn_benchmark_stages or not set(self.cudnn_benchmark_stages) <= {"encode", "decode"}:
             raise ConfigError("tts.cudnn_benchmark_stages must name one or both of 'encode', 'decode' (no timing: "
                               f"tts.cudnn_benchmark = false), got {list(self.cudnn_benchmark_stages)}")  # fmt: skip

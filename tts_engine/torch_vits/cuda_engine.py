@@ -134,6 +134,7 @@ class CudaTtsEngine:
             main_in_flight=tts.main_in_flight,
             polyphase=tts.polyphase_upsampling,
             fused_blocks=tts.fused_blocks,
+            encoder_convs=tts.encoder_convs,
             state_budget_mb=cfg.gpu.tts_state_budget_mb,
             encode_budget_mb=cfg.gpu.tts_encode_budget_mb,
             decode_budget_mb=cfg.gpu.tts_decode_budget_mb,

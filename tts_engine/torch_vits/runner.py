@@ -39,6 +39,7 @@ import torch
 
 from tts_engine.torch_vits.buffers import HostBufferPool
 from tts_engine.torch_vits.chunked import ChunkGeometry, decode_windows, gather_windows, to_int16
+from tts_engine.torch_vits.gemm_conv import use_gemm_convs
 from tts_engine.torch_vits.gpu_memory import GpuMemory
 from tts_engine.torch_vits.model import Vits
 from voxloop.config import MAX_MAIN_IN_FLIGHT
@@ -59,6 +60,8 @@ FAST_LANE_MODES = ("overlap", "exclusive", "off")
 #: Float dtype of flow + decoder per precision; "int8": int8 decoder convolutions (``int8.py``), the rest fp16
 #: (float32 on CPU).
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float16}
+#: ``RunnerOptions.encoder_convs`` values.
+ENCODER_CONVS = ("cudnn", "gemm")
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,9 @@ class RunnerOptions:
     polyphase: bool = False
     #: CUDA, fp16/bf16: the decoder's residual blocks as fused Triton kernels (``fused_resblock``).
     fused_blocks: bool = False
+    #: The (fp32) encoder's convolutions: "cudnn" (``nn.Conv1d``) or "gemm" (``gemm_conv``: cuBLAS
+    #: products and multiply-adds, no cuDNN: nothing for cuDNN to time or hold workspace for).
+    encoder_convs: str = "cudnn"
 
     @property
     def compiles(self) -> bool:
@@ -296,6 +302,12 @@ class StepRunner:
             self.synth_model.dec.use_polyphase()
             if self.synth_model.dec.polyphase is None:
                 log.warning("polyphase upsampling: this decoder's upsampling layers have no polyphase form; left as is")
+        if options.encoder_convs not in ENCODER_CONVS:
+            raise ValueError(f"encoder_convs must be one of {ENCODER_CONVS}, got {options.encoder_convs!r}")
+        if options.encoder_convs == "gemm":  # on a copy: the caller's model (and synth_model) keep nn.Conv1d
+            self.model = copy.deepcopy(self.model)
+            for part in (self.model.enc_p, self.model.dp):
+                use_gemm_convs(part)
         self.geometries = {c: ChunkGeometry.for_model(self.model, c) for c in options.chunk_sizes}
         self.geometry = self.geometries[options.chunk_frames]
         c, s = self.model.config, options.max_slots + 1
