@@ -926,7 +926,8 @@ def test_engine_from_config_captures_the_configured_batch_buckets(cfg):
 
     tts = replace(cfg.tts, backend="cuda", device="cpu", cuda_graphs=False, max_batch=32,
                   batch_buckets="coarse", cudnn_benchmark_limit=3, speculate_frames=512, speculate_below=3,
-                  polyphase_upsampling=True, chunks_per_step=0, encoder_convs="gemm")  # fmt: skip
+                  polyphase_upsampling=True, chunks_per_step=0, encoder_convs="gemm",
+                  phoneme_buckets=(32, 48, 64, 96, 128))  # fmt: skip
     with pytest.raises(ValueError, match="fused_blocks needs CUDA"):
         CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, fused_blocks=True)))
     engine = CudaTtsEngine.from_config(replace(cfg, tts=tts))
@@ -938,6 +939,9 @@ def test_engine_from_config_captures_the_configured_batch_buckets(cfg):
         assert (engine.runner.options.speculate_frames, engine.runner.options.speculate_below) == (512, 3)
         assert engine.runner.options.chunks_per_step == 0
         assert isinstance(engine.runner.model.enc_p.encoder.ffn_layers[0].conv_1, GemmConv1d)
+        assert engine.runner.options.phoneme_buckets == (32, 48, 64, 96, 128)
+        with pytest.raises(InvalidInput, match="limit of 128"):
+            engine.submit([1] * 129)
         assert isinstance(engine.runner.synth_model.flow.flows[0].enc.in_layers[0], torch.nn.Conv1d)  # flow + decoder: as loaded
     finally:
         engine.close()

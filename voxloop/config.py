@@ -390,6 +390,11 @@ class TtsConfig:
     #: (cuBLAS matrix products and multiply-adds computing the same sums: no cuDNN algorithms to
     #: time for them at start-up and no cuDNN workspace held in their CUDA graphs).
     encoder_convs: str = "cudnn"
+    #: GPU: phoneme-id lengths the encoder's graphs are captured for, ascending. A batch of new
+    #: requests is padded to the smallest one that holds its longest clause; the largest is the
+    #: longest clause accepted (longer ones are refused with an error). More sizes: less padding,
+    #: more graphs to capture at start-up (each fast lane: one per size and encoder batch).
+    phoneme_buckets: tuple[int, ...] = (32, 64, 128, 256, 512, 1024)
     #: Batching engine (GPU): a text of at most this many characters is phonemized on the event loop
     #: when the text thread is idle (espeak: ~0.4 ms for a 14-word sentence), saving two thread
     #: hand-offs; longer texts, or any while the thread is busy, go through the thread. 0: always the thread.
@@ -423,6 +428,9 @@ class TtsConfig:
     def __post_init__(self) -> None:
         if self.cudnn_benchmark_limit < 0:
             raise ConfigError(f"tts.cudnn_benchmark_limit must be >= 0 (0: every algorithm), got {self.cudnn_benchmark_limit}")
+        if not self.phoneme_buckets or any(b < 1 for b in self.phoneme_buckets) or \
+                list(self.phoneme_buckets) != sorted(set(self.phoneme_buckets)):
+            raise ConfigError(f"tts.phoneme_buckets must be ascending positive lengths, got {list(self.phoneme_buckets)}")
         if self.encoder_convs not in ("cudnn", "gemm"):
             raise ConfigError(f"tts.encoder_convs must be 'cudnn' or 'gemm', got {self.encoder_convs!r}")
         if not self.cudnn_benchmark_stages or not set(self.cudnn_benchmark_stages) <= {"encode", "decode"}:

@@ -135,6 +135,7 @@ class CudaTtsEngine:
             polyphase=tts.polyphase_upsampling,
             fused_blocks=tts.fused_blocks,
             encoder_convs=tts.encoder_convs,
+            phoneme_buckets=tts.phoneme_buckets,
             state_budget_mb=cfg.gpu.tts_state_budget_mb,
             encode_budget_mb=cfg.gpu.tts_encode_budget_mb,
             decode_budget_mb=cfg.gpu.tts_decode_budget_mb,
