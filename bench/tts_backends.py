@@ -32,7 +32,8 @@ def cuda_variant(args: argparse.Namespace, timing_tag: bool) -> str:
             + ("-polyphase" if getattr(args, "polyphase", False) else "")
             + ("-fused" if getattr(args, "fused_blocks", False) else "")
             + ("-gemmenc" if getattr(args, "encoder_convs", "cudnn") == "gemm" else "")
-            + (f"-ids{len(args.phoneme_buckets)}" if getattr(args, "phoneme_buckets", None) else ""))
+            + (f"-ids{len(args.phoneme_buckets)}" if getattr(args, "phoneme_buckets", None) else "")
+            + ("-fuseddp" if getattr(args, "fused_duration_predictor", False) else ""))
 
 
 class CudaBackend:
@@ -63,6 +64,7 @@ class CudaBackend:
             speculate_below=getattr(args, "speculate_below", 2), polyphase=getattr(args, "polyphase", False),
             fused_blocks=getattr(args, "fused_blocks", False), chunks_per_step=getattr(args, "chunks_per_step", 1),
             main_in_flight=getattr(args, "main_in_flight", 1), encoder_convs=getattr(args, "encoder_convs", "cudnn"),
+            fused_duration_predictor=getattr(args, "fused_duration_predictor", False),
             **({"phoneme_buckets": tuple(args.phoneme_buckets)} if getattr(args, "phoneme_buckets", None) else {}),
         )  # fmt: skip
         t0 = time.perf_counter()
@@ -85,7 +87,7 @@ class CudaBackend:
             "fast_lanes": fast_lanes, "speculate_frames": opts.speculate_frames, "speculate_below": opts.speculate_below,
             "polyphase": opts.polyphase, "fused_blocks": opts.fused_blocks, "chunks_per_step": opts.chunks_per_step,
             "main_in_flight": opts.main_in_flight, "encoder_convs": opts.encoder_convs,
-            "phoneme_buckets": list(opts.phoneme_buckets),
+            "phoneme_buckets": list(opts.phoneme_buckets), "fused_duration_predictor": opts.fused_duration_predictor,
             "decode_batches": len(opts.decode_batches),
             "precision": args.precision, "max_batch": args.max_batch,
         }  # fmt: skip

@@ -257,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--main-in-flight", type=int, default=1, help="tts.main_in_flight: main-lane launches queued at once")
     p.add_argument("--encoder-convs", choices=("cudnn", "gemm"), default="cudnn",
                    help="tts.encoder_convs: the fp32 encoder's convolutions through cuDNN or as cuBLAS products")
+    p.add_argument("--fused-duration-predictor", action="store_true",
+                   help="tts.fused_duration_predictor: the duration predictor's layers and splines as fused Triton kernels")
     p.add_argument("--phoneme-buckets", type=int, nargs="+",
                    help="tts.phoneme_buckets: phoneme-id lengths of the encoder's graphs (default: the engine's)")
     p.add_argument("--gpu-profile", type=float, default=0.0, metavar="SECONDS",

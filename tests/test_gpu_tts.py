@@ -267,6 +267,48 @@ def test_gpu_polyphase_and_fused_blocks_keep_the_audio(model, voice_path):
         assert snr_fast >= LOW_PRECISION_MIN_SNR_DB["fp16"] and snr_fast >= snr_plain - 1.0
 
 
+def test_gpu_fused_duration_predictor_keeps_durations_and_audio(model, voice_path):
+    """``tts.fused_duration_predictor``: the voice's duration predictor with fused Triton kernels gives
+    the same frames per phoneme as PyTorch's for 40 sentences in one padded batch with noise (``noise_w``
+    0.8), and the engine (fp32, cuBLAS encoder convolutions) speaks each sentence as the whole-utterance
+    run does (same length, within 3 int16 steps)."""
+    import copy
+
+    from tts_engine.engine import SynthesisOptions
+    from tts_engine.torch_vits import fused_duration
+    from voxloop.errors import ConfigError
+
+    if running_allocator() != "native":  # conftest's default: the engine refuses, so run this in a native process
+        with pytest.raises(ConfigError, match="native"):
+            engine(voice_path, "fp32", fused_duration_predictor=True)
+        run_with_native_allocator("test_gpu_fused_duration_predictor_keeps_durations_and_audio")
+        return
+    ids = bench_ids(40)
+    lengths = torch.tensor([len(i) for i in ids], device="cuda")
+    padded = torch.zeros(len(ids), int(lengths.max()), dtype=torch.long, device="cuda")
+    for row, i in enumerate(ids):
+        padded[row, : len(i)] = torch.tensor(i)
+    noise = torch.randn(len(ids), 2, padded.shape[1], device="cuda", generator=torch.Generator("cuda").manual_seed(3))
+    scales = torch.full((len(ids),), 0.8, device="cuda"), torch.ones(len(ids), device="cuda")
+    fused = copy.deepcopy(model)
+    assert fused_duration.use_fused_duration_predictor(fused.dp) == 4
+    with torch.inference_mode():
+        x, _, _, mask = model.encode(padded, lengths)
+        want, got = (m.durations(x, mask, *scales, noise=noise) for m in (model, fused))
+    assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
+
+    eng = engine(voice_path, "fp32", encoder_convs="gemm", fused_duration_predictor=True)
+    quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
+    try:
+        for ids_one in bench_ids(6):
+            audio = np.concatenate([c.pcm for c in eng.submit(ids_one, quiet)]).astype(np.int32)
+            ref = np.clip(whole(model, ids_one) * 32767, -32767, 32767).astype(np.int32)
+            assert audio.shape == ref.shape
+            assert np.abs(audio - ref).max() <= 3
+    finally:
+        eng.close()
+
+
 def test_gpu_cancel_frees_slot(voice_path):
     eng = engine(voice_path, "fp16", max_batch=2, chunk_frames=16, tail_chunk_frames=16)
     try:

@@ -1,0 +1,116 @@
+"""Fused Triton kernels of the duration predictor (``tts_engine/torch_vits/fused_duration.py``)
+against ``duration.py``.
+
+On a machine without CUDA the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, read
+when Triton compiles, hence a fresh process), float32: a small random predictor with padded rows
+(every tap, dilation, LayerNorm, GELU, mask and spline bin), and the voice's own predictor on
+bench sentences, whose frames per phoneme must not change. Skipped where Triton is not installed
+(PyTorch's CPU builds do not bring it). The same kernels on a GPU, inside the engine:
+``tests/test_gpu_tts.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+RANDOM = r"""
+import copy, json, sys
+import torch
+from tts_engine.torch_vits import fused_duration
+from tts_engine.torch_vits.duration import StochasticDurationPredictor
+from tts_engine.torch_vits.gemm_conv import use_gemm_convs
+
+torch.manual_seed(0)
+dp = StochasticDurationPredictor(24, 20, 3, n_flows=4).eval()  # 20 channels: not a power of two
+for p in dp.parameters():
+    p.data.normal_(0, 0.3)
+if sys.argv[1] == "gemm":
+    use_gemm_convs(dp)
+x = torch.randn(3, 24, 37)
+mask = torch.ones(3, 1, 37)
+mask[1, :, 20:] = 0
+mask[2, :, 5:] = 0
+noise = torch.randn(3, 2, 37) * 2.0  # wide enough that some values fall outside the spline's bound
+with torch.inference_mode():
+    want = dp(x, mask, noise)
+    unmasked = dp(x, torch.ones_like(mask), noise)
+    fused = copy.deepcopy(dp)
+    swapped = fused_duration.use_fused_duration_predictor(fused)
+    got = fused(x, mask, noise)
+print(json.dumps({"available": fused_duration.available(), "swapped": swapped,
+                  "diff": float((got - want).abs().max()), "peak": float(want.abs().max()),
+                  "masked_matters": float(((unmasked - want) * mask).abs().max()),
+                  "outside": float((noise.abs() > 5.0).float().mean())}))
+"""
+
+VOICE = r"""
+import copy, json
+import torch
+from bench.harness import load_sentences
+from tts_engine.torch_vits import fused_duration
+from tts_engine.torch_vits.weights import load_vits
+from voxloop import models
+from voxloop.config import load_config
+
+model = load_vits(models.resolve_voice(load_config(None, [], environ={})).path)
+ids = [s["ids"] for s in load_sentences()[:10]]
+lengths = torch.tensor([len(i) for i in ids])
+padded = torch.zeros(len(ids), int(lengths.max()), dtype=torch.long)
+for row, i in enumerate(ids):
+    padded[row, : len(i)] = torch.tensor(i)
+noise = torch.randn(len(ids), 2, padded.shape[1], generator=torch.Generator().manual_seed(3))
+scales = torch.full((len(ids),), 0.8), torch.ones(len(ids))
+fused = copy.deepcopy(model)
+fused_duration.use_fused_duration_predictor(fused.dp)
+with torch.inference_mode():
+    x, _, _, mask = model.encode(padded, lengths)
+    (w_a, f_a), (w_b, f_b) = (m.durations(x, mask, *scales, noise=noise) for m in (model, fused))
+print(json.dumps({"phonemes": int(mask.sum()), "flips": int((w_a != w_b).sum()),
+                  "frames_equal": bool(torch.equal(f_a, f_b))}))
+"""
+
+
+def interpret(script: str, *args: str) -> dict:
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path, "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True,
+                          timeout=900, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("convs", ["conv1d", "gemm"])
+def test_fused_duration_predictor_computes_what_pytorch_computes(convs):
+    r = interpret(RANDOM, convs)
+    assert r["available"] and r["swapped"] == 4
+    assert r["peak"] > 1.0 and r["masked_matters"] > 1e-3 and r["outside"] > 0  # the check can see a wrong mask / tail
+    assert r["diff"] < 1e-4 * r["peak"], r
+
+
+@pytest.mark.slow
+def test_fused_duration_predictor_keeps_the_voices_durations():
+    r = interpret(VOICE)
+    assert r["phonemes"] > 1000
+    assert r["flips"] == 0 and r["frames_equal"], r
+
+
+def test_fused_duration_predictor_refuses_what_it_does_not_compute():
+    from tts_engine.torch_vits import fused_duration
+    from tts_engine.torch_vits.duration import StochasticDurationPredictor
+
+    dp = StochasticDurationPredictor(8, 8, 3, n_flows=2)
+    dp.flows[-2].half_channels = 2  # a coupling layer of two channels per half
+    with pytest.raises(ValueError, match="one channel per half"):
+        fused_duration.use_fused_duration_predictor(dp)
