@@ -118,6 +118,20 @@ def test_gemm_conv_refuses_what_it_does_not_compute(conv):
         GemmConv1d(conv)
 
 
+def test_relative_position_indices_are_built_once_per_length(monkeypatch):
+    """The attention's relative-position indices are constants of a length: kept after the first
+    launch, equal to fresh ones; rebuilt (not kept) while exporting to ONNX, where lengths are symbolic."""
+    from tts_engine.torch_vits import text_encoder
+
+    first = text_encoder._relative_indices(23, 4, torch.device("cpu"))
+    assert text_encoder._relative_indices(23, 4, torch.device("cpu")) is first
+    fresh = (*text_encoder._band_indices(23, 4, torch.device("cpu")), *text_encoder._offset_indices(23, 4, torch.device("cpu")))
+    assert all(torch.equal(a, b) for a, b in zip(first, fresh))
+    monkeypatch.setattr(torch.onnx, "is_in_onnx_export", lambda: True)
+    exported = text_encoder._relative_indices(29, 4, torch.device("cpu"))
+    assert (29, 4, "cpu") not in text_encoder._RELATIVE_INDICES and exported[0].shape == (29, 29)
+
+
 @pytest.mark.slow
 def test_gemm_encoder_keeps_the_voices_durations(model):
     """The voice's text encoder and stochastic duration predictor with ``use_gemm_convs`` (fp32,

@@ -10,6 +10,7 @@ posterior flows used only in training are not built.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -113,16 +114,15 @@ class ConvFlow(nn.Module):
         self.pre = nn.Conv1d(self.half_channels, filter_channels, 1)
         self.convs = DDSConv(filter_channels, kernel_size, n_layers)
         self.proj = nn.Conv1d(filter_channels, self.half_channels * (num_bins * 3 - 1), 1)
-        #: The spline and output as one Triton kernel (``fused_duration.use_fused_duration_predictor``).
-        self.fused_spline = False
+        #: ``fused_duration.spline_coupling`` once ``use_fused_duration_predictor`` turned it on:
+        #: (flow, x, unmasked projection, mask) -> the layer's output.
+        self.fused_spline: Callable[..., torch.Tensor] | None = None
 
     def reverse(self, x: torch.Tensor, mask: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         x0, x1 = torch.split(x, [self.half_channels] * 2, 1)
         h = self.proj(self.convs(self.pre(x0), mask, g=g))
-        if self.fused_spline:  # the rest in one Triton kernel (fused_duration.py)
-            from tts_engine.torch_vits.fused_duration import spline_coupling
-
-            return spline_coupling(self, x, h, mask)
+        if self.fused_spline is not None:  # the rest in one Triton kernel (fused_duration.py)
+            return self.fused_spline(self, x, h, mask)
         h = h * mask
         b, c, t = x0.shape
         h = h.reshape(b, c, -1, t).permute(0, 1, 3, 2)  # [B, c, T, 3K-1]

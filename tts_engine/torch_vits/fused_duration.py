@@ -233,5 +233,5 @@ def use_fused_duration_predictor(dp: nn.Module) -> int:
             parent.convs = FusedDDSConv(parent.convs)
             swapped += 1
     for flow in flows:
-        flow.fused_spline = True
+        flow.fused_spline = spline_coupling
     return swapped

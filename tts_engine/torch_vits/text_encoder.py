@@ -42,6 +42,27 @@ def _offset_indices(length: int, window: int, device: torch.device) -> tuple[tor
     return pos.clamp(0, length - 1), (pos >= 0) & (pos < length)
 
 
+#: Relative-position index tensors per (length, window, device): constants of a shape, built once
+#: instead of in every encoder launch (a dozen small kernels per layer).
+_RELATIVE_INDICES: dict[tuple[int, int, str], tuple[torch.Tensor, ...]] = {}
+
+
+def _relative_indices(length: int, window: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """``_band_indices`` and ``_offset_indices`` of one length, kept (not while exporting to ONNX or
+    compiling, where the length is symbolic, nor while a CUDA graph is captured)."""
+    key = (length, window, str(device))
+    kept = _RELATIVE_INDICES.get(key)
+    if kept is not None:
+        return kept
+    symbolic = torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling()
+    if symbolic or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return (*_band_indices(length, window, device), *_offset_indices(length, window, device))
+    with torch.inference_mode(False), torch.no_grad():  # plain tensors, usable in any mode
+        kept = (*_band_indices(length, window, device), *_offset_indices(length, window, device))
+    _RELATIVE_INDICES[key] = kept
+    return kept
+
+
 class RelativeSelfAttention(nn.Module):
     """Multi-head self-attention with relative key/value embeddings shared by the heads.
 
@@ -65,20 +86,19 @@ class RelativeSelfAttention(nn.Module):
         b, _, t = x.shape
         return x.view(b, self.n_heads, self.k_channels, t).transpose(2, 3)  # [B, H, T, D]
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
-        """``x`` [B, C, T]; ``attn_mask`` [B, 1, T, T] (0 = masked)."""
+    def forward(self, x: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+        """``x`` [B, C, T]; ``masked`` [B, 1, T, T] bool (True: no attention)."""
         b, c, t = x.shape
         w = self.window_size
         q = self._heads(self.conv_q(x)) / math.sqrt(self.k_channels)
         k, v = self._heads(self.conv_k(x)), self._heads(self.conv_v(x))
         scores = q @ k.transpose(-2, -1)
         rel_logits = q @ self.emb_rel_k[0].transpose(0, 1)  # [B, H, T, 2w+1]
-        band_idx, band = _band_indices(t, w, x.device)
+        band_idx, band, key_idx, key_ok = _relative_indices(t, w, x.device)
         scores = scores + torch.gather(rel_logits, 3, band_idx.expand(b, self.n_heads, t, t)) * band
-        scores = scores.masked_fill(attn_mask == 0, -1e4)
+        scores = scores.masked_fill(masked, -1e4)
         p_attn = torch.softmax(scores, dim=-1)
         out = p_attn @ v
-        key_idx, key_ok = _offset_indices(t, w, x.device)
         rel_weights = torch.gather(p_attn, 3, key_idx.expand(b, self.n_heads, t, 2 * w + 1)) * key_ok
         out = out + rel_weights @ self.emb_rel_v[0]
         return self.conv_o(out.transpose(2, 3).reshape(b, c, t))
@@ -111,11 +131,11 @@ class Encoder(nn.Module):
         self.norm_layers_2 = nn.ModuleList(ChannelLayerNorm(channels) for _ in range(n_layers))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        attn_mask = mask.unsqueeze(2) * mask.unsqueeze(-1)
+        masked = (mask.unsqueeze(2) * mask.unsqueeze(-1)) == 0  # [B, 1, T, T]
         x = x * mask
         layers = zip(self.attn_layers, self.norm_layers_1, self.ffn_layers, self.norm_layers_2)
         for attn, norm_1, ffn, norm_2 in layers:
-            x = norm_1(x + attn(x, attn_mask))
+            x = norm_1(x + attn(x, masked))
             x = norm_2(x + ffn(x, mask))
         return x * mask
 
