@@ -42,7 +42,9 @@ x = torch.randn(3, 24, 37)
 mask = torch.ones(3, 1, 37)
 mask[1, :, 20:] = 0
 mask[2, :, 5:] = 0
-noise = torch.randn(3, 2, 37) * 2.0  # wide enough that some values fall outside the spline's bound
+# wide enough that some values fall outside the spline's bound; laid out time-major (as noise drawn
+# like a slice of the states can be): the kernels must not assume their inputs' layout
+noise = torch.randn(3, 37, 2).transpose(1, 2) * 2.0
 with torch.inference_mode():
     want = dp(x, mask, noise)
     unmasked = dp(x, torch.ones_like(mask), noise)

@@ -194,11 +194,11 @@ class FusedDDSConv(nn.Module):
         grid = (triton.cdiv(length, BLOCK_T), batch)
         block_c = triton.next_power_of_2(channels)
         for i, (w_sep, b_sep, kernel, dil, g1, be1, eps1, w_1x1, b_1x1, g2, be2, eps2) in enumerate(self.layers):
-            y = torch.empty_like(x)
+            y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
             _sep_ln_gelu[grid](x, mask, w_sep, b_sep, g1, be1, y, length, eps1, C=channels, BLOCK_C=block_c,
                                K=kernel, DIL=dil, BLOCK=BLOCK_T, num_warps=8)  # fmt: skip
-            z = torch.matmul(w_1x1, y)
-            out = torch.empty_like(x)
+            z = torch.matmul(w_1x1, y).contiguous()
+            out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
             _bias_ln_gelu_add[grid](z, b_1x1, g2, be2, x, mask, out, length, eps2, C=channels, BLOCK_C=block_c,
                                     BLOCK=BLOCK_T, MASK_OUT=i == len(self.layers) - 1, num_warps=8)  # fmt: skip
             x = out
@@ -208,12 +208,13 @@ class FusedDDSConv(nn.Module):
 def spline_coupling(flow: ConvFlow, x: torch.Tensor, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``ConvFlow.reverse``'s spline and output for ``x`` [B, 2, T] and its unmasked projection ``h``
     [B, 3K-1, T] (``num_bins`` K): ``cat(x0, spline^-1(x1)) * mask``."""
+    x = x.contiguous()  # the flow's input may come in any layout (e.g. noise drawn like a slice of the states)
     batch, _, length = x.shape
     k = flow.num_bins
-    out = torch.empty_like(x)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # contiguous, whatever x's layout was
     tail = math.log(math.exp(1 - MIN_DERIVATIVE) - 1)
     _spline_inverse[(triton.cdiv(length, SPLINE_BLOCK_T), batch)](
-        h.contiguous(), x.contiguous(), mask.contiguous(), out, length, math.sqrt(flow.filter_channels),
+        h.contiguous(), x, mask.contiguous(), out, length, math.sqrt(flow.filter_channels),
         float(flow.tail_bound), MIN_BIN_WIDTH, 1 - MIN_BIN_WIDTH * k, MIN_BIN_HEIGHT, 1 - MIN_BIN_HEIGHT * k,
         MIN_DERIVATIVE, tail, _EDGE_EPS, K=k, BLOCK_K=triton.next_power_of_2(k + 1), BLOCK=SPLINE_BLOCK_T,
     )  # fmt: skip
