@@ -116,7 +116,7 @@ def test_gpu_tts_start_up_settings_are_checked():
     with pytest.raises(ConfigError, match=r"tts\.encoder_convs"):
         load_config(None, ["tts.encoder_convs=cublas"], environ={})
     assert load_config(None, ["tts.encoder_convs=gemm"], environ={}).tts.encoder_convs == "gemm"
-    for bad in ("", "64,32", "0,32", "32,32"):
+    for bad in ("", "64,32", "0,32", "32,32", "1024,8192"):
         with pytest.raises(ConfigError, match=r"tts\.phoneme_buckets"):
             load_config(None, [f"tts.phoneme_buckets={bad}"], environ={})
     assert load_config(None, ["tts.phoneme_buckets=32,48,64"], environ={}).tts.phoneme_buckets == (32, 48, 64)

@@ -433,8 +433,9 @@ class TtsConfig:
         if self.cudnn_benchmark_limit < 0:
             raise ConfigError(f"tts.cudnn_benchmark_limit must be >= 0 (0: every algorithm), got {self.cudnn_benchmark_limit}")
         if not self.phoneme_buckets or any(b < 1 for b in self.phoneme_buckets) or \
-                list(self.phoneme_buckets) != sorted(set(self.phoneme_buckets)):
-            raise ConfigError(f"tts.phoneme_buckets must be ascending positive lengths, got {list(self.phoneme_buckets)}")
+                list(self.phoneme_buckets) != sorted(set(self.phoneme_buckets)) or self.phoneme_buckets[-1] > 4096:
+            raise ConfigError("tts.phoneme_buckets must be ascending positive lengths up to 4096 (the encoder's attention "
+                              f"grows with the square of the length), got {list(self.phoneme_buckets)}")  # fmt: skip
         if self.encoder_convs not in ("cudnn", "gemm"):
             raise ConfigError(f"tts.encoder_convs must be 'cudnn' or 'gemm', got {self.encoder_convs!r}")
         if not self.cudnn_benchmark_stages or not set(self.cudnn_benchmark_stages) <= {"encode", "decode"}:

@@ -50,12 +50,13 @@ _RELATIVE_INDICES: dict[tuple[int, int, str], tuple[torch.Tensor, ...]] = {}
 def _relative_indices(length: int, window: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     """``_band_indices`` and ``_offset_indices`` of one length, kept (not while exporting to ONNX or
     compiling, where the length is symbolic, nor while a CUDA graph is captured)."""
+    if torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling():  # before the lookup: no guard on the length
+        return (*_band_indices(length, window, device), *_offset_indices(length, window, device))
     key = (length, window, str(device))
     kept = _RELATIVE_INDICES.get(key)
     if kept is not None:
         return kept
-    symbolic = torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling()
-    if symbolic or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return (*_band_indices(length, window, device), *_offset_indices(length, window, device))
     with torch.inference_mode(False), torch.no_grad():  # plain tensors, usable in any mode
         kept = (*_band_indices(length, window, device), *_offset_indices(length, window, device))
