@@ -27,6 +27,7 @@ import torch
 from bench.gpu_steps import fill_slots, timed
 from bench.harness import add_common_arguments, common_arguments, gpu_name, load_sentences, result_path, write_json
 from tts_engine.torch_vits.chunked import decode_windows, gather_windows
+from tts_engine.torch_vits.model import pad_ids
 from tts_engine.torch_vits.runner import RunnerOptions, StepRunner
 from tts_engine.torch_vits.weights import load_vits
 
@@ -221,11 +222,7 @@ def main() -> int:
             print(json.dumps(row), flush=True)
         if not args.no_compile and time.perf_counter() - t_start < args.budget_s:
             b, t = 8, 256
-            ids = torch.zeros(b, t, dtype=torch.long, device="cuda")
-            lengths = torch.zeros(b, dtype=torch.long, device="cuda")
-            for i in range(b):
-                ids[i, : len(sentences[i])] = torch.tensor(sentences[i])
-                lengths[i] = len(sentences[i])
+            ids, lengths = pad_ids(sentences[:b], t, device="cuda")
             scales = torch.tensor([[0.667, 1.0, 0.8]] * b, device="cuda")
 
             def encode(ids, lengths, scales):

@@ -25,6 +25,7 @@ import torch
 from bench.gpu_steps import decode_one, fill_slots, timed
 from bench.harness import add_common_arguments, common_arguments, load_sentences, result_path, write_json
 from tts_engine.torch_vits.chunked import decode_windows, gather_windows
+from tts_engine.torch_vits.model import pad_ids
 from tts_engine.torch_vits.runner import RunnerOptions, StepRunner
 from tts_engine.torch_vits.weights import load_vits
 
@@ -81,12 +82,7 @@ def profile_runner(model, precision: str, chunk: int, tail: int, batches: list[i
     for (b, t, lane), step in sorted(runner._encode_steps.items()):
         if lane != "fast":  # the same graphs again on another fast lane
             continue
-        ids = torch.zeros(b, t, dtype=torch.long)
-        lengths = torch.zeros(b, dtype=torch.long)
-        for i in range(b):
-            s = sentences[i % len(sentences)]
-            ids[i, : len(s)] = torch.tensor(s)
-            lengths[i] = len(s)
+        ids, lengths = pad_ids([sentences[i % len(sentences)] for i in range(b)], t)
         step.inputs[0].copy_(ids)
         step.inputs[1].copy_(lengths)
         step.inputs[2].copy_(torch.tensor([[0.667, 1.0, 0.8]] * b))

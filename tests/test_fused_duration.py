@@ -62,16 +62,14 @@ import copy, json
 import torch
 from bench.harness import load_sentences
 from tts_engine.torch_vits import fused_duration
+from tts_engine.torch_vits.model import pad_ids
 from tts_engine.torch_vits.weights import load_vits
 from voxloop import models
 from voxloop.config import load_config
 
 model = load_vits(models.resolve_voice(load_config(None, [], environ={})).path)
 ids = [s["ids"] for s in load_sentences()[:10]]
-lengths = torch.tensor([len(i) for i in ids])
-padded = torch.zeros(len(ids), int(lengths.max()), dtype=torch.long)
-for row, i in enumerate(ids):
-    padded[row, : len(i)] = torch.tensor(i)
+padded, lengths = pad_ids(ids)
 noise = torch.randn(len(ids), 2, padded.shape[1], generator=torch.Generator().manual_seed(3))
 scales = torch.full((len(ids),), 0.8), torch.ones(len(ids))
 fused = copy.deepcopy(model)

@@ -276,6 +276,7 @@ def test_gpu_fused_duration_predictor_keeps_durations_and_audio(model, voice_pat
 
     from tts_engine.engine import SynthesisOptions
     from tts_engine.torch_vits import fused_duration
+    from tts_engine.torch_vits.model import pad_ids
     from voxloop.errors import ConfigError
 
     if running_allocator() != "native":  # conftest's default: the engine refuses, so run this in a native process
@@ -284,10 +285,7 @@ def test_gpu_fused_duration_predictor_keeps_durations_and_audio(model, voice_pat
         run_with_native_allocator("test_gpu_fused_duration_predictor_keeps_durations_and_audio")
         return
     ids = bench_ids(40)
-    lengths = torch.tensor([len(i) for i in ids], device="cuda")
-    padded = torch.zeros(len(ids), int(lengths.max()), dtype=torch.long, device="cuda")
-    for row, i in enumerate(ids):
-        padded[row, : len(i)] = torch.tensor(i)
+    padded, lengths = pad_ids(ids, device="cuda")
     noise = torch.randn(len(ids), 2, padded.shape[1], device="cuda", generator=torch.Generator("cuda").manual_seed(3))
     scales = torch.full((len(ids),), 0.8, device="cuda"), torch.ones(len(ids), device="cuda")
     fused = copy.deepcopy(model)

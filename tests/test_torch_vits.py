@@ -21,7 +21,7 @@ from bench.tts_backends import scheduler_breakdown, scheduler_counters  # noqa: 
 from tts_engine.engine import SynthesisOptions  # noqa: E402
 from tts_engine.torch_vits import chunked  # noqa: E402
 from tts_engine.torch_vits.gemm_conv import GemmConv1d, use_gemm_convs  # noqa: E402
-from tts_engine.torch_vits.model import Vits, VitsConfig  # noqa: E402
+from tts_engine.torch_vits.model import Vits, VitsConfig, pad_ids  # noqa: E402
 from tts_engine.torch_vits.runner import RunnerOptions, StepRunner, bucket_for  # noqa: E402
 from tts_engine.torch_vits.scheduler import BatchScheduler, Scales  # noqa: E402
 from tts_engine.torch_vits.weights import load_vits, save_checkpoint, state_dict_from_checkpoint  # noqa: E402
@@ -85,10 +85,7 @@ def test_parity_with_onnxruntime(model, voice_path, length_scale):
 @pytest.mark.slow
 def test_batched_infer_equals_single(model):
     ids = bench_ids(2)
-    lengths = torch.tensor([len(i) for i in ids])
-    padded = torch.zeros(2, int(lengths.max()), dtype=torch.long)
-    for row, i in enumerate(ids):
-        padded[row, : len(i)] = torch.tensor(i)
+    padded, lengths = pad_ids(ids)
     batch, samples = model.infer(padded, lengths, 0.0, 1.0, 0.0)
     for row, i in enumerate(ids):
         single, n = model.infer(torch.tensor([i]), torch.tensor([len(i)]), 0.0, 1.0, 0.0)
@@ -144,10 +141,7 @@ def test_gemm_encoder_keeps_the_voices_durations(model):
     assert use_gemm_convs(gemm.enc_p) + use_gemm_convs(gemm.dp) == convs > 30
     assert not any(isinstance(m, torch.nn.Conv1d) for part in (gemm.enc_p, gemm.dp) for m in part.modules())
     ids = bench_ids(40)
-    lengths = torch.tensor([len(i) for i in ids])
-    padded = torch.zeros(len(ids), int(lengths.max()), dtype=torch.long)
-    for row, i in enumerate(ids):
-        padded[row, : len(i)] = torch.tensor(i)
+    padded, lengths = pad_ids(ids)
     noise = torch.randn(len(ids), 2, padded.shape[1], generator=torch.Generator().manual_seed(3))
     scales = torch.full((len(ids),), 0.8), torch.ones(len(ids))
     with torch.inference_mode():

@@ -15,6 +15,7 @@ the voice's rate. Weights: ``weights.py`` (from a Piper ``.onnx`` or a checkpoin
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -68,6 +69,17 @@ class VitsConfig:
     def hop_length(self) -> int:
         """Audio samples per latent frame."""
         return math.prod(self.upsample_rates)
+
+
+def pad_ids(sequences: Sequence[Sequence[int]], length: int | None = None,
+            device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Phoneme-id sequences as one zero-padded batch: ``ids`` [B, length or the longest] int64 and
+    ``lengths`` [B] int64, on ``device`` (what ``Vits.encode`` and ``infer`` take)."""
+    lengths = torch.tensor([len(s) for s in sequences], dtype=torch.long)
+    ids = torch.zeros(len(sequences), length or int(lengths.max()), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+    return ids.to(device), lengths.to(device)
 
 
 class Vits(nn.Module):
