@@ -57,6 +57,7 @@ from bench.harness import (
 )  # fmt: skip
 from bench.gpu_timeline import profile_kernels
 from bench.tts_backends import CudaBackend, OnnxBackend, OnnxStreamBackend, scheduler_breakdown, scheduler_counters
+from voxloop.config import ENCODER_CONVS
 
 #: Engine-mode rows: clients are threads in the bench process calling the engine; audio stays int16 at
 #: the voice's rate (no resampling, no serialization, no socket).
@@ -255,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunks-per-step", type=int, default=1,
                    help="tts.chunks_per_step: later chunks of a request per scheduler step (0: all it has left)")
     p.add_argument("--main-in-flight", type=int, default=1, help="tts.main_in_flight: main-lane launches queued at once")
-    p.add_argument("--encoder-convs", choices=("cudnn", "gemm"), default="cudnn",
+    p.add_argument("--encoder-convs", choices=ENCODER_CONVS, default="cudnn",
                    help="tts.encoder_convs: the fp32 encoder's convolutions through cuDNN or as cuBLAS products")
     p.add_argument("--fused-duration-predictor", action="store_true",
                    help="tts.fused_duration_predictor: the duration predictor's layers and splines as fused Triton kernels")

@@ -29,6 +29,8 @@ ENV_PREFIX = "VOXLOOP_"
 STAGES = ("asr", "llm", "tts")
 #: Most main-lane launches of the GPU TTS engine queued at once (``tts.main_in_flight``).
 MAX_MAIN_IN_FLIGHT = 4
+#: ``tts.encoder_convs`` values: the fp32 encoder's convolutions through cuDNN or as cuBLAS products.
+ENCODER_CONVS = ("cudnn", "gemm")
 #: What ``server.allowed_origins`` entries look like (besides ``*``): no path, query or user.
 _ORIGIN = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[^\s/?#@:\[\]]+)(:\d{1,5})?", re.IGNORECASE)
 
@@ -436,8 +438,8 @@ class TtsConfig:
                 list(self.phoneme_buckets) != sorted(set(self.phoneme_buckets)) or self.phoneme_buckets[-1] > 4096:
             raise ConfigError("tts.phoneme_buckets must be ascending positive lengths up to 4096 (the encoder's attention "
                               f"grows with the square of the length), got {list(self.phoneme_buckets)}")  # fmt: skip
-        if self.encoder_convs not in ("cudnn", "gemm"):
-            raise ConfigError(f"tts.encoder_convs must be 'cudnn' or 'gemm', got {self.encoder_convs!r}")
+        if self.encoder_convs not in ENCODER_CONVS:
+            raise ConfigError(f"tts.encoder_convs must be one of {', '.join(ENCODER_CONVS)}, got {self.encoder_convs!r}")
         if not self.cudnn_benchmark_stages or not set(self.cudnn_benchmark_stages) <= {"encode", "decode"}:
             raise ConfigError("tts.cudnn_benchmark_stages must name one or both of 'encode', 'decode' (no timing: "
                               f"tts.cudnn_benchmark = false), got {list(self.cudnn_benchmark_stages)}")  # fmt: skip

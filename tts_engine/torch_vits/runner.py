@@ -42,7 +42,7 @@ from tts_engine.torch_vits.chunked import ChunkGeometry, decode_windows, gather_
 from tts_engine.torch_vits.gemm_conv import use_gemm_convs
 from tts_engine.torch_vits.gpu_memory import GpuMemory
 from tts_engine.torch_vits.model import Vits
-from voxloop.config import MAX_MAIN_IN_FLIGHT
+from voxloop.config import ENCODER_CONVS, MAX_MAIN_IN_FLIGHT
 from voxloop.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -60,8 +60,6 @@ FAST_LANE_MODES = ("overlap", "exclusive", "off")
 #: Float dtype of flow + decoder per precision; "int8": int8 decoder convolutions (``int8.py``), the rest fp16
 #: (float32 on CPU).
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float16}
-#: ``RunnerOptions.encoder_convs`` values.
-ENCODER_CONVS = ("cudnn", "gemm")
 
 
 @dataclass(frozen=True)
