@@ -6,7 +6,9 @@ encoder step, compares a CUDA graph of the eager code with a CUDA graph of the
 ``torch.compile``d code (Inductor fuses the elementwise chains between convolutions):
 compile seconds, step ms (CUDA events, median), max abs difference. Inputs are real
 utterances. ``--fused`` adds the decoder with fused residual blocks, ``--polyphase`` the one whose
-upsampling runs as ``PolyphaseUp`` (and with both, both; each eager and compiled); ``--tiles`` times one residual step (dilated convolution,
+upsampling runs as ``PolyphaseUp`` (and with both, both; each eager and compiled),
+``--fused-upsampling`` both plus the fused input, upsampling and output convolutions
+(``fused_upsample``; ``--row-tiles``: in other tile shapes too); ``--tiles`` times one residual step (dilated convolution,
 activation, mask, bias, residual) per channel count, cuDNN + PyTorch's pointwise ops against the
 fused kernel in each tile shape. Writes ``<out>/tts_gpu_experiments-<hardware>-<date>.json``. Example::
 
@@ -155,6 +157,11 @@ def main() -> int:
     p.add_argument("--no-compile", action="store_true", help="skip the compiled rows (and the encoder)")
     p.add_argument("--fused", action="store_true", help="add the decoder with fused Triton residual blocks")
     p.add_argument("--polyphase", action="store_true", help="add the decoder with polyphase upsampling (and both)")
+    p.add_argument("--fused-upsampling", action="store_true",
+                   help="add the decoder with fused blocks, polyphase and fused input/upsampling/output convolutions")
+    p.add_argument("--row-tiles", nargs="+", default=[], metavar="RxMxW",
+                   help="with --fused-upsampling: also time it with these (BLOCK_R, BLOCK_M, num_warps) of "
+                        "fused_upsample's row kernel, e.g. 64x64x4 (default: its ROW_TILES)")
     p.add_argument("--tiles", action="store_true", help="time one residual step per channel count and tile shape")
     p.add_argument("--profile", action="store_true",
                    help="per shape: GPU time by kernel of the eager decoder (and the fused one with --fused)")
@@ -175,13 +182,21 @@ def main() -> int:
     synth = runner.synth_model
     rows = tile_rows(synth) if args.tiles else []
     torch._dynamo.config.cache_size_limit = 64
-    variants = [("eager", False, False)]  # (name, fused blocks, polyphase upsampling)
+    from tts_engine.torch_vits import fused_upsample
+
+    default_tiles = fused_upsample.ROW_TILES
+    # (name, fused blocks, polyphase upsampling, fused upsampling tiles or None)
+    variants = [("eager", False, False, None)]
     if args.fused:
-        variants.append(("fused", True, False))
+        variants.append(("fused", True, False, None))
     if args.polyphase:
-        variants.append(("polyphase", False, True))
-    if args.fused and args.polyphase:
-        variants.append(("fused_polyphase", True, True))
+        variants.append(("polyphase", False, True, None))
+    if args.fused and args.polyphase or args.fused_upsampling:
+        variants.append(("fused_polyphase", True, True, None))
+    if args.fused_upsampling:
+        variants.append(("fused_up", True, True, default_tiles))
+        for spec in args.row_tiles:
+            variants.append((f"fused_up_{spec}", True, True, tuple(int(v) for v in spec.split("x"))))
     with torch.inference_mode():
         for shape in args.shapes.split(","):
             if time.perf_counter() - t_start > args.budget_s:
@@ -193,9 +208,12 @@ def main() -> int:
             z, mask = z.half(), mask.half()
             row = {"what": "decode", "chunk": chunk, "batch": b}
             out_eager = None
-            for name, fused, poly in variants:
+            for name, fused, poly, up_tiles in variants:
                 synth.dec.use_fused_blocks(fused)
                 synth.dec.use_polyphase(poly)
+                if up_tiles is not None:
+                    fused_upsample.ROW_TILES = up_tiles
+                    synth.dec.use_fused_upsampling()
                 try:
                     g, out = graphed(lambda: decode_windows(synth, z, mask, geo))
                     row[f"{name}_graph_ms"] = round(timed(g.replay, 20), 3)
@@ -218,6 +236,8 @@ def main() -> int:
                 finally:
                     synth.dec.use_fused_blocks(False)
                     synth.dec.use_polyphase(False)
+                    synth.dec.use_fused_upsampling(False)
+                    fused_upsample.ROW_TILES = default_tiles
             rows.append(row)
             print(json.dumps(row), flush=True)
         if not args.no_compile and time.perf_counter() - t_start < args.budget_s:

@@ -388,6 +388,10 @@ class TtsConfig:
     #: GPU, fp16/bf16: the decoder's residual blocks as fused Triton kernels (activation, mask,
     #: dilated convolution, bias, residual and the mean over blocks in one pass per convolution).
     fused_blocks: bool = False
+    #: GPU, fp16/bf16: the decoder's input convolution, upsampling layers (polyphase form, with the
+    #: leaky ReLU and mask before each) and output convolution + tanh as fused Triton kernels: one
+    #: pass per layer instead of cuDNN's transposes, bias adds and interleaving copies.
+    fused_upsampling: bool = False
     #: GPU: the (fp32) text encoder's and duration predictor's convolutions: "cudnn" or "gemm"
     #: (cuBLAS matrix products and multiply-adds computing the same sums: no cuDNN algorithms to
     #: time for them at start-up and no cuDNN workspace held in their CUDA graphs).

@@ -16,6 +16,8 @@ from torch import nn
 from torch.nn import functional as F
 
 LRELU_SLOPE = 0.1
+#: ``F.leaky_relu``'s default, which Piper's generator applies before ``conv_post``.
+POST_SLOPE = 0.01
 
 
 class ResBlock1(nn.Module):
@@ -125,6 +127,8 @@ class Generator(nn.Module):
         self.fused: list | None = None
         #: Per stage, its upsampling as ``PolyphaseUp`` (``use_polyphase``); None: ``ConvTranspose1d``.
         self.polyphase: list | None = None
+        #: ``(conv_pre, [upsampling per stage], conv_post)`` as fused Triton kernels (``use_fused_upsampling``).
+        self.fused_convs: tuple | None = None
 
     def use_polyphase(self, on: bool = True) -> None:
         """Upsample with ``PolyphaseUp`` (where every stage has a kernel that is a multiple of its stride)."""
@@ -145,6 +149,24 @@ class Generator(nn.Module):
             ok = fused_resblock.supports(up.out_channels)
             self.fused.append(fused_resblock.FusedStage(blocks, LRELU_SLOPE) if ok else None)
 
+    def use_fused_upsampling(self, on: bool = True) -> bool:
+        """Run ``conv_pre``, the upsampling layers (with the leaky ReLU and mask before each) and
+        ``conv_post`` + tanh as fused Triton kernels (``fused_upsample``; call after the last dtype or
+        device change). Returns whether they are on: a decoder with a layer the kernels do not take
+        keeps PyTorch's for all of them. Speaker conditioning (``cond``) stays a PyTorch add after ``conv_pre``."""
+        if not on:
+            self.fused_convs = None
+            return False
+        from tts_engine.torch_vits.fused_upsample import FusedOut, FusedRows
+
+        layers = (self.conv_pre, *self.ups)
+        if not all(map(FusedRows.supports, layers)) or not FusedOut.supports(self.conv_post):
+            self.fused_convs = None
+            return False
+        ups = [FusedRows.from_transposed(up, LRELU_SLOPE) for up in self.ups]
+        self.fused_convs = (FusedRows.from_conv(self.conv_pre), ups, FusedOut(self.conv_post, POST_SLOPE))
+        return True
+
     @property
     def hop_length(self) -> int:
         """Output samples per input frame."""
@@ -152,11 +174,15 @@ class Generator(nn.Module):
 
     def forward(self, z: torch.Tensor, mask: torch.Tensor | None = None, g: torch.Tensor | None = None) -> torch.Tensor:
         """``z`` [B, C, F] -> audio [B, F * hop_length] float in [-1, 1]."""
-        x = self.conv_pre(_masked(z, mask))
+        fused = self.fused_convs
+        x = fused[0](z, mask) if fused else self.conv_pre(_masked(z, mask))
         if g is not None:
             x = x + self.cond(g)
         for i, up in enumerate(self.ups):
-            x = (self.polyphase[i] if self.polyphase else up)(_masked(F.leaky_relu(x, LRELU_SLOPE), mask))
+            if fused:
+                x = fused[1][i](x, mask)
+            else:
+                x = (self.polyphase[i] if self.polyphase else up)(_masked(F.leaky_relu(x, LRELU_SLOPE), mask))
             if mask is not None:
                 mask = mask.repeat_interleave(self.upsample_rates[i], dim=2)
             if self.fused is not None and self.fused[i] is not None:
@@ -167,7 +193,9 @@ class Generator(nn.Module):
             for block in blocks[1:]:
                 xs = xs + block(x, mask)
             x = xs / self.num_kernels
-        x = self.conv_post(_masked(F.leaky_relu(x), mask))
+        if fused:
+            return fused[2](x, mask)
+        x = self.conv_post(_masked(F.leaky_relu(x, POST_SLOPE), mask))
         return torch.tanh(x)[:, 0]
 
     @property

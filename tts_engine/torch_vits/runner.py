@@ -136,6 +136,9 @@ class RunnerOptions:
     polyphase: bool = False
     #: CUDA, fp16/bf16: the decoder's residual blocks as fused Triton kernels (``fused_resblock``).
     fused_blocks: bool = False
+    #: CUDA, fp16/bf16: the decoder's input, upsampling and output convolutions as fused Triton
+    #: kernels (``fused_upsample``).
+    fused_upsampling: bool = False
     #: The (fp32) encoder's convolutions: "cudnn" (``nn.Conv1d``) or "gemm" (``gemm_conv``: cuBLAS
     #: products and multiply-adds, no cuDNN: nothing for cuDNN to time or hold workspace for).
     encoder_convs: str = "cudnn"
@@ -297,6 +300,14 @@ class StepRunner:
                 raise ValueError("fused_blocks needs CUDA, triton and precision fp16 or bf16; got "
                                  f"{self.device} and {options.precision!r}")  # fmt: skip
             self.synth_model.dec.use_fused_blocks()
+        if options.fused_upsampling:
+            from tts_engine.torch_vits import fused_upsample
+
+            if not cuda or options.precision not in ("fp16", "bf16") or not fused_upsample.available():
+                raise ValueError("fused_upsampling needs CUDA, triton and precision fp16 or bf16; got "
+                                 f"{self.device} and {options.precision!r}")  # fmt: skip
+            if not self.synth_model.dec.use_fused_upsampling():
+                log.warning("fused upsampling: this decoder has a layer the kernels do not take; left as is")
         if options.polyphase:
             if self.synth_model is self.model:  # fp32: the encoder's model is shared; keep it as loaded
                 self.synth_model = copy.deepcopy(self.model)
