@@ -8,7 +8,8 @@ compile seconds, step ms (CUDA events, median), max abs difference. Inputs are r
 utterances. ``--fused`` adds the decoder with fused residual blocks, ``--polyphase`` the one whose
 upsampling runs as ``PolyphaseUp`` (and with both, both; each eager and compiled),
 ``--fused-upsampling`` both plus the fused input, upsampling and output convolutions
-(``fused_upsample``; ``--row-tiles``: in other tile shapes too); ``--tiles`` times one residual step (dilated convolution,
+(``fused_upsample``; ``--row-tiles``: in other tile shapes too; ``--fused-flow``: and with the
+flow's fused WaveNet layers, ``fused_flow``); ``--tiles`` times one residual step (dilated convolution,
 activation, mask, bias, residual) per channel count, cuDNN + PyTorch's pointwise ops against the
 fused kernel in each tile shape. Writes ``<out>/tts_gpu_experiments-<hardware>-<date>.json``. Example::
 
@@ -159,6 +160,8 @@ def main() -> int:
     p.add_argument("--polyphase", action="store_true", help="add the decoder with polyphase upsampling (and both)")
     p.add_argument("--fused-upsampling", action="store_true",
                    help="add the decoder with fused blocks, polyphase and fused input/upsampling/output convolutions")
+    p.add_argument("--fused-flow", action="store_true",
+                   help="with --fused-upsampling: add that decoder with the flow's WaveNet layers fused too")
     p.add_argument("--row-tiles", nargs="+", default=[], metavar="RxMxW",
                    help="with --fused-upsampling: also time it with these (BLOCK_R, BLOCK_M, num_warps) of "
                         "fused_upsample's row kernel, e.g. 64x64x4 (default: its ROW_TILES)")
@@ -182,21 +185,23 @@ def main() -> int:
     synth = runner.synth_model
     rows = tile_rows(synth) if args.tiles else []
     torch._dynamo.config.cache_size_limit = 64
-    from tts_engine.torch_vits import fused_upsample
+    from tts_engine.torch_vits import fused_flow, fused_upsample
 
     default_tiles = fused_upsample.ROW_TILES
-    # (name, fused blocks, polyphase upsampling, fused upsampling tiles or None)
-    variants = [("eager", False, False, None)]
+    # (name, fused blocks, polyphase upsampling, fused upsampling tiles or None, fused flow)
+    variants = [("eager", False, False, None, False)]
     if args.fused:
-        variants.append(("fused", True, False, None))
+        variants.append(("fused", True, False, None, False))
     if args.polyphase:
-        variants.append(("polyphase", False, True, None))
+        variants.append(("polyphase", False, True, None, False))
     if args.fused and args.polyphase or args.fused_upsampling:
-        variants.append(("fused_polyphase", True, True, None))
+        variants.append(("fused_polyphase", True, True, None, False))
     if args.fused_upsampling:
-        variants.append(("fused_up", True, True, default_tiles))
+        variants.append(("fused_up", True, True, default_tiles, False))
         for spec in args.row_tiles:
-            variants.append((f"fused_up_{spec}", True, True, tuple(int(v) for v in spec.split("x"))))
+            variants.append((f"fused_up_{spec}", True, True, tuple(int(v) for v in spec.split("x")), False))
+        if args.fused_flow:
+            variants.append(("fused_up_flow", True, True, default_tiles, True))
     with torch.inference_mode():
         for shape in args.shapes.split(","):
             if time.perf_counter() - t_start > args.budget_s:
@@ -208,9 +213,10 @@ def main() -> int:
             z, mask = z.half(), mask.half()
             row = {"what": "decode", "chunk": chunk, "batch": b}
             out_eager = None
-            for name, fused, poly, up_tiles in variants:
+            for name, fused, poly, up_tiles, flow in variants:
                 synth.dec.use_fused_blocks(fused)
                 synth.dec.use_polyphase(poly)
+                fused_flow.use_fused_flow(synth.flow, flow)
                 if up_tiles is not None:
                     fused_upsample.ROW_TILES = up_tiles
                     synth.dec.use_fused_upsampling()
@@ -237,6 +243,7 @@ def main() -> int:
                     synth.dec.use_fused_blocks(False)
                     synth.dec.use_polyphase(False)
                     synth.dec.use_fused_upsampling(False)
+                    fused_flow.use_fused_flow(synth.flow, False)
                     fused_upsample.ROW_TILES = default_tiles
             rows.append(row)
             print(json.dumps(row), flush=True)

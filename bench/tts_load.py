@@ -255,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fused-blocks", action="store_true", help="tts.fused_blocks: residual blocks as fused Triton kernels")
     p.add_argument("--fused-upsampling", action="store_true",
                    help="tts.fused_upsampling: the decoder's input, upsampling and output convolutions as fused Triton kernels")
+    p.add_argument("--fused-flow", action="store_true", help="tts.fused_flow: the flow's WaveNet layers as fused Triton kernels")
     p.add_argument("--chunks-per-step", type=int, default=1,
                    help="tts.chunks_per_step: later chunks of a request per scheduler step (0: all it has left)")
     p.add_argument("--main-in-flight", type=int, default=1, help="tts.main_in_flight: main-lane launches queued at once")

@@ -39,6 +39,7 @@ class WsBackend:
                 f"--set=tts.polyphase_upsampling={'true' if args.polyphase else 'false'}",
                 f"--set=tts.fused_blocks={'true' if args.fused_blocks else 'false'}",
                 f"--set=tts.fused_upsampling={'true' if args.fused_upsampling else 'false'}",
+                f"--set=tts.fused_flow={'true' if args.fused_flow else 'false'}",
                 f"--set=tts.chunks_per_step={args.chunks_per_step}", f"--set=tts.main_in_flight={args.main_in_flight}",
                 f"--set=tts.encoder_convs={args.encoder_convs}",
                 f"--set=tts.fused_duration_predictor={'true' if args.fused_duration_predictor else 'false'}",

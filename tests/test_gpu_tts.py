@@ -235,9 +235,10 @@ def test_gpu_low_precision_quality(model, voice_path, precision):
 
 def test_gpu_polyphase_and_fused_blocks_keep_the_audio(model, voice_path):
     """Polyphase upsampling in fp32: chunks equal the whole utterance as without it (within 3
-    int16 steps); with fused Triton residual blocks too, fp16, and with the fused input, upsampling
-    and output convolutions on top (``fused_upsampling``): as close to fp32 as fp16 is without them
-    (>= the fp16 floor, and within 1 dB of the plain fp16 engine's SNR), and the same length."""
+    int16 steps); with fused Triton residual blocks too, fp16, with the fused input, upsampling
+    and output convolutions on top (``fused_upsampling``), and with the fused flow on top of that
+    (``fused_flow``): as close to fp32 as fp16 is without them (>= the fp16 floor, and within 1 dB
+    of the plain fp16 engine's SNR), and the same length."""
     from tts_engine.engine import SynthesisOptions
     from voxloop.errors import ConfigError
 
@@ -261,12 +262,15 @@ def test_gpu_polyphase_and_fused_blocks_keep_the_audio(model, voice_path):
         assert np.abs(audio.astype(np.int32) - np.clip(ref * 32767, -32767, 32767).astype(np.int32)).max() <= 3
     plain = speak(engine(voice_path, "fp16"))
     fast = speak(engine(voice_path, "fp16", polyphase=True, fused_blocks=True))
-    fastest = speak(engine(voice_path, "fp16", polyphase=True, fused_blocks=True, fused_upsampling=True))
-    for a, b, c, ref in zip(plain, fast, fastest, refs):
-        snr_plain, snr_fast, snr_fastest = (snr_db(ref, x / 32767.0) for x in (a, b, c))
-        print(f"fp16 SNR vs fp32: plain {snr_plain:.1f} dB, polyphase + fused blocks {snr_fast:.1f} dB, "
-              f"+ fused upsampling {snr_fastest:.1f} dB")
-        for audio, snr in ((b, snr_fast), (c, snr_fastest)):
+    faster = speak(engine(voice_path, "fp16", polyphase=True, fused_blocks=True, fused_upsampling=True))
+    fastest = speak(engine(voice_path, "fp16", polyphase=True, fused_blocks=True, fused_upsampling=True,
+                           fused_flow=True))  # fmt: skip
+    for a, b, c, d, ref in zip(plain, fast, faster, fastest, refs):
+        snrs = [snr_db(ref, x / 32767.0) for x in (a, b, c, d)]
+        snr_plain = snrs[0]
+        print("fp16 SNR vs fp32: plain {:.1f} dB, polyphase + fused blocks {:.1f} dB, + fused upsampling {:.1f} dB, "
+              "+ fused flow {:.1f} dB".format(*snrs))
+        for audio, snr in zip((b, c, d), snrs[1:]):
             assert audio.shape == ref.shape
             assert snr >= LOW_PRECISION_MIN_SNR_DB["fp16"] and snr >= snr_plain - 1.0
 

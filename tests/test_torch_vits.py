@@ -929,7 +929,7 @@ def test_compiled_kernels_are_cached_per_gpu_cuda_and_torch(tmp_path, monkeypatc
 def test_engine_from_config_captures_the_configured_batch_buckets(cfg):
     """``tts.batch_buckets``, ``tts.cudnn_benchmark_limit``, the decoding-ahead settings, polyphase
     upsampling and the encoder's convolutions reach the runner (built on the CPU); fused blocks, fused
-    upsampling and the fused duration predictor are refused there."""
+    upsampling, the fused flow and the fused duration predictor are refused there."""
     from tts_engine.torch_vits.cuda_engine import CudaTtsEngine, batch_buckets
 
     tts = replace(cfg.tts, backend="cuda", device="cpu", cuda_graphs=False, max_batch=32,
@@ -938,6 +938,8 @@ def test_engine_from_config_captures_the_configured_batch_buckets(cfg):
                   phoneme_buckets=(32, 48, 64, 96, 128))  # fmt: skip
     with pytest.raises(ValueError, match="fused_blocks needs CUDA"):
         CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, fused_blocks=True)))
+    with pytest.raises(ValueError, match="fused_flow needs CUDA"):
+        CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, fused_flow=True)))
     with pytest.raises(ValueError, match="fused_upsampling needs CUDA"):
         CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, fused_upsampling=True)))
     with pytest.raises(ValueError, match="fused_duration_predictor needs CUDA"):

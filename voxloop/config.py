@@ -392,6 +392,10 @@ class TtsConfig:
     #: leaky ReLU and mask before each) and output convolution + tanh as fused Triton kernels: one
     #: pass per layer instead of cuDNN's transposes, bias adds and interleaving copies.
     fused_upsampling: bool = False
+    #: GPU, fp16/bf16: the flow's WaveNet layers as fused Triton kernels (the dilated convolution
+    #: with its tanh x sigmoid gate; the 1x1 convolution with the residual, mask and skip sum): two
+    #: kernels per layer instead of about a dozen, in every chunk's flow window.
+    fused_flow: bool = False
     #: GPU: the (fp32) text encoder's and duration predictor's convolutions: "cudnn" or "gemm"
     #: (cuBLAS matrix products and multiply-adds computing the same sums: no cuDNN algorithms to
     #: time for them at start-up and no cuDNN workspace held in their CUDA graphs).

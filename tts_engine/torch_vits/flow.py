@@ -34,9 +34,13 @@ class WaveNet(nn.Module):
             )
             out = 2 * hidden_channels if i < n_layers - 1 else hidden_channels
             self.res_skip_layers.append(nn.Conv1d(hidden_channels, out, 1))
+        #: The layers as fused Triton kernels (``fused_flow.use_fused_flow``); None: PyTorch's.
+        self.fused = None
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, g: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` [B, H, T] (already masked) -> skip sum [B, H, T], masked."""
+        if self.fused is not None and g is None:
+            return self.fused(x, mask)
         hc = self.hidden_channels
         cond = self.cond_layer(g) if g is not None else None
         output = torch.zeros_like(x)

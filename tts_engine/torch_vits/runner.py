@@ -139,6 +139,8 @@ class RunnerOptions:
     #: CUDA, fp16/bf16: the decoder's input, upsampling and output convolutions as fused Triton
     #: kernels (``fused_upsample``).
     fused_upsampling: bool = False
+    #: CUDA, fp16/bf16: the flow's WaveNet layers as fused Triton kernels (``fused_flow``).
+    fused_flow: bool = False
     #: The (fp32) encoder's convolutions: "cudnn" (``nn.Conv1d``) or "gemm" (``gemm_conv``: cuBLAS
     #: products and multiply-adds, no cuDNN: nothing for cuDNN to time or hold workspace for).
     encoder_convs: str = "cudnn"
@@ -308,6 +310,14 @@ class StepRunner:
                                  f"{self.device} and {options.precision!r}")  # fmt: skip
             if not self.synth_model.dec.use_fused_upsampling():
                 log.warning("fused upsampling: this decoder has a layer the kernels do not take; left as is")
+        if options.fused_flow:
+            from tts_engine.torch_vits import fused_flow
+
+            if not cuda or options.precision not in ("fp16", "bf16") or not fused_flow.available():
+                raise ValueError("fused_flow needs CUDA, triton and precision fp16 or bf16; got "
+                                 f"{self.device} and {options.precision!r}")  # fmt: skip
+            if not fused_flow.use_fused_flow(self.synth_model.flow):
+                log.warning("fused flow: this voice's flow has speaker conditioning or other channel counts; left as is")
         if options.polyphase:
             if self.synth_model is self.model:  # fp32: the encoder's model is shared; keep it as loaded
                 self.synth_model = copy.deepcopy(self.model)
