@@ -12,7 +12,9 @@ vectorized kernels do not take. Here a layer is two kernels:
 * ``_wn_res_skip``: the 1x1 convolution, again two accumulators (residual and skip rows),
   then ``x = (x + res) * mask`` and ``out (+)= skip`` (the last layer: ``out = (out + rs) * mask``).
 
-Inputs are ``[B, H, T]`` contiguous in the model's dtype; accumulation is fp32; the hidden
+The residual stream ``x`` and the skip sum ``out`` stay fp32 between layers (PyTorch's fp16 path
+rounds both to fp16 at every layer); the gate's output is rounded to the model's dtype, the
+tensor cores' input. Inputs are ``[B, H, T]`` contiguous in the model's dtype; the hidden
 channel count must be a multiple of 64 (``supports``). A WaveNet with speaker conditioning
 (``cond_layer``) keeps PyTorch's path. Tested against ``flow.py`` in Triton's interpreter on CPU
 (``tests/test_fused_flow.py``) and in the engine on a GPU (``tests/test_gpu_tts.py``).
@@ -63,11 +65,11 @@ if triton is not None:
         tl.store(out, gate.to(y_ptr.dtype.element_ty), mask=(t < T)[None, :])
 
     @triton.jit
-    def _wn_res_skip(a_ptr, w_ptr, b_ptr, x_ptr, m_ptr, xo_ptr, out_ptr, T, H: tl.constexpr,
+    def _wn_res_skip(a_ptr, w_ptr, b_ptr, x_ptr, m_ptr, xo_ptr, out_ptr, fin_ptr, T, H: tl.constexpr,
                      FIRST: tl.constexpr, LAST: tl.constexpr, BLOCK_C: tl.constexpr,
                      BLOCK_T: tl.constexpr):  # fmt: skip
         """rs = W @ a + bias (W [2H or H, H]); not LAST: xo = (x + rs[:H]) * mask, out (+)= rs[H:];
-        LAST: out = (out + rs) * mask (FIRST: out starts at zero)."""
+        LAST: fin = (out + rs) * mask (FIRST: out starts at zero). ``xo`` and ``out`` are fp32."""
         pid_t, pid_c, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
         t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
         c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -90,7 +92,7 @@ if triton is not None:
             prev = tl.load(out_ptr + at, mask=keep, other=0.0).to(tl.float32)
         if LAST:
             total = acc_r if FIRST else prev + acc_r
-            tl.store(out_ptr + at, (total * mask).to(out_ptr.dtype.element_ty), mask=keep)
+            tl.store(fin_ptr + at, (total * mask).to(fin_ptr.dtype.element_ty), mask=keep)
         else:
             x = tl.load(x_ptr + at, mask=keep, other=0.0).to(tl.float32)
             tl.store(xo_ptr + at, ((x + acc_r) * mask).to(xo_ptr.dtype.element_ty), mask=keep)
@@ -130,7 +132,9 @@ class FusedWaveNet:
         m = mask.contiguous()
         batch, hidden, length = x.shape
         acts = torch.empty_like(x)
-        out = torch.empty_like(x)
+        # the residual stream and the skip sum stay fp32 between layers (PyTorch's fp16 path rounds both)
+        out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+        final = torch.empty_like(x)
         gate_t, gate_warps = GATE_TILES
         rs_t, rs_warps = RES_SKIP_TILES
         last = len(self.layers) - 1
@@ -138,12 +142,12 @@ class FusedWaveNet:
             grid = (triton.cdiv(length, gate_t), hidden // BLOCK_C, batch)
             _wn_gate[grid](x, w_in, b_in, acts, length, H=hidden, K=w_in.shape[0], DIL=dil, BLOCK_C=BLOCK_C,
                            BLOCK_T=gate_t, num_warps=gate_warps)  # fmt: skip
-            x_next = x if i == last else torch.empty_like(x)
+            x_next = x if i == last else torch.empty(x.shape, dtype=torch.float32, device=x.device)
             grid = (triton.cdiv(length, rs_t), hidden // BLOCK_C, batch)
-            _wn_res_skip[grid](acts, w_rs, b_rs, x, m, x_next, out, length, H=hidden, FIRST=i == 0, LAST=i == last,
-                               BLOCK_C=BLOCK_C, BLOCK_T=rs_t, num_warps=rs_warps)  # fmt: skip
+            _wn_res_skip[grid](acts, w_rs, b_rs, x, m, x_next, out, final, length, H=hidden, FIRST=i == 0,
+                               LAST=i == last, BLOCK_C=BLOCK_C, BLOCK_T=rs_t, num_warps=rs_warps)  # fmt: skip
             x = x_next
-        return out
+        return final
 
 
 def use_fused_flow(flow: nn.Module, on: bool = True) -> int:
