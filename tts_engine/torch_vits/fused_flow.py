@@ -29,7 +29,7 @@ from tts_engine.torch_vits.fused_resblock import available, tap_major, triton
 
 #: Hidden channels per program (rows of each accumulator) and per ``tl.dot`` step.
 BLOCK_C = 64
-#: (time steps per program, num_warps).
+#: (time steps per program, num_warps); not tuned (H200 under load: ~37 us per gate launch).
 GATE_TILES = (64, 4)
 RES_SKIP_TILES = (64, 4)
 

@@ -96,9 +96,12 @@ if triton is not None:
         tl.store(y_ptr + b * T + t, y.to(y_ptr.dtype.element_ty), mask=t < T)
 
 
-#: (BLOCK_R, BLOCK_M, num_warps) of ``_conv_rows``; BLOCK_R is capped by the layer's rows.
+#: (BLOCK_R, BLOCK_M, num_warps) of ``_conv_rows``; BLOCK_R is capped by the layer's rows. H200: the
+#: decode step within 2 % of this with 64x64x4, 128x128x8, 64x128x4 or 128x32x4
+#: (``bench/results/tts_gpu_experiments-h200-2026-12-03-fusedup.json``).
 ROW_TILES = (128, 64, 8)
-#: Samples per program of ``_conv_out``.
+#: Samples per program of ``_conv_out`` (not tuned: the kernel takes ~0.3 ms a launch under load on
+#: the H200, far from what reading its input once costs; ``tts_load-h200-2026-12-03-fusedflow.md``).
 OUT_BLOCK_T = 1024
 
 
