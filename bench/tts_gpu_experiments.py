@@ -9,7 +9,8 @@ utterances. ``--fused`` adds the decoder with fused residual blocks, ``--polypha
 upsampling runs as ``PolyphaseUp`` (and with both, both; each eager and compiled),
 ``--fused-upsampling`` both plus the fused input, upsampling and output convolutions
 (``fused_upsample``; ``--row-tiles``: in other tile shapes too; ``--fused-flow``: and with the
-flow's fused WaveNet layers, ``fused_flow``); ``--tiles`` times one residual step (dilated convolution,
+flow's fused WaveNet layers, ``fused_flow``); ``--flow-precision N``: per sentence, SNR against
+fp32 of the fp16 flow (PyTorch's and fused) and of the audio after it; ``--tiles`` times one residual step (dilated convolution,
 activation, mask, bias, residual) per channel count, cuDNN + PyTorch's pointwise ops against the
 fused kernel in each tile shape. Writes ``<out>/tts_gpu_experiments-<hardware>-<date>.json``. Example::
 
@@ -114,6 +115,46 @@ def tile_rows(synth, batch: int = 48, frames: int = 278) -> list[dict]:
     return rows
 
 
+def flow_precision_rows(model, sentences: list[list[int]]) -> list[dict]:
+    """Per sentence (whole utterance, no noise): SNR in dB against the fp32 model of the flow's output
+    and of the audio, for the fp16 model's flow as PyTorch runs it, the same with the fused flow
+    (``fused_flow``), and an fp32 flow before the fp16 decoder (what the flow's rounding costs)."""
+    import copy
+
+    from tts_engine.torch_vits import fused_flow
+
+    def snr(ref: torch.Tensor, x: torch.Tensor) -> float:
+        ref, x = ref.double(), x.double()
+        return round(float(10 * torch.log10((ref**2).sum() / ((ref - x) ** 2).sum().clamp_min(1e-30))), 2)
+
+    device = next(model.parameters()).device
+    torch.backends.cudnn.allow_tf32 = False  # the fp32 reference in full fp32 (cuDNN would use TF32)
+    half = copy.deepcopy(model).half()
+    half.dec.use_polyphase()
+    half.dec.use_fused_blocks()
+    fused = copy.deepcopy(half)
+    fused_flow.use_fused_flow(fused.flow)
+    zero, one = torch.zeros(1, device=device), torch.ones(1, device=device)
+    rows = []
+    for ids in sentences:
+        x, m_p, logs_p, x_mask = model.encode(*pad_ids([ids], device=device))
+        w_ceil, frames = model.durations(x, x_mask, zero, one)
+        z_p = model.expand_prior(m_p, logs_p, w_ceil, int(frames.max()), zero)
+        mask = model.frame_mask(frames, int(frames.max())).to(z_p.dtype)
+        z_ref = model.flow.reverse(z_p, mask)
+        audio_ref = model.dec(z_ref * mask, mask)
+        z16, m16 = z_p.half(), mask.half()
+        row = {"what": "flow_precision", "frames": int(frames)}
+        for name, flow in (("fp16", half.flow), ("fp16_fused", fused.flow)):
+            z = flow.reverse(z16, m16)
+            row[f"{name}_flow_snr_db"] = snr(z_ref, z.float())
+            row[f"{name}_audio_snr_db"] = snr(audio_ref, half.dec(z * m16, m16).float())
+        row["fp32_flow_audio_snr_db"] = snr(audio_ref, half.dec(z_ref.half() * m16, m16).float())
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def plot(path: Path) -> Path:
     """PNG beside a result file: decoder step ms per variant and shape; residual step ms per channel count."""
     import matplotlib
@@ -166,6 +207,9 @@ def main() -> int:
                    help="with --fused-upsampling: also time it with these (BLOCK_R, BLOCK_M, num_warps) of "
                         "fused_upsample's row kernel, e.g. 64x64x4 (default: its ROW_TILES)")
     p.add_argument("--tiles", action="store_true", help="time one residual step per channel count and tile shape")
+    p.add_argument("--flow-precision", type=int, default=0, metavar="N",
+                   help="per sentence of the first N: SNR against fp32 of the fp16 flow (PyTorch's and fused) and "
+                        "of the audio, and of the audio with an fp32 flow before the fp16 decoder")
     p.add_argument("--profile", action="store_true",
                    help="per shape: GPU time by kernel of the eager decoder (and the fused one with --fused)")
     args = p.parse_args()
@@ -184,6 +228,9 @@ def main() -> int:
     fill_slots(runner, sentences, noise=True)
     synth = runner.synth_model
     rows = tile_rows(synth) if args.tiles else []
+    if args.flow_precision:
+        with torch.inference_mode():
+            rows += flow_precision_rows(model, sentences[: args.flow_precision])
     torch._dynamo.config.cache_size_limit = 64
     from tts_engine.torch_vits import fused_flow, fused_upsample
 
