@@ -126,13 +126,14 @@ def test_hallucination_rule():
 
 
 @pytest.mark.slow
-def test_too_short_audio_does_not_run_the_model(transcriber, monkeypatch):
+def test_too_short_or_silent_audio_does_not_run_the_model(transcriber, monkeypatch):
     class Exploding:
         def __getattr__(self, name):
             raise AssertionError(f"model used: {name}")
 
     monkeypatch.setattr(transcriber, "_model", Exploding())
-    for pcm in (np.zeros(0, np.int16), np.zeros(RATE // 20, np.int16), np.zeros(100, np.float32)):
+    quiet = noise(2000, 5)  # -76 dBFS: below SILENT_RMS
+    for pcm in (np.zeros(0, np.int16), np.zeros(RATE // 20, np.int16), np.zeros(100, np.float32), silence(2000), quiet):
         result = transcriber.transcribe(pcm)
         assert result.text == "" and result.segments == ()
 

@@ -43,19 +43,25 @@ def clips(cfg):
 
 
 @pytest.fixture(scope="module")
-def pause_scores(cfg, clips):
-    """Each clip's score at its first VAD pause, as the server scores it (audio the VAD hands over)."""
-    from asr.end_of_turn import EndOfTurnModel
+def pause_audio(cfg, clips):
+    """Each clip's audio at its first VAD pause, as the server scores it (audio the VAD hands over)."""
     from asr.vad import Pause, VoiceActivityDetector
 
-    model = EndOfTurnModel.from_config(cfg)
-    scores = {}
+    audio = {}
     for name, clip in clips.items():
         vad = VoiceActivityDetector(cfg.vad, 16000)
         pcm = np.concatenate((np.zeros(8000, np.int16), clip.pcm, np.zeros(16000, np.int16)))
-        pause = next(e for e in vad.feed(pcm) if isinstance(e, Pause))
-        scores[name] = model.score(pause.audio)
-    return scores
+        audio[name] = next(e for e in vad.feed(pcm) if isinstance(e, Pause)).audio
+    return audio
+
+
+@pytest.fixture(scope="module")
+def pause_scores(cfg, pause_audio):
+    """Each clip's score at its first VAD pause, by the model as the server loads it."""
+    from asr.end_of_turn import EndOfTurnModel
+
+    model = EndOfTurnModel.from_config(cfg)
+    return {name: model.score(audio) for name, audio in pause_audio.items()}
 
 
 def _decision_at_the_pause(probability: float):
@@ -84,3 +90,33 @@ def test_model_tells_complete_from_incomplete(pause_scores):
     decisions = {k: _decision_at_the_pause(p) for k, p in incomplete.items()}
     waited = [k for k, (now, wait_ms) in decisions.items() if now == [] and wait_ms > 600]
     assert len(waited) >= len(incomplete) * 3 // 4, pause_scores
+
+
+def test_int8_kernels_only_where_they_do_not_saturate(monkeypatch):
+    """onnxruntime's fused int8 kernels saturate on x86-64 without VNNI: the model then runs unfused."""
+    import platform
+
+    from asr import end_of_turn
+
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    assert end_of_turn.int8_kernels_exact("flags\t\t: fpu sse2 avx2 fma avx512f avx512_vnni")
+    assert end_of_turn.int8_kernels_exact("flags\t\t: fpu sse2 avx2 avx_vnni")
+    assert not end_of_turn.int8_kernels_exact("flags\t\t: fpu sse2 avx2 fma")
+    assert not end_of_turn.int8_kernels_exact("flags\t\t: fpu sse2 avx2 avx_vnni_int8x")  # whole words only
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    assert end_of_turn.int8_kernels_exact("")
+
+
+@pytest.mark.slow
+def test_unfused_model_tells_complete_from_incomplete(cfg, pause_audio):
+    """The float32 graph (what a CPU without VNNI runs, whatever this one has) tells the voice's
+    complete sentences from its cut ones as the fused one does where it computes exactly."""
+    from asr.end_of_turn import EndOfTurnModel
+    from voxloop.models import resolve_turn
+
+    unfused = EndOfTurnModel(resolve_turn(cfg).path, threads=cfg.turn.threads, int8_kernels=False)
+    assert not unfused.int8_kernels
+    scores = {name: unfused.score(audio) for name, audio in pause_audio.items()}
+    complete = [v for k, v in scores.items() if k.startswith("complete")]
+    incomplete = [v for k, v in scores.items() if k.startswith("incomplete")]
+    assert np.mean(complete) > np.mean(incomplete) + 0.2, scores

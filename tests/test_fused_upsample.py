@@ -89,12 +89,15 @@ def test_fused_upsampling_refuses_what_it_cannot_run():
     import torch
     from torch import nn
 
-    from tts_engine.torch_vits.decoder import Generator
+    from tts_engine.torch_vits.decoder import Generator, PolyphaseUp
     from tts_engine.torch_vits.fused_upsample import FusedOut, FusedRows
 
-    assert FusedRows.supports(nn.ConvTranspose1d(64, 32, 8, 4, padding=2))
-    assert not FusedRows.supports(nn.ConvTranspose1d(64, 32, 7, 4, padding=2))  # kernel not a multiple of the stride
-    assert not FusedRows.supports(nn.ConvTranspose1d(24, 16, 8, 4, padding=2))  # 24 input channels
+    assert PolyphaseUp.supports(nn.ConvTranspose1d(64, 32, 8, 4, padding=2)) and FusedRows.takes_inputs(64)
+    assert not PolyphaseUp.supports(nn.ConvTranspose1d(64, 32, 7, 4, padding=2))  # kernel not a multiple of the stride
+    assert not FusedRows.takes_inputs(24)  # 24 input channels
+    assert not FusedRows.supports(nn.ConvTranspose1d(64, 32, 8, 4, padding=2))  # upsampling: through PolyphaseUp
+    # an upsampling layer whose input channels the kernel does not take keeps PyTorch's for all layers
+    assert Generator(32, "2", (3,), ((1, 2),), (4,), 24, (8,)).use_fused_upsampling() is False
     assert not FusedRows.supports(nn.Conv1d(64, 64, 3, stride=2))
     assert not FusedRows.supports(nn.Conv1d(64, 64, 3, dilation=2))
     assert FusedOut.supports(nn.Conv1d(32, 1, 7, padding=3, bias=False))

@@ -159,11 +159,11 @@ class Generator(nn.Module):
             return False
         from tts_engine.torch_vits.fused_upsample import FusedOut, FusedRows
 
-        layers = (self.conv_pre, *self.ups)
-        if not all(map(FusedRows.supports, layers)) or not FusedOut.supports(self.conv_post):
+        ups_ok = all(PolyphaseUp.supports(up) and FusedRows.takes_inputs(up.in_channels) for up in self.ups)
+        if not (ups_ok and FusedRows.supports(self.conv_pre) and FusedOut.supports(self.conv_post)):
             self.fused_convs = None
             return False
-        ups = [FusedRows.from_transposed(up, LRELU_SLOPE) for up in self.ups]
+        ups = [FusedRows.from_polyphase(PolyphaseUp(up), LRELU_SLOPE) for up in self.ups]
         self.fused_convs = (FusedRows.from_conv(self.conv_pre), ups, FusedOut(self.conv_post, POST_SLOPE))
         return True
 

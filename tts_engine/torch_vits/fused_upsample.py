@@ -134,12 +134,15 @@ class FusedRows:
         self.act_slope = act_slope
 
     @staticmethod
-    def supports(conv: nn.Module) -> bool:
-        if isinstance(conv, nn.ConvTranspose1d):
-            from tts_engine.torch_vits.decoder import PolyphaseUp
+    def takes_inputs(channels: int) -> bool:
+        """Input channels the kernel takes (a multiple of 16)."""
+        return _channel_block(channels) is not None
 
-            return PolyphaseUp.supports(conv) and _channel_block(conv.in_channels) is not None
-        return (isinstance(conv, nn.Conv1d) and conv.stride[0] == 1 and conv.dilation[0] == 1 and conv.groups == 1
+    @staticmethod
+    def supports(conv: nn.Module) -> bool:
+        """A stride-1 ``nn.Conv1d`` the kernel computes (upsampling layers: ``decoder.PolyphaseUp.supports``
+        and ``takes_inputs``)."""
+        return (type(conv) is nn.Conv1d and conv.stride[0] == 1 and conv.dilation[0] == 1 and conv.groups == 1
                 and isinstance(conv.padding[0], int) and _channel_block(conv.in_channels) is not None
                 and conv.out_channels >= 16)  # fmt: skip
 
@@ -149,10 +152,8 @@ class FusedRows:
         return cls(conv.weight, conv.bias, 1, pad, 0, lambda n: n + 2 * pad - k + 1, act_slope)
 
     @classmethod
-    def from_transposed(cls, up: nn.ConvTranspose1d, act_slope: float | None) -> FusedRows:
-        from tts_engine.torch_vits.decoder import PolyphaseUp
-
-        poly = PolyphaseUp(up)
+    def from_polyphase(cls, poly: object, act_slope: float | None) -> FusedRows:
+        """From a ``decoder.PolyphaseUp`` (an upsampling layer's polyphase weights)."""
         s, c_out = poly.stride, poly.c_out
         # PolyphaseUp's rows are phase-major (phase x C_out + channel); here channel-major (channel x s + phase)
         weight = poly.weight.view(s, c_out, -1, poly.taps).transpose(0, 1).reshape(s * c_out, -1, poly.taps)
