@@ -23,6 +23,7 @@ order, bias added before the one rounding to the model's dtype instead of after 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -97,7 +98,7 @@ if triton is not None:
 
 
 #: (BLOCK_R, BLOCK_M, num_warps) of ``_conv_rows``; BLOCK_R is capped by the layer's rows. H200: the
-#: decode step within 2 % of this with 64x64x4, 128x128x8, 64x128x4 or 128x32x4
+#: decode step within 5 % of this (batches of 16-64: 2 %) with 64x64x4, 128x128x8, 64x128x4 or 128x32x4
 #: (``bench/results/tts_gpu_experiments-h200-2026-12-03-fusedup.json``).
 ROW_TILES = (128, 64, 8)
 #: Samples per program of ``_conv_out`` (not tuned: the kernel takes ~0.3 ms a launch under load on
@@ -119,7 +120,7 @@ class FusedRows:
     (take it after the last dtype or device change)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, stride: int, lpad: int, offset: int,
-                 length: object, act_slope: float | None) -> None:  # fmt: skip
+                 length: Callable[[int], int], act_slope: float | None) -> None:  # fmt: skip
         rows, self.c_in, self.taps = weight.shape
         if rows % stride:
             raise ValueError(f"rows {rows} are not a multiple of the stride {stride}")
