@@ -11,19 +11,11 @@ bench sentences, whose frames per phoneme must not change. Skipped where Triton 
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from triton_interpreter import interpret, needs_triton
 
 pytest.importorskip("torch")
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
-
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = needs_triton
 
 RANDOM = r"""
 import copy, json, sys
@@ -84,15 +76,6 @@ with torch.inference_mode():
 print(json.dumps({"phonemes": int(mask.sum()), "flips": int((w_a != w_b).sum()),
                   "frames_equal": bool(torch.equal(f_a, f_b)), "alone_equal": bool(torch.equal(*alone))}))
 """
-
-
-def interpret(script: str, *args: str) -> dict:
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path, "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True,
-                          timeout=900, cwd=ROOT)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("convs", ["conv1d", "gemm"])

@@ -11,19 +11,11 @@ Skipped where Triton is not installed. The same kernels on a GPU, in fp16 inside
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from triton_interpreter import interpret, needs_triton
 
 pytest.importorskip("torch")
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
-
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = needs_triton
 
 SCRIPT = r"""
 import json, sys
@@ -54,12 +46,7 @@ print(json.dumps({"available": fused_flow.available(), "count": count, "diff": f
 
 @pytest.mark.parametrize("layers, dilation_rate", [(4, 1), (3, 2), (1, 1)])
 def test_fused_flow_computes_what_pytorch_computes(layers, dilation_rate):
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path, "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(layers), str(dilation_rate)], env=env,
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    r = json.loads(done.stdout.strip().splitlines()[-1])
+    r = interpret(SCRIPT, str(layers), str(dilation_rate), timeout=600)
     assert r["available"] and r["count"] == 2
     assert r["moved"] > 0.1  # the flow changes its input: the check can see a wrong WaveNet
     assert r["diff"] < 1e-4 * max(1.0, r["peak"]), r

@@ -9,19 +9,11 @@ on a GPU, in fp16 inside the engine: ``tests/test_gpu_tts.py``.
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from triton_interpreter import interpret, needs_triton
 
 pytest.importorskip("torch")
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
-
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = needs_triton
 
 SCRIPT = r"""
 import json, sys
@@ -58,12 +50,7 @@ print(json.dumps({"available": fused_resblock.available(), "diff": float((got - 
 
 @pytest.mark.parametrize("kind", ["2", "1", "mixed"])
 def test_fused_blocks_compute_what_pytorch_computes(kind):
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path, "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run([sys.executable, "-c", SCRIPT, kind], env=env, capture_output=True, text=True, timeout=600,
-                          cwd=ROOT)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    r = json.loads(done.stdout.strip().splitlines()[-1])
+    r = interpret(SCRIPT, kind, timeout=600)
     assert r["available"]
     assert r["peak"] > 0.01 and r["masked_matters"] > 1e-3  # the check can see a wrong mask
     assert r["diff"] < 1e-5 and r["diff_unmasked"] < 1e-5, r

@@ -10,19 +10,11 @@ bring it). The same kernels on a GPU, in fp16 inside the engine: ``tests/test_gp
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from triton_interpreter import interpret, needs_triton
 
 pytest.importorskip("torch")
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
-
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = needs_triton
 
 SCRIPT = r"""
 import json, sys
@@ -66,18 +58,9 @@ print(json.dumps({"available": fused_upsample.available(), "on": on, "shape": li
 """
 
 
-def _run(script: str, *args: str) -> dict:
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path, "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True,
-                          timeout=600, cwd=ROOT)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 @pytest.mark.parametrize("kind", ["2", "1", "speaker"])
 def test_fused_upsampling_computes_what_pytorch_computes(kind):
-    r = _run(SCRIPT, kind)
+    r = interpret(SCRIPT, kind, timeout=600)
     assert r["available"] and r["on"]
     assert r["shape"] == r["want_shape"]
     assert r["peak"] > 0.01 and r["masked_matters"] > 1e-3  # the check can see a wrong mask
