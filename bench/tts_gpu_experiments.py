@@ -128,7 +128,8 @@ def flow_precision_rows(model, sentences: list[list[int]]) -> list[dict]:
         return round(float(10 * torch.log10((ref**2).sum() / ((ref - x) ** 2).sum().clamp_min(1e-30))), 2)
 
     device = next(model.parameters()).device
-    torch.backends.cudnn.allow_tf32 = False  # the fp32 reference in full fp32 (cuDNN would use TF32)
+    tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False  # the fp32 reference in full fp32 (cuDNN would use TF32); restored below
     half = copy.deepcopy(model).half()
     half.dec.use_polyphase()
     half.dec.use_fused_blocks()
@@ -152,6 +153,7 @@ def flow_precision_rows(model, sentences: list[list[int]]) -> list[dict]:
         row["fp32_flow_audio_snr_db"] = snr(audio_ref, half.dec(z_ref.half() * m16, m16).float())
         rows.append(row)
         print(json.dumps(row), flush=True)
+    torch.backends.cudnn.allow_tf32 = tf32
     return rows
 
 

@@ -295,27 +295,19 @@ class StepRunner:
             self.synth_model, self.dtype = int8_synth_model(self.model)
         else:
             self.synth_model = self.model if self.dtype == torch.float32 else copy.deepcopy(self.model).to(self.dtype)
-        if options.fused_blocks:
-            from tts_engine.torch_vits import fused_resblock
+        fused = [name for name in ("fused_blocks", "fused_upsampling", "fused_flow") if getattr(options, name)]
+        if fused:  # the fp16/bf16 synthesis model's Triton kernels (fused_resblock, fused_upsample, fused_flow)
+            from tts_engine.torch_vits import fused_flow, fused_resblock
 
             if not cuda or options.precision not in ("fp16", "bf16") or not fused_resblock.available():
-                raise ValueError("fused_blocks needs CUDA, triton and precision fp16 or bf16; got "
+                raise ValueError(f"{fused[0]} needs CUDA, triton and precision fp16 or bf16; got "
                                  f"{self.device} and {options.precision!r}")  # fmt: skip
+        if options.fused_blocks:
             self.synth_model.dec.use_fused_blocks()
         if options.fused_upsampling:
-            from tts_engine.torch_vits import fused_upsample
-
-            if not cuda or options.precision not in ("fp16", "bf16") or not fused_upsample.available():
-                raise ValueError("fused_upsampling needs CUDA, triton and precision fp16 or bf16; got "
-                                 f"{self.device} and {options.precision!r}")  # fmt: skip
             if not self.synth_model.dec.use_fused_upsampling():
                 log.warning("fused upsampling: this decoder has a layer the kernels do not take; left as is")
         if options.fused_flow:
-            from tts_engine.torch_vits import fused_flow
-
-            if not cuda or options.precision not in ("fp16", "bf16") or not fused_flow.available():
-                raise ValueError("fused_flow needs CUDA, triton and precision fp16 or bf16; got "
-                                 f"{self.device} and {options.precision!r}")  # fmt: skip
             if not fused_flow.use_fused_flow(self.synth_model.flow):
                 log.warning("fused flow: this voice's flow has speaker conditioning or other channel counts; left as is")
         if options.polyphase:
