@@ -71,9 +71,7 @@ class CudaTtsEngine:
         if on_cuda and not torch.cuda.is_available():
             raise ModelError("tts.backend = 'cuda' but PyTorch sees no CUDA device; set tts.backend = 'onnx'")
         gpu = gpu or GpuConfig()
-        triton_kernels = (options.fused_blocks or options.fused_upsampling or options.fused_flow
-                          or options.fused_duration_predictor)
-        if on_cuda and (options.compiles or triton_kernels) and options.cuda_graphs and gpu.allocator != "native":
+        if on_cuda and (options.compiles or options.fused_kernels) and options.cuda_graphs and gpu.allocator != "native":
             # H200, torch 2.11: Triton kernels launched while a graph is captured under cudaMallocAsync
             # fail: the compiled encoder with "CUDA driver error: invalid argument", the fused blocks with
             # "Pointer argument cannot be accessed from Triton" (the pool's memory is not mapped yet);
@@ -146,9 +144,7 @@ class CudaTtsEngine:
             encode_budget_mb=cfg.gpu.tts_encode_budget_mb,
             decode_budget_mb=cfg.gpu.tts_decode_budget_mb,
         )
-        uses_triton = (options.compiles or options.fused_blocks or options.fused_upsampling or options.fused_flow
-                       or options.fused_duration_predictor)
-        if uses_triton and str(tts.device).startswith("cuda") and torch.cuda.is_available():
+        if (options.compiles or options.fused_kernels) and str(tts.device).startswith("cuda") and torch.cuda.is_available():
             from tts_engine.torch_vits.compile_cache import ENV, TRITON_ENV, use_device_compile_cache
 
             caches = [("triton", TRITON_ENV)] + ([("inductor", ENV)] if options.compiles else [])

@@ -154,6 +154,11 @@ class RunnerOptions:
         return self.compile or self.compile_encoder
 
     @property
+    def fused_kernels(self) -> bool:
+        """Any of the hand-written Triton kernels (fused blocks, upsampling, flow, duration predictor) is on."""
+        return self.fused_blocks or self.fused_upsampling or self.fused_flow or self.fused_duration_predictor
+
+    @property
     def max_slots(self) -> int:
         return max(self.decode_batches)
 
