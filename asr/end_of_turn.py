@@ -18,9 +18,10 @@ The ONNX file is quantized (QuantizeLinear / DequantizeLinear around its matrix 
 onnxruntime fuses into int8 kernels. On an x86-64 CPU without VNNI (AVX2 only) those kernels'
 16-bit intermediate sums saturate (microsoft/onnxruntime#6004) and the model stops telling
 complete from incomplete: on such a CPU (AMD EPYC, AVX2) the bundled voice's complete sentences
-scored 0.730 on average and the cut ones 0.791; without the fusion 0.748 and 0.285 (the products
-then run in float32 on the dequantized weights, ~1.5x the time there). ``int8_kernels_exact``
-decides: with VNNI (or off x86) the fused int8 kernels, else the unfused graph.
+scored 0.730 on average and the cut ones 0.791 (``tests/test_end_of_turn.py``). Unfused, the
+products run in float32 on the dequantized weights (slower) and the model separates them again
+(``test_unfused_model_tells_complete_from_incomplete``). ``int8_kernels_exact`` decides: with VNNI
+(or off x86) the fused int8 kernels, else the unfused graph.
 """
 
 from __future__ import annotations
