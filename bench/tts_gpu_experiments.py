@@ -9,7 +9,8 @@ utterances. ``--fused`` adds the decoder with fused residual blocks, ``--polypha
 upsampling runs as ``PolyphaseUp`` (and with both, both; each eager and compiled),
 ``--fused-upsampling`` both plus the fused input, upsampling and output convolutions
 (``fused_upsample``; ``--row-tiles``: in other tile shapes too; ``--fused-flow``: and with the
-flow's fused WaveNet layers, ``fused_flow``); ``--flow-precision N``: per sentence, SNR against
+flow's fused WaveNet layers, ``fused_flow``, and with ``--gate-tiles`` in other tile shapes of its
+kernels); ``--flow-precision N``: per sentence, SNR against
 fp32 of the fp16 flow (PyTorch's and fused) and of the audio after it; ``--tiles`` times one residual step (dilated convolution,
 activation, mask, bias, residual) per channel count, cuDNN + PyTorch's pointwise ops against the
 fused kernel in each tile shape. Writes ``<out>/tts_gpu_experiments-<hardware>-<date>.json``. Example::
@@ -205,6 +206,9 @@ def main() -> int:
                    help="add the decoder with fused blocks, polyphase and fused input/upsampling/output convolutions")
     p.add_argument("--fused-flow", action="store_true",
                    help="with --fused-upsampling: add that decoder with the flow's WaveNet layers fused too")
+    p.add_argument("--gate-tiles", nargs="+", default=[], metavar="TxW",
+                   help="with --fused-flow: also time the decode step with these (time steps, warps) of "
+                        "fused_flow's gate and res/skip kernels, e.g. 32x4 (default: GATE_TILES)")
     p.add_argument("--row-tiles", nargs="+", default=[], metavar="RxMxW",
                    help="with --fused-upsampling: also time it with these (BLOCK_R, BLOCK_M, num_warps) of "
                         "fused_upsample's row kernel, e.g. 64x64x4 (default: its ROW_TILES)")
@@ -237,7 +241,9 @@ def main() -> int:
     from tts_engine.torch_vits import fused_flow, fused_upsample
 
     default_tiles = fused_upsample.ROW_TILES
-    # (name, fused blocks, polyphase upsampling, fused upsampling tiles or None, fused flow)
+    default_gate = (fused_flow.GATE_TILES, fused_flow.RES_SKIP_TILES)
+    # (name, fused blocks, polyphase upsampling, fused upsampling tiles or None, fused flow: False or
+    # its (gate, res/skip) tiles)
     variants = [("eager", False, False, None, False)]
     if args.fused:
         variants.append(("fused", True, False, None, False))
@@ -250,7 +256,10 @@ def main() -> int:
         for spec in args.row_tiles:
             variants.append((f"fused_up_{spec}", True, True, tuple(int(v) for v in spec.split("x")), False))
         if args.fused_flow:
-            variants.append(("fused_up_flow", True, True, default_tiles, True))
+            variants.append(("fused_up_flow", True, True, default_tiles, default_gate))
+            for spec in args.gate_tiles:
+                tiles = tuple(int(v) for v in spec.split("x"))
+                variants.append((f"fused_up_flow_{spec}", True, True, default_tiles, (tiles, tiles)))
     with torch.inference_mode():
         for shape in args.shapes.split(","):
             if time.perf_counter() - t_start > args.budget_s:
@@ -265,7 +274,9 @@ def main() -> int:
             for name, fused, poly, up_tiles, flow in variants:
                 synth.dec.use_fused_blocks(fused)
                 synth.dec.use_polyphase(poly)
-                fused_flow.use_fused_flow(synth.flow, flow)
+                if flow:
+                    fused_flow.GATE_TILES, fused_flow.RES_SKIP_TILES = flow
+                fused_flow.use_fused_flow(synth.flow, bool(flow))
                 if up_tiles is not None:
                     fused_upsample.ROW_TILES = up_tiles
                     synth.dec.use_fused_upsampling()
@@ -294,6 +305,7 @@ def main() -> int:
                     synth.dec.use_fused_upsampling(False)
                     fused_flow.use_fused_flow(synth.flow, False)
                     fused_upsample.ROW_TILES = default_tiles
+                    fused_flow.GATE_TILES, fused_flow.RES_SKIP_TILES = default_gate
             rows.append(row)
             print(json.dumps(row), flush=True)
         if not args.no_compile and time.perf_counter() - t_start < args.budget_s:

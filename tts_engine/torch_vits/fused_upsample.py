@@ -13,7 +13,10 @@ copy and the slice made contiguous by another. Here one kernel does each:
   ``stride x C_out`` rows, ``taps = kernel / stride``); the rows are ordered channel-major
   (row = channel x stride + phase), so a program writes each output channel's samples
   ``m x stride + phase`` in one interleaved span: no copy, no slice;
-* ``_conv_out``: ``tanh(conv_post(mask * leaky_relu(x)))`` to the audio row.
+* ``_conv_out``: ``tanh(conv_post(mask * leaky_relu(x)))`` to the audio row, on the tensor cores:
+  rows of 16 samples times the taps laid out as a band matrix (H200: the decode step at 256 frames
+  x 48 rows 8.92 -> 7.89 ms against one multiply-add per tap and channel,
+  ``bench/results/tts_gpu_experiments-h200-2026-12-04-convout.json``).
 
 Inputs are ``[B, C, T]`` contiguous in the model's dtype (fp16, bf16 or, in the tests, fp32);
 products accumulate in fp32 on the tensor cores (``tl.dot``). The sums are PyTorch's in another
@@ -71,29 +74,36 @@ if triton is not None:
 
     @triton.jit
     def _conv_out(x_ptr, w_ptr, b_ptr, m_ptr, y_ptr, T,
-                  C: tl.constexpr, K: tl.constexpr, SLOPE: tl.constexpr,
-                  HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_T: tl.constexpr):  # fmt: skip
-        """y[b, t] = tanh(sum_k w[k] . xa[:, t + k - (K - 1) / 2] (+ bias)), xa = mask * leaky_relu(x).
-        One row of samples per step (each thread its own outputs: no reduction across threads);
-        the shifted reloads of a row come from the L1 cache."""
-        pid_t, b = tl.program_id(0), tl.program_id(1).to(tl.int64)
-        t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-        acc = tl.zeros((BLOCK_T,), dtype=tl.float32)
-        for k in tl.static_range(K):
-            ts = t + (k - (K - 1) // 2)
-            inside = (ts >= 0) & (ts < T)
+                  C: tl.constexpr, K: tl.constexpr, SLOPE: tl.constexpr, HAS_MASK: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, GROUPS: tl.constexpr, WIN: tl.constexpr):  # fmt: skip
+        """y[b, t] = tanh(sum_c sum_k w[c, k] xa[c, t + k - (K - 1) / 2] (+ bias)), xa = mask * leaky_relu(x).
+
+        A program's ``GROUPS x 16`` samples as ``GROUPS`` rows of 16: per channel, each row's window of
+        ``WIN`` (>= 15 + K) inputs is loaded and activated once, and multiplied on the tensor cores by
+        the channel's taps laid out as a band ``[WIN, 16]`` (``band[i, j] = w[i - j]``), so an input is
+        loaded and activated ``WIN / 16`` times instead of ``K`` and the products are not one
+        multiply-add per tap and channel on the ALUs."""
+        pid, b = tl.program_id(0), tl.program_id(1).to(tl.int64)
+        g = tl.arange(0, GROUPS)
+        i = tl.arange(0, WIN)
+        j = tl.arange(0, 16)
+        ts = (pid * GROUPS * 16 + g * 16 - (K - 1) // 2)[:, None] + i[None, :]  # [GROUPS, WIN] inputs
+        inside = (ts >= 0) & (ts < T)
+        if HAS_MASK:
+            mv = tl.load(m_ptr + b * T + ts, mask=inside, other=0.0).to(tl.float32)
+        acc = tl.zeros((GROUPS, 16), dtype=tl.float32)
+        for c in tl.static_range(C):
+            xv = tl.load(x_ptr + (b * C + c) * T + ts, mask=inside, other=0.0).to(tl.float32)
+            xv = tl.where(xv >= 0, xv, xv * SLOPE)
             if HAS_MASK:
-                mv = tl.load(m_ptr + b * T + ts, mask=inside, other=0.0).to(tl.float32)
-            for c in tl.static_range(C):
-                xv = tl.load(x_ptr + (b * C + c) * T + ts, mask=inside, other=0.0).to(tl.float32)
-                xv = tl.where(xv >= 0, xv, xv * SLOPE)
-                if HAS_MASK:
-                    xv = xv * mv
-                acc += xv * tl.load(w_ptr + k * C + c).to(tl.float32)
+                xv = xv * mv
+            band = tl.load(w_ptr + c * WIN * 16 + i[:, None] * 16 + j[None, :])
+            acc += tl.dot(xv.to(band.dtype), band)
         if HAS_BIAS:
             acc += tl.load(b_ptr).to(tl.float32)
         # tanh(a) = 1 - 2 / (exp(2a) + 1): exact limits (exp overflows to inf -> 1, underflows to 0 -> -1)
         y = 1.0 - 2.0 / (tl.exp(2.0 * acc) + 1.0)
+        t = pid * GROUPS * 16 + g[:, None] * 16 + j[None, :]
         tl.store(y_ptr + b * T + t, y.to(y_ptr.dtype.element_ty), mask=t < T)
 
 
@@ -101,9 +111,8 @@ if triton is not None:
 #: decode step within 5 % of this (batches of 16-64: 3 %) with 64x64x4, 128x128x8, 64x128x4 or 128x32x4
 #: (``bench/results/tts_gpu_experiments-h200-2026-12-03-fusedup.json``).
 ROW_TILES = (128, 64, 8)
-#: Samples per program of ``_conv_out`` (not tuned: the kernel takes ~0.3 ms a launch under load on
-#: the H200, far from what reading its input once costs; ``tts_load-h200-2026-12-03-fusedflow.md``).
-OUT_BLOCK_T = 1024
+#: Rows of 16 samples per program of ``_conv_out`` (1024 samples; not tuned).
+OUT_GROUPS = 64
 
 
 def _channel_block(c_in: int) -> int | None:
@@ -186,9 +195,14 @@ class FusedOut:
     def __init__(self, conv: nn.Conv1d, slope: float) -> None:
         if not self.supports(conv):
             raise ValueError(f"no fused output convolution for {conv}")
-        self.weight = conv.weight.detach()[0].t().contiguous()  # [K, C]
-        self.bias = None if conv.bias is None else conv.bias.detach().contiguous()
         self.channels, self.kernel = conv.in_channels, conv.kernel_size[0]
+        self.window = 1 << (14 + self.kernel).bit_length()  # a power of two >= 15 + kernel
+        taps = conv.weight.detach()[0]  # [C, K]
+        band = taps.new_zeros(self.channels, self.window, 16)  # band[c, j + k, j] = w[c, k]
+        for j in range(16):
+            band[:, j : j + self.kernel, j] = taps
+        self.weight = band.contiguous()
+        self.bias = None if conv.bias is None else conv.bias.detach().contiguous()
         self.slope = slope
 
     @staticmethod
@@ -202,11 +216,11 @@ class FusedOut:
         x = x.contiguous()
         batch, _, length = x.shape
         y = torch.empty(batch, length, dtype=x.dtype, device=x.device)
-        grid = (triton.cdiv(length, OUT_BLOCK_T), batch)
+        grid = (triton.cdiv(length, OUT_GROUPS * 16), batch)
         _conv_out[grid](x, self.weight, self.bias if self.bias is not None else self.weight,
                         mask.contiguous() if mask is not None else x, y, length, C=self.channels, K=self.kernel,
                         SLOPE=self.slope, HAS_MASK=mask is not None, HAS_BIAS=self.bias is not None,
-                        BLOCK_T=OUT_BLOCK_T, num_warps=4)  # fmt: skip
+                        GROUPS=OUT_GROUPS, WIN=self.window, num_warps=4)  # fmt: skip
         return y
 
 
