@@ -34,6 +34,11 @@ Examples::
     python -m bench.tts_load --backends onnx onnx-stream --concurrency 1 2 4 8 --hardware cpu-2c
     python -m bench.tts_load --mode ws --backends onnx onnx-stream --concurrency 1 2 4 8 --hardware cpu-2c --append
     python -m bench.tts_load --mode ws --backends cuda --concurrency 1,8,50,128 --hardware h200 --append
+    # configs/gpu.toml's TTS settings (the README's H200 rows; the flags' defaults are the engine's own, and in ws
+    # mode they override the file's):
+    python -m bench.tts_load --mode ws --backends cuda --concurrency 1 50 128 --ws-formats json --hardware h200 \\
+        --allocator native --fast-lanes 2 --chunk-frames 32 --polyphase --fused-blocks --fused-upsampling --fused-flow \\
+        --chunks-per-step 0 --main-in-flight 2 --encoder-convs gemm --fused-duration-predictor
     python -m bench.tts_load --plot bench/results/tts_load-h200-2026-11-29.json
     python -m bench.tts_load --make-sentences   # rebuild the JSON from tts_sentences.txt
 
