@@ -43,9 +43,12 @@ def fill_slots(runner: StepRunner, sentences: list[list[int]], noise: bool) -> l
 
 def decode_one(runner: StepRunner, slot: int, frames: int) -> np.ndarray:
     """One slot's utterance through the engine's chunk plan (first chunk, then larger ones), int16."""
-    pieces, done = [], 0
+    resampler, done = runner.resampler, 0
+    out = np.zeros(resampler.out_samples(frames * runner.geometry.hop_length), np.int16)
     while done < frames:
         size = runner.options.next_chunk(done, frames)
-        pieces.append(runner.fetch(runner.decode([slot], [done], size))[0][0])
+        row = runner.fetch(runner.decode([slot], [done], size))[0][0]
+        span = resampler.span(done, min(done + size, frames))
+        out[span.start : span.stop] = row[span.offset : span.offset + span.stop - span.start]
         done += size
-    return np.concatenate(pieces)[: frames * runner.geometry.hop_length]
+    return out

@@ -35,7 +35,8 @@ def cuda_variant(args: argparse.Namespace, timing_tag: bool) -> str:
             + ("-fusedflow" if getattr(args, "fused_flow", False) else "")
             + ("-gemmenc" if getattr(args, "encoder_convs", "cudnn") == "gemm" else "")
             + (f"-ids{len(args.phoneme_buckets)}" if getattr(args, "phoneme_buckets", None) else "")
-            + ("-fuseddp" if getattr(args, "fused_duration_predictor", False) else ""))
+            + ("-fuseddp" if getattr(args, "fused_duration_predictor", False) else "")
+            + (f"-out{args.output_rate}" if getattr(args, "output_rate", 0) else ""))
 
 
 class CudaBackend:
@@ -69,6 +70,7 @@ class CudaBackend:
             chunks_per_step=getattr(args, "chunks_per_step", 1),
             main_in_flight=getattr(args, "main_in_flight", 1), encoder_convs=getattr(args, "encoder_convs", "cudnn"),
             fused_duration_predictor=getattr(args, "fused_duration_predictor", False),
+            output_rate=getattr(args, "output_rate", 0),
             **({"phoneme_buckets": tuple(args.phoneme_buckets)} if getattr(args, "phoneme_buckets", None) else {}),
         )  # fmt: skip
         t0 = time.perf_counter()
@@ -76,6 +78,7 @@ class CudaBackend:
                                     gpu=gpu or GpuConfig(allocator=args.allocator))  # fmt: skip
         self.startup_s = time.perf_counter() - t0
         self.sample_rate = self.engine.sample_rate
+        self.output_rate = opts.output_rate
         self.name = f"cuda-{args.precision}" + cuda_variant(args, timing_tag=True)
         runner = self.engine.runner
         self.info = {
@@ -93,7 +96,7 @@ class CudaBackend:
             "fused_upsampling": opts.fused_upsampling, "fused_flow": opts.fused_flow, "chunks_per_step": opts.chunks_per_step,
             "main_in_flight": opts.main_in_flight, "encoder_convs": opts.encoder_convs,
             "phoneme_buckets": list(opts.phoneme_buckets), "fused_duration_predictor": opts.fused_duration_predictor,
-            "decode_batches": len(opts.decode_batches),
+            "decode_batches": len(opts.decode_batches), "output_rate": opts.output_rate,
             "precision": args.precision, "max_batch": args.max_batch,
         }  # fmt: skip
 

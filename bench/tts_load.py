@@ -38,7 +38,7 @@ Examples::
     # mode they override the file's):
     python -m bench.tts_load --mode ws --backends cuda --concurrency 1 50 128 --ws-formats json --hardware h200 \\
         --allocator native --fast-lanes 2 --chunk-frames 32 --polyphase --fused-blocks --fused-upsampling --fused-flow \\
-        --chunks-per-step 0 --main-in-flight 2 --encoder-convs gemm --fused-duration-predictor
+        --chunks-per-step 0 --main-in-flight 2 --encoder-convs gemm --fused-duration-predictor --output-rate 24000
     python -m bench.tts_load --plot bench/results/tts_load-h200-2026-11-29.json
     python -m bench.tts_load --make-sentences   # rebuild the JSON from tts_sentences.txt
 
@@ -65,8 +65,14 @@ from bench.tts_backends import CudaBackend, OnnxBackend, OnnxStreamBackend, sche
 from voxloop.config import ENCODER_CONVS
 
 #: Engine-mode rows: clients are threads in the bench process calling the engine; audio stays int16 at
-#: the voice's rate (no resampling, no serialization, no socket).
-ENGINE_CLIENTS = {"audio_format": "int16@native", "client_processes": 0}
+#: the engine's rate (the voice's, or ``--output-rate`` resampled on the GPU; no serialization, no socket).
+ENGINE_CLIENTS = {"client_processes": 0}
+
+
+def engine_clients(backend) -> dict:  # noqa: ANN001 - a bench.tts_backends backend
+    """``ENGINE_CLIENTS`` with the audio format the engine hands out (``int16@native`` or ``int16@<rate>``)."""
+    rate = getattr(backend, "output_rate", 0)
+    return {"audio_format": f"int16@{rate}" if rate else "int16@native", **ENGINE_CLIENTS}
 
 
 def make_sentences() -> None:
@@ -141,7 +147,7 @@ def run(args: argparse.Namespace) -> Path:
                 before = scheduler_counters(backend.engine.scheduler)
                 row = summarize(closed_loop(backend, sentences, clients, args.duration, args.warmup), backend, clients,
                                 args.hardware)  # fmt: skip
-                record({**row, **ENGINE_CLIENTS, "scheduler": scheduler_breakdown(before, scheduler_counters(backend.engine.scheduler))})
+                record({**row, **engine_clients(backend), "scheduler": scheduler_breakdown(before, scheduler_counters(backend.engine.scheduler))})
                 if args.gpu_profile and clients in args.gpu_profile_levels:
                     _, timeline = profile_kernels(lambda c=clients: closed_loop(backend, sentences, c, args.gpu_profile, 0.5))
                     print(f"[{backend.name}] gpu timeline, {clients} clients: {json.dumps(timeline)}", flush=True)
@@ -155,7 +161,7 @@ def run(args: argparse.Namespace) -> Path:
             for clients in levels:
                 backend = cls(args, workers=min(clients, os.cpu_count() or 1))
                 record({**summarize(closed_loop(backend, sentences, clients, args.cpu_duration, 1.0),
-                                    backend, clients, args.hardware), **ENGINE_CLIENTS})  # fmt: skip
+                                    backend, clients, args.hardware), **engine_clients(backend)})  # fmt: skip
         else:
             raise SystemExit(f"unknown backend {name!r}")
     print(f"wrote {out}")
@@ -268,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="tts.encoder_convs: the fp32 encoder's convolutions through cuDNN or as cuBLAS products")
     p.add_argument("--fused-duration-predictor", action="store_true",
                    help="tts.fused_duration_predictor: the duration predictor's layers and splines as fused Triton kernels")
+    p.add_argument("--output-rate", type=int, default=0,
+                   help="tts.output_rate: the engine resamples each chunk to this rate on the GPU, Hz (0: the voice's)")
     p.add_argument("--phoneme-buckets", type=int, nargs="+",
                    help="tts.phoneme_buckets: phoneme-id lengths of the encoder's graphs (default: the engine's)")
     p.add_argument("--gpu-profile", type=float, default=0.0, metavar="SECONDS",

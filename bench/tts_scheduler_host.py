@@ -32,6 +32,7 @@ import numpy as np
 from bench.harness import add_common_arguments, pyplot, result_path, write_json
 from tts_engine.torch_vits.chunked import ChunkGeometry
 from tts_engine.torch_vits.cuda_engine import batch_buckets
+from tts_engine.torch_vits.resample import ChunkResampler
 from tts_engine.torch_vits.runner import RunnerOptions, fast_lane_names
 from tts_engine.torch_vits.scheduler import BatchScheduler
 
@@ -47,6 +48,7 @@ class InstantRunner:
         self.fast_lanes = fast_lane_names(options.fast_lanes)
         self.lanes = (*self.fast_lanes, "main")
         self.geometry = ChunkGeometry(options.chunk_frames, 0, 0, HOP)
+        self.resampler = ChunkResampler(1, 1, HOP)  # the voice's rate: no resampling
         self.frames = frames
         self._audio = {c: np.zeros((options.max_slots, c * HOP), np.int16) for c in options.chunk_sizes}
 

@@ -53,7 +53,7 @@ import numpy as np
 from pipeline import gc_pauses
 from pipeline.speech import FirstAudioTiming, sentence_ids
 from pipeline.workers import NORMAL, ModelWorker
-from tts_engine.engine import AudioChunk, SynthesisOptions, resolve_options
+from tts_engine.engine import AudioChunk, SynthesisOptions, engine_defaults, resolve_options
 from tts_engine.resample import StreamResampler
 from voxloop.errors import Cancelled, ModelError
 
@@ -380,7 +380,7 @@ class EngineClient:
 
 
 class SpeechText:
-    """The front end's share of a voice: text -> phoneme ids, option checks, the native rate (no model)."""
+    """The front end's share of a voice: text -> phoneme ids, option checks, the engine's rate (no model)."""
 
     def __init__(self, cfg: Any) -> None:
         from tts_engine.frontend import TextFrontend
@@ -389,8 +389,9 @@ class SpeechText:
 
         path = models.resolve_voice(cfg).path
         self.voice = Voice.load(path, models.voice_config_path(cfg, path))
-        self.sample_rate = self.voice.sample_rate
-        self.defaults = SynthesisOptions.from_config(cfg.tts)
+        #: Rate of the engine's chunks: the voice's, or ``tts.output_rate`` (resampled in the engine).
+        self.sample_rate = cfg.tts.output_rate or self.voice.sample_rate
+        self.defaults = engine_defaults(SynthesisOptions.from_config(cfg.tts), cfg.tts.output_rate)
         if cfg.tts.zh_lexicon_path:
             from tts_engine.zh import configure
 
@@ -428,7 +429,8 @@ class _Streams:
 
 
 class RemoteSpeech(_Streams):
-    """``SpeechStage`` of a front end: phonemize here, synthesize in the engine process, resample here."""
+    """``SpeechStage`` of a front end: phonemize here, synthesize in the engine process, resample here
+    when the session asks for another rate than the engine's."""
 
     def __init__(self, link: EngineClient, text: SpeechText, text_worker: ModelWorker, inline_text_chars: int = 0) -> None:
         """``inline_text_chars``: see ``pipeline.speech.sentence_ids``."""

@@ -139,3 +139,21 @@ def test_decoding_ahead_settings_are_checked():
             load_config(None, bad, environ={})
     cfg = load_config(None, ["tts.speculate_frames=512", "tts.speculate_below=3"], environ={})
     assert (cfg.tts.speculate_frames, cfg.tts.speculate_below) == (512, 3)
+
+
+def test_output_rate_is_the_gpu_engines_and_the_default_rate_of_its_front_ends():
+    """``tts.output_rate``: refused without the cuda backend or out of range; with it, a front end
+    takes the engine's chunks at that rate and uses it for requests that name no rate."""
+    from pipeline.engine_link import SpeechText
+    from tts_engine.engine import SynthesisOptions
+
+    with pytest.raises(ConfigError, match="tts.output_rate"):
+        load_config(None, ["tts.output_rate=24000"], environ={})  # default backend: onnx
+    with pytest.raises(ConfigError, match="tts.output_rate"):
+        load_config(None, ["tts.backend=cuda", "tts.output_rate=4000"], environ={})
+    assert load_config("configs/gpu.toml", [], environ={}).tts.output_rate == 24000
+    text = SpeechText(load_config(None, ["tts.backend=cuda", "tts.output_rate=24000"], environ={}))
+    assert text.voice.sample_rate == 22050 and text.sample_rate == 24000
+    assert text.output_rate(SynthesisOptions()) == 24000 and text.output_rate(SynthesisOptions(sample_rate=16000)) == 16000
+    native = SpeechText(load_config(None, ["tts.backend=cuda"], environ={}))
+    assert native.sample_rate == 22050 and native.output_rate(SynthesisOptions()) == 22050

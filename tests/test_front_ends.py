@@ -61,7 +61,8 @@ def stop(proc) -> None:  # noqa: ANN001
 
 @pytest.fixture()
 def server():
-    proc, port = start("server.stages=tts")
+    # The engine hands out 24 kHz (resampled in its decoder steps), the sessions' rate: no front-end resampling.
+    proc, port = start("server.stages=tts", "tts.output_rate=24000")
     yield proc, port
     stop(proc)
 

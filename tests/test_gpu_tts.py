@@ -106,18 +106,21 @@ def test_gpu_fp32_matches_onnxruntime(model, voice_path):
         assert np.abs(mine - ref).max() < 1e-3
 
 
-@pytest.mark.parametrize("chunks_per_step, main_in_flight, encoder_convs",
-                         [(1, 1, "cudnn"), (0, 1, "cudnn"), (1, 2, "cudnn"), (0, 2, "cudnn"), (0, 2, "gemm")])
-def test_gpu_engine_chunks_equal_whole_utterance(model, voice_path, chunks_per_step, main_in_flight, encoder_convs):
+@pytest.mark.parametrize("chunks_per_step, main_in_flight, encoder_convs, output_rate",
+                         [(1, 1, "cudnn", 0), (0, 1, "cudnn", 0), (1, 2, "cudnn", 0), (0, 2, "cudnn", 0),
+                          (0, 2, "gemm", 0), (0, 2, "gemm", 24000)])  # fmt: skip
+def test_gpu_engine_chunks_equal_whole_utterance(model, voice_path, chunks_per_step, main_in_flight, encoder_convs,
+                                                 output_rate):  # fmt: skip
     """Chunks equal the whole utterance, one later chunk per step or all of them at once (rows of one
     request in launches of several sizes, copied back asynchronously, handed out in order), with one
     main launch at a time or two queued (each with its own event and staged buffers), and with the
     encoder's convolutions as cuBLAS products (``tts.encoder_convs = "gemm"``; the reference keeps
-    cuDNN's: the same durations, samples within the same 3 int16 steps)."""
+    cuDNN's: the same durations, samples within the same 3 int16 steps); with ``output_rate``
+    resampled in the decoder's graphs, equal to the whole utterance resampled at once."""
     from tts_engine.engine import SynthesisOptions
 
     eng = engine(voice_path, "fp32", chunks_per_step=chunks_per_step, main_in_flight=main_in_flight,
-                 encoder_convs=encoder_convs)  # fmt: skip
+                 encoder_convs=encoder_convs, output_rate=output_rate)  # fmt: skip
     quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
     try:
         assert all(s.graph is not None for s in [*eng.runner._encode_steps.values(), *eng.runner._decode_steps.values()])
@@ -126,7 +129,9 @@ def test_gpu_engine_chunks_equal_whole_utterance(model, voice_path, chunks_per_s
         for ids, request in zip(inputs, requests):
             chunks = list(request)
             audio = np.concatenate([c.pcm for c in chunks]).astype(np.int32)
-            ref = np.clip(whole(model, ids) * 32767, -32767, 32767).astype(np.int32)
+            resampled = eng.runner.resampler.whole(torch.from_numpy(whole(model, ids)).cuda()).cpu().numpy()
+            ref = np.clip(resampled * 32767, -32767, 32767).astype(np.int32)
+            assert {c.sample_rate for c in chunks} == {output_rate or 22050}
             assert audio.shape == ref.shape and len(chunks) > 1 and chunks[-1].final
             assert np.abs(audio - ref).max() <= 3
     finally:
@@ -243,8 +248,11 @@ def test_gpu_polyphase_and_fused_blocks_keep_the_audio(model, voice_path):
     it another way (the fused flow keeps fp32 between layers) moves a sentence's SNR by up to ~5 dB
     either way (H200: 48.6 and 40.6 dB against 43.6 and 43.5,
     ``bench/results/test_gpu_tts-h200-2026-12-03-fusedflow2.txt``), so the fused flow is held to the
-    mean over 8 sentences within 1 dB of the plain engine's."""
+    mean over 8 sentences within 1 dB of the plain engine's. Resampled to 24 kHz in the decoder's
+    steps (``output_rate``, configs/gpu.toml), each sentence against fp32 resampled at once by the same
+    filter: >= the floor, the mean within 1 dB of the all-fused mean at the voice's rate."""
     from tts_engine.engine import SynthesisOptions
+    from tts_engine.torch_vits.resample import ChunkResampler
     from voxloop.errors import ConfigError
 
     if running_allocator() != "native":  # conftest's default: the engine refuses, so run this in a native process
@@ -283,6 +291,18 @@ def test_gpu_polyphase_and_fused_blocks_keep_the_audio(model, voice_path):
     mean_plain, mean_flow = np.mean([row[0] for row in table]), np.mean([row[3] for row in table])
     print(f"mean over {len(table)} sentences: plain {mean_plain:.2f} dB, all fused {mean_flow:.2f} dB")
     assert mean_flow >= mean_plain - 1.0
+    # configs/gpu.toml's settings: all fused, resampled to 24 kHz in the decoder's steps; against fp32
+    # resampled at once by the same filter, as close as at the voice's rate.
+    at_24k = speak(engine(voice_path, "fp16", polyphase=True, fused_blocks=True, fused_upsampling=True,
+                          fused_flow=True, output_rate=24000))  # fmt: skip
+    resampler = ChunkResampler(22050, 24000, 256, "cuda")
+    snrs_24k = []
+    for audio, ref in zip(at_24k, refs):
+        ref_24k = resampler.whole(torch.from_numpy(ref).cuda()).cpu().numpy()
+        assert audio.shape == ref_24k.shape
+        snrs_24k.append(snr_db(ref_24k, audio / 32767.0))
+    print("all fused, 24 kHz: " + ", ".join(f"{x:.1f}" for x in snrs_24k) + f" dB, mean {np.mean(snrs_24k):.2f} dB")
+    assert min(snrs_24k) >= LOW_PRECISION_MIN_SNR_DB["fp16"] and np.mean(snrs_24k) >= mean_flow - 1.0
 
 
 def test_gpu_fused_duration_predictor_keeps_durations_and_audio(model, voice_path):

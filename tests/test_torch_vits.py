@@ -22,6 +22,7 @@ from tts_engine.engine import SynthesisOptions  # noqa: E402
 from tts_engine.torch_vits import chunked  # noqa: E402
 from tts_engine.torch_vits.gemm_conv import GemmConv1d, use_gemm_convs  # noqa: E402
 from tts_engine.torch_vits.model import Vits, VitsConfig, pad_ids  # noqa: E402
+from tts_engine.torch_vits.resample import ChunkResampler  # noqa: E402
 from tts_engine.torch_vits.runner import RunnerOptions, StepRunner, bucket_for  # noqa: E402
 from tts_engine.torch_vits.scheduler import BatchScheduler, Scales  # noqa: E402
 from tts_engine.torch_vits.weights import load_vits, save_checkpoint, state_dict_from_checkpoint  # noqa: E402
@@ -275,6 +276,19 @@ def tiny_runner(**kw) -> StepRunner:
     return StepRunner(tiny_model(), opts)
 
 
+def speak_random_clauses(runner: StepRunner, sample_rate: int, seed: int) -> tuple[list[list[int]], list[list]]:
+    """Six clauses of random ids (more than the tiny runner's slots: some queue) through a scheduler
+    on ``runner``, noise off; returns the ids and each clause's chunks."""
+    scheduler = BatchScheduler(runner, sample_rate=sample_rate, queue_size=16)
+    rng = np.random.default_rng(seed)
+    inputs = [list(rng.integers(1, TINY.n_vocab, n)) for n in (9, 30, 57, 12, 44, 20)]
+    try:
+        requests = [scheduler.submit(ids, Scales(0.0, 1.0, 0.0)) for ids in inputs]
+        return inputs, [list(r) for r in requests]
+    finally:
+        scheduler.close()
+
+
 @pytest.mark.parametrize("tail_chunk_frames, polyphase, chunks_per_step, main_in_flight, encoder_convs",
                          [(0, False, 1, 1, "cudnn"), (64, False, 1, 1, "cudnn"), (64, True, 1, 1, "cudnn"),
                           (32, False, 0, 1, "cudnn"), (32, False, 2, 1, "cudnn"), (32, False, 1, 2, "cudnn"),
@@ -292,14 +306,7 @@ def test_scheduler_batched_chunks_equal_whole_utterances(tail_chunk_frames, poly
     gemm_convs = [m for m in runner.model.modules() if isinstance(m, GemmConv1d)]
     assert len(gemm_convs) == (0 if encoder_convs == "cudnn" else sum(
         isinstance(m, torch.nn.Conv1d) for part in (reference.enc_p, reference.dp) for m in part.modules()))
-    scheduler = BatchScheduler(runner, sample_rate=22050, queue_size=16)
-    rng = np.random.default_rng(1)
-    inputs = [list(rng.integers(1, TINY.n_vocab, n)) for n in (9, 30, 57, 12, 44, 20)]  # > slots: queued
-    try:
-        requests = [scheduler.submit(ids, Scales(0.0, 1.0, 0.0)) for ids in inputs]
-        results = [list(r) for r in requests]
-    finally:
-        scheduler.close()
+    inputs, results = speak_random_clauses(runner, 22050, seed=1)
     for ids, chunks in zip(inputs, results):
         whole, samples = reference.infer(torch.tensor([ids]), torch.tensor([len(ids)]), 0.0, 1.0, 0.0)
         audio = np.concatenate([c.pcm for c in chunks])
@@ -312,6 +319,24 @@ def test_scheduler_batched_chunks_equal_whole_utterances(tail_chunk_frames, poly
             done += sizes[-1]
         assert [c.num_samples // runner.geometry.hop_length for c in chunks] == sizes
         assert [c.final for c in chunks] == [False] * (len(chunks) - 1) + [True]
+
+
+@pytest.mark.parametrize("voice_rate, output_rate", [(22050, 24000), (22050, 16000)])
+def test_scheduler_resampled_chunks_equal_the_whole_utterance_resampled(voice_rate, output_rate):
+    """With ``output_rate`` each decoder step resamples its rows (``resample.ChunkResampler``): the
+    chunks handed out are at ``output_rate`` and join into the whole utterance resampled at once."""
+    runner = tiny_runner(tail_chunk_frames=32, chunks_per_step=0, main_in_flight=2, voice_rate=voice_rate,
+                         output_rate=output_rate)  # fmt: skip
+    assert runner.resampler.edge_frames > 0 and runner.geometry.edge_frames == runner.resampler.edge_frames
+    reference = tiny_model()
+    inputs, results = speak_random_clauses(runner, output_rate, seed=2)
+    for ids, chunks in zip(inputs, results):
+        whole, samples = reference.infer(torch.tensor([ids]), torch.tensor([len(ids)]), 0.0, 1.0, 0.0)
+        expected = chunked.to_int16(runner.resampler.whole(whole[0, : int(samples[0])])).numpy()
+        audio = np.concatenate([c.pcm for c in chunks])
+        assert {c.sample_rate for c in chunks} == {output_rate} and len(chunks) > 1
+        assert audio.shape == expected.shape == (-(-int(samples[0]) * output_rate // voice_rate),)
+        assert np.abs(audio.astype(np.int32) - expected).max() <= 1  # float rounding before truncation
 
 
 class _CountingRunner(StepRunner):
@@ -479,6 +504,7 @@ class _BlockingRunner:
         self.fast_lanes = ("fast",)
         self.lanes = ("fast", "main")
         self.geometry = chunked.ChunkGeometry(16, 0, 0, 4)
+        self.resampler = ChunkResampler(1, 1, 4)  # the voice's rate: no resampling
         self.frames = frames
         self.go = threading.Semaphore(0)
         self.decoded: list[list[tuple[int, int]]] = []
@@ -879,6 +905,43 @@ def test_cuda_engine_on_cpu_speaks_text_like_the_onnx_engine(cfg, voice_path):
         next(stream)
         stream.close()  # consumer gone (barge-in): the request is cancelled, the slot freed
         assert len(list(engine.synthesize_ids(bench_ids(1)[0]))) > 1
+    finally:
+        engine.close()
+
+
+@pytest.mark.slow
+def test_cuda_engine_resampling_on_the_device_sounds_like_soxr(voice_path):
+    """``output_rate`` = 24 kHz: the engine hands out 24 kHz chunks (also by default); each sentence is
+    within 60 dB of the CPU engine's sentence resampled alone by soxr (HQ); other rates are resampled
+    from 24 kHz."""
+    import soxr
+
+    from tts_engine.cpu_engine import OnnxTtsEngine
+    from tts_engine.torch_vits.cuda_engine import CudaTtsEngine
+    from tts_engine.voice import Voice
+
+    voice = Voice.load(voice_path)
+    options = RunnerOptions(chunk_frames=32, tail_chunk_frames=128, max_frames=1024, decode_batches=(1, 2),
+                            encode_batches=(1, 2), phoneme_buckets=(128, 256), output_rate=24000)  # fmt: skip
+    engine = CudaTtsEngine(voice, options, device="cpu")
+    reference = OnnxTtsEngine(voice)
+    quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
+    try:
+        assert engine.sample_rate == 24000 and engine.runner.resampler.edge_frames == 1
+        text = "Hello there. The second sentence is a little longer than the first one."
+        chunks = list(engine.synthesize(text, quiet))  # no rate named: the engine's
+        ref = list(reference.synthesize(text, quiet))  # the voice's 22 050 Hz
+        assert {c.sample_rate for c in chunks} == {24000} and {c.sample_rate for c in ref} == {22050}
+        for index in range(2):
+            mine = np.concatenate([c.pcm for c in chunks if c.clause_index == index]).astype(np.float64)
+            native = np.concatenate([c.pcm for c in ref if c.clause_index == index]).astype(np.float64)
+            theirs = soxr.resample(native, 22050, 24000, quality="HQ")
+            assert len(mine) == -(-len(native) * 24000 // 22050) and abs(len(mine) - len(theirs)) <= 1
+            n = min(len(mine), len(theirs))
+            noise = ((mine[:n] - theirs[:n]) ** 2).mean()
+            assert 10 * np.log10((theirs[:n] ** 2).mean() / noise) > 60  # 72-75 dB measured on CPU
+        at_16k = list(engine.synthesize("Hello there.", SynthesisOptions(sample_rate=16000)))
+        assert {c.sample_rate for c in at_16k} == {16000}
     finally:
         engine.close()
 

@@ -7,6 +7,7 @@ in samples unless a name says ``_s`` (seconds) or ``_ms``.
 from __future__ import annotations
 
 from collections.abc import Iterator
+import dataclasses
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -89,6 +90,14 @@ class ResolvedOptions:
     speaker_id: int | None
     #: Output rate, Hz.
     sample_rate: int
+
+
+def engine_defaults(defaults: SynthesisOptions, output_rate: int) -> SynthesisOptions:
+    """``defaults`` with an engine's output rate (``tts.output_rate``, 0: none) as the rate of
+    requests that name none, unless the defaults name one."""
+    if output_rate and defaults.sample_rate is None:
+        return dataclasses.replace(defaults, sample_rate=output_rate)
+    return defaults
 
 
 def resolve_options(options: SynthesisOptions | None, defaults: SynthesisOptions, voice) -> ResolvedOptions:

@@ -404,6 +404,12 @@ class TtsConfig:
     #: spline flows as fused Triton kernels: ~400 fewer kernels in each encoder launch, the same
     #: fp32 arithmetic (durations unchanged); needs gpu.allocator = "native" with CUDA graphs.
     fused_duration_predictor: bool = False
+    #: GPU (cuda backend): the rate the engine delivers, Hz; 0 = the voice's own (22 050 Hz for Piper's
+    #: medium voices). Each chunk is resampled inside its decoder step on the GPU (a 128-tap
+    #: Kaiser-windowed sinc, ~80 dB stopband; the chunks join into the whole sentence resampled at
+    #: once), so the front ends resample only for sessions that ask for another rate. It is also the
+    #: default output rate when a request names none. 24000: the OpenAI Realtime format's rate.
+    output_rate: int = 0
     #: GPU: phoneme-id lengths the encoder's graphs are captured for, ascending. A batch of new
     #: requests is padded to the smallest one that holds its longest clause; the largest is the
     #: longest clause accepted (longer ones are refused with an error). More sizes: less padding,
@@ -460,6 +466,9 @@ class TtsConfig:
             raise ConfigError(f"tts.chunks_per_step must be >= 0 (0: all of a request's chunks), got {self.chunks_per_step}")
         if self.batch_buckets not in ("fine", "coarse"):
             raise ConfigError(f"tts.batch_buckets must be 'fine' or 'coarse', got {self.batch_buckets!r}")
+        if self.output_rate and not (8_000 <= self.output_rate <= 192_000 and self.backend == "cuda"):
+            raise ConfigError(f"tts.output_rate must be 0 (the voice's rate) or 8000..192000 Hz with tts.backend = "
+                              f"'cuda' (it resamples on the GPU), got {self.output_rate} with {self.backend!r}")  # fmt: skip
         if self.first_clause_max_words < 0:
             raise ConfigError(f"tts.first_clause_max_words must be >= 0 (0: off), got {self.first_clause_max_words}")
 

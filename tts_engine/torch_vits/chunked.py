@@ -8,6 +8,8 @@ middle ``chunk_frames * hop`` samples are kept. Frames outside the utterance are
 (the model masks every convolution's input), so windows at the utterance's edges are
 exact too. ``context = flow.receptive_radius + dec.receptive_radius`` (32 + 11 frames
 for Piper "medium"). Every shape depends only on the batch size: CUDA-graph friendly.
+With ``edge_frames`` the decoder's output is exact on that many frames beyond each side too
+(what a resampler of the chunk reads: ``resample.ChunkResampler``).
 """
 
 from __future__ import annotations
@@ -34,10 +36,13 @@ class ChunkGeometry:
     dec_context: int
     #: Audio samples per frame.
     hop_length: int
+    #: Frames of exact decoder output kept beyond each side of the chunk (a resampler's context,
+    #: ``resample.ChunkResampler.edge_frames``); the flow and decoder contexts widen by as much.
+    edge_frames: int = 0
 
     @property
     def context(self) -> int:
-        return self.flow_context + self.dec_context
+        return self.flow_context + self.dec_context + self.edge_frames
 
     @property
     def window_frames(self) -> int:
@@ -49,10 +54,11 @@ class ChunkGeometry:
         return self.chunk_frames * self.hop_length
 
     @staticmethod
-    def for_model(model: Vits, chunk_frames: int) -> ChunkGeometry:
-        if chunk_frames < 1:
-            raise ValueError(f"chunk_frames must be >= 1, got {chunk_frames}")
-        return ChunkGeometry(chunk_frames, model.flow.receptive_radius, model.dec.receptive_radius, model.hop_length)
+    def for_model(model: Vits, chunk_frames: int, edge_frames: int = 0) -> ChunkGeometry:
+        if chunk_frames < 1 or edge_frames < 0:
+            raise ValueError(f"chunk_frames must be >= 1 and edge_frames >= 0, got {chunk_frames}, {edge_frames}")
+        return ChunkGeometry(chunk_frames, model.flow.receptive_radius, model.dec.receptive_radius, model.hop_length,
+                             edge_frames)  # fmt: skip
 
 
 def gather_windows(
@@ -79,7 +85,8 @@ def gather_windows(
 def decode_windows(
     model: Vits, z: torch.Tensor, mask: torch.Tensor, geometry: ChunkGeometry, g: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """``z`` [B, C, W], ``mask`` [B, 1, W] (model dtype) -> float audio [B, (W - 2 * context) * hop].
+    """``z`` [B, C, W], ``mask`` [B, 1, W] (model dtype) -> float audio
+    [B, (W - 2 * (context - edge_frames)) * hop]: the chunk and ``edge_frames`` on each side.
 
     Only the contexts of ``geometry`` are used, so any window width works (ONNX export).
     """

@@ -14,13 +14,14 @@ whole-utterance audio. Also runs on CPU (eager, no graphs) for tests.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
 
-from tts_engine.engine import AudioChunk, SynthesisOptions, check_phoneme_ids, resolve_options
+from tts_engine.engine import AudioChunk, SynthesisOptions, check_phoneme_ids, engine_defaults, resolve_options
 from tts_engine.resample import StreamResampler
 from tts_engine.torch_vits.buffers import HostBufferPool
 from tts_engine.torch_vits.gpu_memory import GpuMemory, configure_allocator
@@ -32,9 +33,6 @@ from voxloop.config import Config, GpuConfig
 from voxloop.errors import ConfigError, ModelError
 
 log = logging.getLogger(__name__)
-
-#: Output rates accepted in ``SynthesisOptions.sample_rate``, Hz (as the CPU engine).
-
 
 def batch_buckets(max_batch: int, fine: bool = True) -> tuple[int, ...]:
     """Batch sizes up to ``max_batch``: powers of two, plus ``max_batch``; with ``fine``, also
@@ -84,8 +82,11 @@ class CudaTtsEngine:
         #: The process's device memory pool (None on CPU).
         self.memory = GpuMemory(gpu, device) if on_cuda else None
         self.voice = voice
-        self.sample_rate = voice.sample_rate
-        self.defaults = defaults or SynthesisOptions()
+        options = dataclasses.replace(options, voice_rate=voice.sample_rate)
+        #: Rate of the chunks the scheduler hands out: ``options.output_rate`` (resampled on the device)
+        #: or the voice's.
+        self.sample_rate = options.output_rate or voice.sample_rate
+        self.defaults = engine_defaults(defaults or SynthesisOptions(), options.output_rate)
         self._max_text_chars = max_text_chars
         self._frontend = None
         model = load_vits(weights_path or voice.model_path)
@@ -143,6 +144,7 @@ class CudaTtsEngine:
             state_budget_mb=cfg.gpu.tts_state_budget_mb,
             encode_budget_mb=cfg.gpu.tts_encode_budget_mb,
             decode_budget_mb=cfg.gpu.tts_decode_budget_mb,
+            output_rate=tts.output_rate,
         )
         if (options.compiles or options.fused_kernels) and str(tts.device).startswith("cuda") and torch.cuda.is_available():
             from tts_engine.torch_vits.compile_cache import ENV, TRITON_ENV, use_device_compile_cache
@@ -173,7 +175,7 @@ class CudaTtsEngine:
         return self._frontend
 
     def submit(self, phoneme_ids: Sequence[int], options: SynthesisOptions | None = None) -> SpeechRequest:
-        """Queue one clause and return its handle at once (native rate); Overloaded when full."""
+        """Queue one clause and return its handle at once (chunks at ``sample_rate``); Overloaded when full."""
         scales, _ = self._resolve(options)
         return self.scheduler.submit(self._check_ids(phoneme_ids), scales)
 
@@ -195,8 +197,8 @@ class CudaTtsEngine:
     def submit_sentences(
         self, sentences: Sequence[Sequence[int]], options: SynthesisOptions | None = None, sink: Sink | None = None
     ) -> tuple[list[SpeechRequest], int]:
-        """Queue every sentence at once (``clause_index`` = position); returns the requests (native
-        rate) and the output rate the options ask for. With ``sink``, chunks go there in bulk."""
+        """Queue every sentence at once (``clause_index`` = position); returns the requests (chunks
+        at ``sample_rate``) and the output rate the options ask for. With ``sink``, chunks go there in bulk."""
         scales, rate = self._resolve(options)
         requests: list[SpeechRequest] = []
         try:

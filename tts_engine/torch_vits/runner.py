@@ -39,6 +39,7 @@ import torch
 
 from tts_engine.torch_vits.buffers import HostBufferPool
 from tts_engine.torch_vits.chunked import ChunkGeometry, decode_windows, gather_windows, to_int16
+from tts_engine.torch_vits.resample import ChunkResampler
 from tts_engine.torch_vits.gemm_conv import use_gemm_convs
 from tts_engine.torch_vits.gpu_memory import GpuMemory
 from tts_engine.torch_vits.model import Vits
@@ -147,6 +148,11 @@ class RunnerOptions:
     #: CUDA: the stochastic duration predictor's layers and spline flows as fused Triton kernels
     #: (``fused_duration``): ~400 fewer kernels per encoder launch, the same fp32 arithmetic.
     fused_duration_predictor: bool = False
+    #: The voice's rate and the rate the decoder steps deliver, Hz (0: the voice's): resampled on
+    #: the device inside each step (``resample.ChunkResampler``), the chunks still joining into the
+    #: whole utterance's audio resampled at once.
+    voice_rate: int = 0
+    output_rate: int = 0
 
     @property
     def compiles(self) -> bool:
@@ -335,7 +341,15 @@ class StepRunner:
                 raise ValueError("fused_duration_predictor needs CUDA and triton, and not compile_encoder; got "
                                  f"{self.device}, compile_encoder={options.compile_encoder}")  # fmt: skip
             fused_duration.use_fused_duration_predictor(self.model.dp)
-        self.geometries = {c: ChunkGeometry.for_model(self.model, c) for c in options.chunk_sizes}
+        if options.output_rate and not options.voice_rate:
+            raise ValueError(f"output_rate {options.output_rate} needs the voice's rate (voice_rate)")
+        rate = options.voice_rate or 1
+        #: Device resampling of each chunk (identity unless ``output_rate`` differs from the voice's).
+        self.resampler = ChunkResampler(rate, options.output_rate or rate, self.model.hop_length, self.device)
+        #: Rate of the audio ``decode`` returns, Hz (0: the voice's, unknown to the runner).
+        self.sample_rate = options.output_rate or options.voice_rate
+        edge = self.resampler.edge_frames
+        self.geometries = {c: ChunkGeometry.for_model(self.model, c, edge) for c in options.chunk_sizes}
         self.geometry = self.geometries[options.chunk_frames]
         c, s = self.model.config, options.max_slots + 1
         self.scratch_slot = options.max_slots
@@ -497,7 +511,7 @@ class StepRunner:
         g = model.speaker_embedding(self.speakers.index_select(0, slots))
         g = None if g is None else g.to(self.dtype)
         audio = decode_windows(model, z.to(self.dtype), mask.to(self.dtype), geometry, g)
-        return to_int16(audio)
+        return to_int16(self.resampler(audio, starts, frames, geometry.chunk_frames))
 
     # ---------------------------------------------------------------- running
 
@@ -539,7 +553,8 @@ class StepRunner:
         """Queue one ``chunk``-frame chunk (default ``chunk_frames``) for each (slot, start frame)
         on ``lane`` (a fast lane: first chunks only, ``chunk`` = ``chunk_frames``).
 
-        Returns int16 [len(slots), chunk * hop] on the device (not synced). The lanes do not wait
+        Returns int16 [len(slots), resampler.row_samples(chunk)] on the device (not synced; chunk * hop
+        samples at the voice's rate, ``resampler.span`` says which are a row's). The lanes do not wait
         for each other: decode a slot on the main lane once its encoder is done (fetched), or
         pass ``after`` the events ``mark`` returned behind its encoder (the GPU waits for them).
         """

@@ -100,7 +100,7 @@ class Scales:
 
 @dataclass(eq=False)
 class SpeechRequest:
-    """Handle of one submitted clause; iterate for its int16 chunks at the voice's rate."""
+    """Handle of one submitted clause; iterate for its int16 chunks at ``sample_rate`` (the runner's)."""
 
     ids: tuple[int, ...]
     scales: Scales
@@ -533,7 +533,8 @@ class BatchScheduler:
             log.warning("utterance of %d frames cut to tts max_frames=%d", frames, cap)
         request.frames = min(frames, cap)
         # The whole utterance's audio, from the pool; chunks are views into it.
-        request.audio = self.audio_pool.lease((request.frames * self.runner.geometry.hop_length,), np.int16)
+        samples = self.runner.resampler.out_samples(request.frames * self.runner.geometry.hop_length)
+        request.audio = self.audio_pool.lease((samples,), np.int16)
 
     def _deliver(self, batch: list[SpeechRequest], audio: np.ndarray, chunk: int) -> None:
         """Row i is ``batch[i]``'s next chunk of ``chunk`` frames."""
@@ -546,13 +547,13 @@ class BatchScheduler:
         if request.audio is None or request.next_frame != start or request.cancelled:
             return
         assert request.frames is not None
-        hop = self.runner.geometry.hop_length
         n = min(chunk, request.frames - start)
         self.launch_stats["decode_frames_out"] += n
         request.next_frame += n
         final = request.next_frame >= request.frames
-        pcm = request.audio[start * hop : (start + n) * hop]
-        pcm[:] = row[: n * hop]
+        span = self.runner.resampler.span(start, start + n)
+        pcm = request.audio[span.start : span.stop]
+        pcm[:] = row[span.offset : span.offset + len(pcm)]
         self._post(request, AudioChunk(pcm, request.sample_rate, request.clause_index, final))
         if final:
             self._release(request)
