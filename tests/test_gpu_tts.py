@@ -388,3 +388,21 @@ def test_gpu_graph_budgets_need_the_native_allocator(voice_path):
                          phoneme_buckets=(64, 128, 256), decode_budget_mb=100)  # fmt: skip
     with pytest.raises(ConfigError, match="allocator = 'native'"):
         CudaTtsEngine(Voice.load(voice_path), opts, device="cuda")
+
+
+def test_gpu_fused_resampler_is_the_same_resampler():
+    """The resampler's Triton kernel (used with ``fused_upsampling``) against its PyTorch path on the
+    GPU: every handed-out sample of 256-frame chunks at most one int16 step apart."""
+    from tts_engine.torch_vits.resample import ChunkResampler
+
+    plain = ChunkResampler(22050, 24000, 256, "cuda")
+    fused = ChunkResampler(22050, 24000, 256, "cuda", fused=True)
+    torch.manual_seed(0)
+    audio = (torch.rand(48, (256 + 2 * plain.edge_frames) * 256, device="cuda") - 0.5).half()
+    starts = torch.arange(48, device="cuda") * 7
+    frames = starts + torch.arange(48, device="cuda") * 11 + 1  # some utterances end inside their chunk
+    want, got = plain.int16(audio, starts, frames, 256).cpu(), fused.int16(audio, starts, frames, 256).cpu()
+    for row, (s, f) in enumerate(zip(starts.tolist(), frames.tolist())):
+        span = plain.span(s, min(s + 256, f))
+        part = slice(span.offset, span.offset + span.stop - span.start)
+        assert span.stop > span.start and (got[row, part].int() - want[row, part].int()).abs().max() <= 1

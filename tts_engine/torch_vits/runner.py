@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from tts_engine.torch_vits.buffers import HostBufferPool
-from tts_engine.torch_vits.chunked import ChunkGeometry, decode_windows, gather_windows, to_int16
+from tts_engine.torch_vits.chunked import ChunkGeometry, decode_windows, gather_windows
 from tts_engine.torch_vits.resample import ChunkResampler
 from tts_engine.torch_vits.gemm_conv import use_gemm_convs
 from tts_engine.torch_vits.gpu_memory import GpuMemory
@@ -345,7 +345,8 @@ class StepRunner:
             raise ValueError(f"output_rate {options.output_rate} needs the voice's rate (voice_rate)")
         rate = options.voice_rate or 1
         #: Device resampling of each chunk (identity unless ``output_rate`` differs from the voice's).
-        self.resampler = ChunkResampler(rate, options.output_rate or rate, self.model.hop_length, self.device)
+        self.resampler = ChunkResampler(rate, options.output_rate or rate, self.model.hop_length, self.device,
+                                        fused=options.fused_upsampling)  # fmt: skip
         #: Rate of the audio ``decode`` returns, Hz (0: the voice's, unknown to the runner).
         self.sample_rate = options.output_rate or options.voice_rate
         edge = self.resampler.edge_frames
@@ -511,7 +512,7 @@ class StepRunner:
         g = model.speaker_embedding(self.speakers.index_select(0, slots))
         g = None if g is None else g.to(self.dtype)
         audio = decode_windows(model, z.to(self.dtype), mask.to(self.dtype), geometry, g)
-        return to_int16(self.resampler(audio, starts, frames, geometry.chunk_frames))
+        return self.resampler.int16(audio, starts, frames, geometry.chunk_frames)
 
     # ---------------------------------------------------------------- running
 
