@@ -18,7 +18,8 @@ outputs fed by ``Mb = G * M`` inputs, block ``q`` is one matrix product of the `
 inputs from ``Mb * q - taps / 2`` with the ``[Lb, Mb + taps]`` filter matrix: a gather and a
 ``matmul`` (fp32), captured in the decoder's CUDA graphs. With the decoder's fused kernels
 (``fused=True``) one Triton kernel computes each output from its phase's taps and writes int16:
-one kernel instead of about fifteen in each decoder step.
+one kernel instead of about fifteen, in the decoder steps small enough for it to be faster
+(``FUSED_MAX_SAMPLES``).
 
 A chunk of frames ``[s, e)`` delivers outputs ``[ceil(s*hop*L/M), ceil(e*hop*L/M))``: each
 output belongs to the chunk in which its centre lies, and the chunks' outputs join into the
@@ -48,6 +49,11 @@ KAISER_BETA = 7.86
 MIN_BLOCK_INPUTS = 128
 #: Output samples per program of the fused kernel.
 FUSED_BLOCK = 64
+#: The fused kernel runs steps of at most this many output samples (rows x row samples); larger ones
+#: take the matrix product. H200, 22 050 -> 24 000 Hz, in a CUDA graph: 32 frames x 1 row 0.007 vs
+#: 0.042 ms, 256 x 1 0.023 vs 0.051 ms, 32 x 16 0.044 vs 0.053 ms, but 256 x 48 0.97 vs 0.20 ms (each
+#: output loads its 128 inputs itself; the product shares them).
+FUSED_MAX_SAMPLES = 1 << 18
 
 if triton is not None:
     import triton.language as tl
@@ -187,7 +193,7 @@ class ChunkResampler:
 
     def int16(self, audio: torch.Tensor, starts: torch.Tensor, frames: torch.Tensor, chunk_frames: int) -> torch.Tensor:
         """``__call__`` converted to int16 like ``chunked.to_int16`` (the decoder steps' output)."""
-        if not self.fused:
+        if not self.fused or audio.shape[0] * self.row_samples(chunk_frames) > FUSED_MAX_SAMPLES:
             return to_int16(self(audio, starts, frames, chunk_frames))
         if audio.stride(1) != 1:
             audio = audio.contiguous()
