@@ -13,7 +13,8 @@ flow's fused WaveNet layers, ``fused_flow``, and with ``--gate-tiles`` in other 
 kernels); ``--flow-precision N``: per sentence, SNR against
 fp32 of the fp16 flow (PyTorch's and fused) and of the audio after it; ``--tiles`` times one residual step (dilated convolution,
 activation, mask, bias, residual) per channel count, cuDNN + PyTorch's pointwise ops against the
-fused kernel in each tile shape. Writes ``<out>/tts_gpu_experiments-<hardware>-<date>.json``. Example::
+fused kernel in each tile shape; ``--resample`` times the decoder step's resampling to 24 kHz both
+ways (``resample.FUSED_MAX_SAMPLES``). Writes ``<out>/tts_gpu_experiments-<hardware>-<date>.json``. Example::
 
     python -m bench.tts_gpu_experiments --voice VOICE.onnx --hardware h200 --out /tmp/exp [--fused --tiles]
 """
@@ -113,6 +114,33 @@ def tile_rows(synth, batch: int = 48, frames: int = 278) -> list[dict]:
                 row[f"fused_{tiles[0]}x{tiles[1]}w{tiles[2]}_error"] = str(exc)[:120]
         rows.append(row)
         print(json.dumps(row), flush=True)
+    return rows
+
+
+def resample_rows(shapes: list[tuple[int, int]], in_rate: int = 22050, out_rate: int = 24000) -> list[dict]:
+    """The decoder step's resampling (``resample.ChunkResampler.int16``) per (chunk, batch) shape, CUDA
+    graph: PyTorch's gather + matrix product against the Triton kernel (``fused``), both forced;
+    what ``FUSED_MAX_SAMPLES`` chooses between."""
+    from tts_engine.torch_vits import resample
+
+    plain = resample.ChunkResampler(in_rate, out_rate, 256, "cuda")
+    fused = resample.ChunkResampler(in_rate, out_rate, 256, "cuda", fused=True)
+    rows, limit = [], resample.FUSED_MAX_SAMPLES
+    resample.FUSED_MAX_SAMPLES = 1 << 62  # time the kernel at every shape
+    try:
+        for chunk, batch in shapes:
+            audio = torch.rand(batch, (chunk + 2 * plain.edge_frames) * 256, device="cuda").half() - 0.5
+            starts = torch.arange(batch, device="cuda") * 3
+            frames = starts + chunk + 40
+            row = {"what": "resample", "rates": [in_rate, out_rate], "chunk": chunk, "batch": batch,
+                   "output_samples": batch * plain.row_samples(chunk), "fused_max_samples": limit}  # fmt: skip
+            for name, r in (("product", plain), ("kernel", fused)):
+                g, _ = graphed(lambda r=r: r.int16(audio, starts, frames, chunk))
+                row[f"{name}_graph_ms"] = round(timed(g.replay, 50), 4)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        resample.FUSED_MAX_SAMPLES = limit
     return rows
 
 
@@ -216,6 +244,8 @@ def main() -> int:
     p.add_argument("--flow-precision", type=int, default=0, metavar="N",
                    help="per sentence of the first N: SNR against fp32 of the fp16 flow (PyTorch's and fused) and "
                         "of the audio, and of the audio with an fp32 flow before the fp16 decoder")
+    p.add_argument("--resample", action="store_true",
+                   help="per shape: the decoder step's 22 050 -> 24 000 Hz resampling, matrix product vs Triton kernel")
     p.add_argument("--profile", action="store_true",
                    help="per shape: GPU time by kernel of the eager decoder (and the fused one with --fused)")
     args = p.parse_args()
@@ -234,6 +264,8 @@ def main() -> int:
     fill_slots(runner, sentences, noise=True)
     synth = runner.synth_model
     rows = tile_rows(synth) if args.tiles else []
+    if args.resample:
+        rows += resample_rows([tuple(int(v) for v in spec.split("x")) for spec in args.shapes.split(",")])
     if args.flow_precision:
         with torch.inference_mode():
             rows += flow_precision_rows(model, sentences[: args.flow_precision])

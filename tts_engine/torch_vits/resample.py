@@ -50,9 +50,10 @@ MIN_BLOCK_INPUTS = 128
 #: Output samples per program of the fused kernel.
 FUSED_BLOCK = 64
 #: The fused kernel runs steps of at most this many output samples (rows x row samples); larger ones
-#: take the matrix product. H200, 22 050 -> 24 000 Hz, in a CUDA graph: 32 frames x 1 row 0.007 vs
-#: 0.042 ms, 256 x 1 0.023 vs 0.051 ms, 32 x 16 0.044 vs 0.053 ms, but 256 x 48 0.97 vs 0.20 ms (each
-#: output loads its 128 inputs itself; the product shares them).
+#: take the matrix product: each output loads its 128 inputs itself where the product shares them, so
+#: the kernel saves launches on small steps and loses on large ones. A first choice from a one-off
+#: timing on the H200 (a 256-frame chunk x 48 rows took several times longer as the kernel);
+#: ``python -m bench.tts_gpu_experiments --resample --shapes 32x1,32x16,256x1,256x48`` measures both.
 FUSED_MAX_SAMPLES = 1 << 18
 
 if triton is not None:
