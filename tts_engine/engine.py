@@ -6,8 +6,8 @@ in samples unless a name says ``_s`` (seconds) or ``_ms``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 

@@ -104,7 +104,7 @@ def filter_bank(in_rate: int, out_rate: int, taps: int, group: int) -> np.ndarra
     poly = polyphase_taps(in_rate, out_rate, taps)
     bank = np.zeros((group * up, group * down + taps))
     for r in range(group * up):
-        base = r * down // up  # first input of output r's taps, minus 1, relative to the block's first input + taps / 2
+        base = r * down // up  # output r's taps read the block's inputs base + 1 .. base + taps
         bank[r, base + 1 : base + taps + 1] = poly[(r * down) % up]
     return bank
 

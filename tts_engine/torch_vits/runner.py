@@ -39,10 +39,10 @@ import torch
 
 from tts_engine.torch_vits.buffers import HostBufferPool
 from tts_engine.torch_vits.chunked import ChunkGeometry, decode_windows, gather_windows
-from tts_engine.torch_vits.resample import ChunkResampler
 from tts_engine.torch_vits.gemm_conv import use_gemm_convs
 from tts_engine.torch_vits.gpu_memory import GpuMemory
 from tts_engine.torch_vits.model import Vits
+from tts_engine.torch_vits.resample import ChunkResampler
 from voxloop.config import ENCODER_CONVS, MAX_MAIN_IN_FLIGHT
 from voxloop.errors import ConfigError
 
@@ -347,8 +347,6 @@ class StepRunner:
         #: Device resampling of each chunk (identity unless ``output_rate`` differs from the voice's).
         self.resampler = ChunkResampler(rate, options.output_rate or rate, self.model.hop_length, self.device,
                                         fused=options.fused_upsampling)  # fmt: skip
-        #: Rate of the audio ``decode`` returns, Hz (0: the voice's, unknown to the runner).
-        self.sample_rate = options.output_rate or options.voice_rate
         edge = self.resampler.edge_frames
         self.geometries = {c: ChunkGeometry.for_model(self.model, c, edge) for c in options.chunk_sizes}
         self.geometry = self.geometries[options.chunk_frames]
