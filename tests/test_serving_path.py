@@ -87,9 +87,12 @@ def batching_engine(cfg):
     from voxloop import models
 
     torch.set_num_threads(2)
+    # The engine delivers the sessions' 24 kHz (resampled in its decoder steps, as configs/gpu.toml does).
     options = RunnerOptions(chunk_frames=32, max_frames=1024, decode_batches=(1, 2, 4, 8),
-                            encode_batches=(1, 2, 4, 8), phoneme_buckets=(64, 128), cuda_graphs=False)
+                            encode_batches=(1, 2, 4, 8), phoneme_buckets=(64, 128), cuda_graphs=False,
+                            output_rate=24000)  # fmt: skip
     engine = CudaTtsEngine(Voice.load(models.resolve_voice(cfg).path), options, device="cpu")
+    assert engine.sample_rate == 24000
     yield engine
     engine.close()
 

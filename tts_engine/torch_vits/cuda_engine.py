@@ -93,6 +93,10 @@ class CudaTtsEngine:
         pool_bytes = gpu.host_pool_mb * 2**20
         host_pool = HostBufferPool(pinned=on_cuda, max_cached_bytes=pool_bytes)
         self.runner = StepRunner(model, options, device, host_pool=host_pool, memory=self.memory)
+        if not self.runner.resampler.identity:
+            log.info("TTS audio leaves the decoder steps at %d Hz (the voice's %d Hz resampled on the device; "
+                     "%d more decoder frame(s) each side of a chunk)", self.sample_rate, voice.sample_rate,
+                     self.runner.resampler.edge_frames)  # fmt: skip
         self.scheduler = BatchScheduler(
             self.runner, self.sample_rate, queue_size, oom_retry_after_ms=oom_retry_after_ms,
             audio_pool=HostBufferPool(pinned=False, max_cached_bytes=pool_bytes),
