@@ -196,7 +196,8 @@ def plot(path: Path) -> Path:
     rows = json.loads(path.read_text())["rows"]
     decode = [r for r in rows if r["what"] == "decode"]
     steps = [r for r in rows if r["what"] == "residual step"]
-    fig, axes = plt.subplots(1, 2, figsize=(15, 5.5))
+    resample = [r for r in rows if r["what"] == "resample"]
+    fig, axes = plt.subplots(1, 3 if resample else 2, figsize=(22 if resample else 15, 5.5))
     variants = sorted({k[: -len("_graph_ms")] for r in decode for k in r if k.endswith("_graph_ms")})
     for i, v in enumerate(variants):
         xs = [j + i / (len(variants) + 1) for j in range(len(decode))]
@@ -212,6 +213,14 @@ def plot(path: Path) -> Path:
     axes[1].set_xticks(range(len(steps)), [f"{r['channels']} ch x {r['samples']} x {r['batch']}" for r in steps])
     axes[1].set_ylabel("one residual step (kernel 7, dilation 12), ms")
     axes[1].legend(fontsize=8)
+    if resample:
+        for j, r in enumerate(resample):
+            axes[2].bar([j - 0.2, j + 0.2], [r["product_graph_ms"], r["kernel_graph_ms"]], width=0.4, color=["C0", "C3"],
+                        label=["gather + matrix product", "Triton kernel"] if j == 0 else None)  # fmt: skip
+        axes[2].set_xticks(range(len(resample)), [f"{r['chunk']} frames x {r['batch']}" for r in resample])
+        axes[2].set_ylabel("resampling in a decoder step, ms, CUDA graph")
+        axes[2].set_yscale("log")
+        axes[2].legend(fontsize=8)
     fig.suptitle(path.stem)
     fig.tight_layout()
     out = path.with_suffix(".png")
