@@ -49,6 +49,6 @@ def decode_one(runner: StepRunner, slot: int, frames: int) -> np.ndarray:
         size = runner.options.next_chunk(done, frames)
         row = runner.fetch(runner.decode([slot], [done], size))[0][0]
         span = resampler.span(done, min(done + size, frames))
-        out[span.start : span.stop] = row[span.offset : span.offset + span.stop - span.start]
+        out[span.start : span.stop] = span.of(row)
         done += size
     return out

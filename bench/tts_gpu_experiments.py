@@ -125,22 +125,19 @@ def resample_rows(shapes: list[tuple[int, int]], in_rate: int = 22050, out_rate:
 
     plain = resample.ChunkResampler(in_rate, out_rate, 256, "cuda")
     fused = resample.ChunkResampler(in_rate, out_rate, 256, "cuda", fused=True)
-    rows, limit = [], resample.FUSED_MAX_SAMPLES
-    resample.FUSED_MAX_SAMPLES = 1 << 62  # time the kernel at every shape
-    try:
-        for chunk, batch in shapes:
-            audio = torch.rand(batch, (chunk + 2 * plain.edge_frames) * 256, device="cuda").half() - 0.5
-            starts = torch.arange(batch, device="cuda") * 3
-            frames = starts + chunk + 40
-            row = {"what": "resample", "rates": [in_rate, out_rate], "chunk": chunk, "batch": batch,
-                   "output_samples": batch * plain.row_samples(chunk), "fused_max_samples": limit}  # fmt: skip
-            for name, r in (("product", plain), ("kernel", fused)):
-                g, _ = graphed(lambda r=r: r.int16(audio, starts, frames, chunk))
-                row[f"{name}_graph_ms"] = round(timed(g.replay, 50), 4)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    finally:
-        resample.FUSED_MAX_SAMPLES = limit
+    fused.fused_max_samples = 1 << 62  # time the kernel at every shape
+    rows = []
+    for chunk, batch in shapes:
+        audio = torch.rand(batch, (chunk + 2 * plain.edge_frames) * 256, device="cuda").half() - 0.5
+        starts = torch.arange(batch, device="cuda") * 3
+        frames = starts + chunk + 40
+        row = {"what": "resample", "rates": [in_rate, out_rate], "chunk": chunk, "batch": batch,
+               "output_samples": batch * plain.row_samples(chunk), "fused_max_samples": resample.FUSED_MAX_SAMPLES}  # fmt: skip
+        for name, r in (("product", plain), ("kernel", fused)):
+            g, _ = graphed(lambda r=r: r.int16(audio, starts, frames, chunk))
+            row[f"{name}_graph_ms"] = round(timed(g.replay, 50), 4)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     return rows
 
 

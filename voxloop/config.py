@@ -466,6 +466,8 @@ class TtsConfig:
             raise ConfigError(f"tts.chunks_per_step must be >= 0 (0: all of a request's chunks), got {self.chunks_per_step}")
         if self.batch_buckets not in ("fine", "coarse"):
             raise ConfigError(f"tts.batch_buckets must be 'fine' or 'coarse', got {self.batch_buckets!r}")
+        # The bounds of tts_engine.engine.MIN_RATE / MAX_RATE, not imported: that loads numpy, which
+        # `voxloop serve` must not load before it caps its BLAS threads.
         if self.output_rate and not (8_000 <= self.output_rate <= 192_000 and self.backend == "cuda"):
             raise ConfigError(f"tts.output_rate must be 0 (the voice's rate) or 8000..192000 Hz with tts.backend = "
                               f"'cuda' (it resamples on the GPU), got {self.output_rate} with {self.backend!r}")  # fmt: skip

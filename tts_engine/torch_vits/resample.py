@@ -118,6 +118,10 @@ class OutputSpan:
     start: int
     stop: int
 
+    def of(self, row):  # noqa: ANN001, ANN201 - a row of any array type; its view
+        """The span's samples in ``row`` (a row of ``ChunkResampler.__call__`` / ``int16``)."""
+        return row[self.offset : self.offset + self.stop - self.start]
+
 
 class ChunkResampler:
     """Resamples decoder chunks from ``in_rate`` to ``out_rate`` on the decoder's device.
@@ -144,6 +148,8 @@ class ChunkResampler:
         bank = filter_bank(in_rate, out_rate, taps, group) if not self.identity else np.eye(1)
         self.bank_t = torch.from_numpy(bank.T.astype(np.float32)).to(device)  # [Mb + taps, Lb]
         self.fused = fused and not self.identity
+        #: Largest step (rows x row samples) the fused kernel takes (``FUSED_MAX_SAMPLES``).
+        self.fused_max_samples = FUSED_MAX_SAMPLES
         if self.fused:
             if triton is None:
                 raise ValueError("the fused resampler needs triton (it comes with PyTorch's CUDA builds)")
@@ -194,11 +200,11 @@ class ChunkResampler:
 
     def int16(self, audio: torch.Tensor, starts: torch.Tensor, frames: torch.Tensor, chunk_frames: int) -> torch.Tensor:
         """``__call__`` converted to int16 like ``chunked.to_int16`` (the decoder steps' output)."""
-        if not self.fused or audio.shape[0] * self.row_samples(chunk_frames) > FUSED_MAX_SAMPLES:
+        rows, n_out = audio.shape[0], self.row_samples(chunk_frames)
+        if not self.fused or rows * n_out > self.fused_max_samples:
             return to_int16(self(audio, starts, frames, chunk_frames))
         if audio.stride(1) != 1:
             audio = audio.contiguous()
-        rows, n_out = audio.shape[0], self.row_samples(chunk_frames)
         out = torch.empty(rows, n_out, dtype=torch.int16, device=audio.device)
         grid = (triton.cdiv(n_out, FUSED_BLOCK), rows)
         _resample_rows[grid](audio, out, starts, frames, self.poly, audio.shape[1], audio.stride(0), n_out,

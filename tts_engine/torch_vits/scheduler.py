@@ -553,7 +553,7 @@ class BatchScheduler:
         final = request.next_frame >= request.frames
         span = self.runner.resampler.span(start, start + n)
         pcm = request.audio[span.start : span.stop]
-        pcm[:] = row[span.offset : span.offset + len(pcm)]
+        pcm[:] = span.of(row)
         self._post(request, AudioChunk(pcm, request.sample_rate, request.clause_index, final))
         if final:
             self._release(request)
