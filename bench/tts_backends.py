@@ -27,6 +27,7 @@ def cuda_variant(args: argparse.Namespace, timing_tag: bool) -> str:
             + ("".join(f"-timed-{s}" for s in stages) if timing and set(stages) != {"encode", "decode"} else "")
             + ("-coarse" if args.coarse else "")
             + ("-encfine" if getattr(args, "encoder_fine", False) else "")
+            + (f"-maxframes{args.max_frames}" if getattr(args, "max_frames", 3072) != 3072 else "")
             + (f"-keep{args.fast_lane_sms}sm" if getattr(args, "fast_lane_sms", 0) else "")
             + (f"-ahead{args.speculate_frames}" if getattr(args, "speculate_frames", 0) else "")
             + (f"-steps{getattr(args, 'chunks_per_step', 1)}" if getattr(args, "chunks_per_step", 1) != 1 else "")
@@ -100,7 +101,7 @@ class CudaBackend:
             "main_in_flight": opts.main_in_flight, "encoder_convs": opts.encoder_convs,
             "phoneme_buckets": list(opts.phoneme_buckets), "fused_duration_predictor": opts.fused_duration_predictor,
             "decode_batches": len(opts.decode_batches), "encode_batches": len(opts.encode_batches), "output_rate": opts.output_rate,
-            "precision": args.precision, "max_batch": args.max_batch,
+            "precision": args.precision, "max_batch": args.max_batch, "max_frames": opts.max_frames,
         }  # fmt: skip
 
     def speak(self, ids: list[int]) -> tuple[float, int, float]:

@@ -199,25 +199,26 @@ def plot(path: Path) -> None:
         return " ".join([r["backend"], *([r["audio_format"]] if r.get("mode") == "ws" else []), *extra])
 
     backends = sorted({series(r) for r in rows})
-    fig, axes = plt.subplots(1, 3, figsize=(16, 5.5))
-    for b in backends:
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5.5 + 0.22 * len(backends)))
+    for i, b in enumerate(backends):
+        color = f"C{i % 10}"
         rs = sorted((r for r in rows if series(r) == b), key=lambda r: r["concurrency"])
         n = [r["concurrency"] for r in rs]
-        axes[0].plot(n, [r["qps"] for r in rs], "o-", label=b)
-        axes[1].plot(n, [r["latency_p50_ms"] for r in rs], "o-", label=f"{b} p50")
-        axes[1].plot(n, [r["latency_p99_ms"] for r in rs], "x--", label=f"{b} p99")
-        axes[2].plot(n, [r["first_audio_p50_ms"] for r in rs], "o-", label=f"{b} p50")
-        axes[2].plot(n, [r["first_audio_p99_ms"] for r in rs], "x--", label=f"{b} p99")
-    titles = ("requests per second", "full-sentence latency, ms", "first audio, ms")
+        axes[0].plot(n, [r["qps"] for r in rs], "o-", color=color, label=b)
+        for ax, key in ((axes[1], "latency"), (axes[2], "first_audio")):
+            ax.plot(n, [r[f"{key}_p50_ms"] for r in rs], "o-", color=color)
+            ax.plot(n, [r[f"{key}_p99_ms"] for r in rs], "x--", color=color)
+    titles = ("requests per second", "full-sentence latency, ms (o p50, x p99)", "first audio, ms (o p50, x p99)")
     for ax, title in zip(axes, titles):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("concurrent clients")
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=6)
+    # One legend for the three panels, below them: the series names are long.
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", fontsize=7, ncol=1, frameon=False)
     fig.suptitle(f"TTS closed-loop load, {path.stem}")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.045 * len(backends) / (1 + 0.04 * len(backends)), 1, 0.96))
     fig.savefig(path.with_suffix(".png"), dpi=110)
     print(f"wrote {path.with_suffix('.png')}")
 
