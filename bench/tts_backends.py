@@ -26,9 +26,7 @@ def cuda_variant(args: argparse.Namespace, timing_tag: bool) -> str:
             + ("-cudnnbench" if timing_tag and timing else "") + (f"-limit{limit}" if timing and limit != 10 else "")
             + ("".join(f"-timed-{s}" for s in stages) if timing and set(stages) != {"encode", "decode"} else "")
             + ("-coarse" if args.coarse else "")
-            + ("-encfine" if getattr(args, "encoder_fine", False) else "")
             + (f"-maxframes{args.max_frames}" if getattr(args, "max_frames", 3072) != 3072 else "")
-            + (f"-keep{args.fast_lane_sms}sm" if getattr(args, "fast_lane_sms", 0) else "")
             + (f"-ahead{args.speculate_frames}" if getattr(args, "speculate_frames", 0) else "")
             + (f"-steps{getattr(args, 'chunks_per_step', 1)}" if getattr(args, "chunks_per_step", 1) != 1 else "")
             + (f"-inflight{getattr(args, 'main_in_flight', 1)}" if getattr(args, "main_in_flight", 1) != 1 else "")
@@ -62,12 +60,11 @@ class CudaBackend:
         opts = RunnerOptions(
             chunk_frames=args.chunk_frames, max_frames=args.max_frames, precision=args.precision,
             tail_chunk_frames=args.tail_chunk_frames, decode_batches=batch_buckets(args.max_batch, fine=not args.coarse),
-            encode_batches=batch_buckets(args.max_batch, fine=getattr(args, "encoder_fine", False)), compile=args.compile,
+            encode_batches=batch_buckets(args.max_batch, fine=False), compile=args.compile,
             compile_encoder=getattr(args, "compile_encoder", False),
             cudnn_benchmark=args.cudnn_benchmark, cudnn_benchmark_limit=getattr(args, "cudnn_benchmark_limit", 10),
             cudnn_benchmark_stages=tuple(getattr(args, "cudnn_benchmark_stages", ("encode", "decode"))),
-            fast_lane=fast_lane, fast_lanes=fast_lanes,
-            fast_lane_sms=getattr(args, "fast_lane_sms", 0), speculate_frames=getattr(args, "speculate_frames", 0),
+            fast_lane=fast_lane, fast_lanes=fast_lanes, speculate_frames=getattr(args, "speculate_frames", 0),
             speculate_below=getattr(args, "speculate_below", 2), polyphase=getattr(args, "polyphase", False),
             fused_blocks=getattr(args, "fused_blocks", False),
             fused_upsampling=getattr(args, "fused_upsampling", False), fused_flow=getattr(args, "fused_flow", False),
@@ -95,7 +92,7 @@ class CudaBackend:
             "compile_encoder": opts.compile_encoder, "cudnn_benchmark": args.cudnn_benchmark,
             "cudnn_benchmark_limit": opts.cudnn_benchmark_limit,
             "cudnn_benchmark_stages": list(opts.cudnn_benchmark_stages), "allocator": args.allocator, "fast_lane": fast_lane,
-            "fast_lanes": fast_lanes, "fast_lane_sms": opts.fast_lane_sms, "speculate_frames": opts.speculate_frames, "speculate_below": opts.speculate_below,
+            "fast_lanes": fast_lanes, "speculate_frames": opts.speculate_frames, "speculate_below": opts.speculate_below,
             "polyphase": opts.polyphase, "fused_blocks": opts.fused_blocks,
             "fused_upsampling": opts.fused_upsampling, "fused_flow": opts.fused_flow, "chunks_per_step": opts.chunks_per_step,
             "main_in_flight": opts.main_in_flight, "encoder_convs": opts.encoder_convs,

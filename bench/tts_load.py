@@ -256,15 +256,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="tts.cudnn_benchmark_stages: with --cudnn-benchmark, the stages whose convolutions are timed")
     p.add_argument("--allocator", default="async", choices=["async", "native"], help="gpu.allocator")
     p.add_argument("--coarse", action="store_true", help="power-of-two decode batch buckets only (tts.batch_buckets = coarse: faster start-up)")
-    p.add_argument("--encoder-fine", action="store_true",
-                   help="tts.encoder_batch_buckets = fine: the encoder's batch buckets as the decoder's fine ones")
     add_common_arguments(p)
     p.add_argument("--steps-report", action="store_true", help="also print the scheduler breakdown of the whole run")
     p.add_argument("--fast-lane", choices=("overlap", "exclusive", "off"), default="overlap",
                    help="tts.fast_lane: new requests' encoder + first chunk on a high-priority stream (default overlap)")
     p.add_argument("--fast-lanes", type=int, default=1, help="tts.fast_lanes: fast-lane streams side by side (overlap)")
-    p.add_argument("--fast-lane-sms", type=int, default=0,
-                   help="tts.fast_lane_sms: SMs kept for the fast lanes (the main lane's graphs on the others; 0: off)")
     p.add_argument("--speculate-frames", type=int, default=0, help="tts.speculate_frames: frames decoded ahead (0: off)")
     p.add_argument("--speculate-below", type=int, default=2, help="tts.speculate_below: ... while at most this many run")
     p.add_argument("--polyphase", action="store_true", help="tts.polyphase_upsampling: upsampling as plain convolutions")

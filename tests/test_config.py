@@ -106,11 +106,6 @@ def test_gpu_tts_start_up_settings_are_checked():
         load_config(None, ["tts.cudnn_benchmark_limit=-1"], environ={})
     with pytest.raises(ConfigError, match=r"tts\.batch_buckets"):
         load_config(None, ["tts.batch_buckets=some"], environ={})
-    with pytest.raises(ConfigError, match=r"tts\.fast_lane_sms"):
-        load_config(None, ["tts.fast_lane_sms=-8"], environ={})
-    with pytest.raises(ConfigError, match=r"tts\.encoder_batch_buckets"):
-        load_config(None, ["tts.encoder_batch_buckets=fines"], environ={})
-    assert load_config(None, ["tts.encoder_batch_buckets=fine"], environ={}).tts.encoder_batch_buckets == "fine"
     cfg = load_config(None, ["tts.cudnn_benchmark_limit=2", "tts.batch_buckets=coarse"], environ={})
     assert (cfg.tts.cudnn_benchmark_limit, cfg.tts.batch_buckets) == (2, "coarse")
     for bad in ("", "encode,flow"):

@@ -276,14 +276,6 @@ def tiny_runner(**kw) -> StepRunner:
     return StepRunner(tiny_model(), opts)
 
 
-def test_fast_lane_sms_need_cuda_and_overlapping_lanes():
-    """``fast_lane_sms`` (a green context for the main lane) is refused where it cannot apply."""
-    with pytest.raises(ValueError, match="fast_lane_sms needs CUDA"):
-        tiny_runner(fast_lane_sms=16)
-    with pytest.raises(ValueError, match="fast_lane_sms needs CUDA"):
-        tiny_runner(fast_lane_sms=16, fast_lane="off")
-
-
 def speak_random_clauses(runner: StepRunner, sample_rate: int, seed: int) -> tuple[list[list[int]], list[list]]:
     """Six clauses of random ids (more than the tiny runner's slots: some queue) through a scheduler
     on ``runner``, noise off; returns the ids and each clause's chunks."""
@@ -1006,7 +998,7 @@ def test_engine_from_config_captures_the_configured_batch_buckets(cfg):
     tts = replace(cfg.tts, backend="cuda", device="cpu", cuda_graphs=False, max_batch=32,
                   batch_buckets="coarse", cudnn_benchmark_limit=3, speculate_frames=512, speculate_below=3,
                   polyphase_upsampling=True, chunks_per_step=0, encoder_convs="gemm",
-                  phoneme_buckets=(32, 48, 64, 96, 128), encoder_batch_buckets="fine")  # fmt: skip
+                  phoneme_buckets=(32, 48, 64, 96, 128))  # fmt: skip
     with pytest.raises(ValueError, match="fused_blocks needs CUDA"):
         CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, fused_blocks=True)))
     with pytest.raises(ValueError, match="fused_flow needs CUDA"):
@@ -1020,7 +1012,6 @@ def test_engine_from_config_captures_the_configured_batch_buckets(cfg):
         assert engine.runner.synth_model.dec.polyphase is not None
         assert engine.runner.model.dec.polyphase is None  # fp32: the encoder's copy stays as loaded
         assert engine.runner.options.decode_batches == (1, 2, 4, 8, 16, 32)
-        assert engine.runner.options.encode_batches == (1, 2, 4, 8, 16, 24, 32)  # tts.encoder_batch_buckets
         assert engine.runner.options.cudnn_benchmark_limit == 3
         assert (engine.runner.options.speculate_frames, engine.runner.options.speculate_below) == (512, 3)
         assert engine.runner.options.chunks_per_step == 0

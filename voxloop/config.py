@@ -347,9 +347,6 @@ class TtsConfig:
     #: to 64 and of 16 beyond: a batch padded by at most ~15-25 %, 15 sizes at max_batch 128) or
     #: "coarse" (powers of two only: 8 sizes, about half the decoder's start-up, more padding).
     batch_buckets: str = "fine"
-    #: GPU encoder batch sizes captured (per phoneme bucket and fast lane): "coarse" (powers of two) or
-    #: "fine" (as ``batch_buckets`` "fine"): new requests padded less, more graphs to capture at start-up.
-    encoder_batch_buckets: str = "coarse"
     #: GPU: torch.compile the chunk decoder before capture (fuses elementwise work; ~1 min more start-up).
     #: H200, 50 clients: 684 vs 572 QPS in the engine, 655 served; one run (bench/results/tts_load-h200-2026-12-03-compile.md).
     #: What it compiled is kept in ``<models.cache_dir>/inductor/<GPU-CUDA-torch>`` for the next start
@@ -367,10 +364,6 @@ class TtsConfig:
     #: a first-chunk launch runs starts on a free one at once instead of waiting for it; each more
     #: lane holds its own encoder and first-chunk CUDA graphs (device memory, start-up time).
     fast_lanes: int = 1
-    #: GPU, fast_lane = "overlap": streaming multiprocessors kept for new requests' encoder and first
-    #: chunk (0: none kept). The later chunks' graphs run in a CUDA green context of the other SMs, so
-    #: first chunks never wait behind them for SMs. Must be below the GPU's SM count (132 on an H200).
-    fast_lane_sms: int = 0
     #: GPU: frames decoded ahead for a new request while at most ``speculate_below`` requests run
     #: (0: off): its chunks after the first, in chunks of ``tail_chunk_frames``, queued right behind
     #: its encoder beside its first chunk instead of after the host learns its length. A lone
@@ -467,15 +460,12 @@ class TtsConfig:
         if self.speculate_frames < 0 or self.speculate_below < 1:
             raise ConfigError("tts.speculate_frames must be >= 0 (0: off) and tts.speculate_below >= 1, got "
                               f"{self.speculate_frames} and {self.speculate_below}")  # fmt: skip
-        if self.fast_lane_sms < 0:
-            raise ConfigError(f"tts.fast_lane_sms must be >= 0 (0: no SMs kept for the fast lanes), got {self.fast_lane_sms}")
         if not 1 <= self.main_in_flight <= MAX_MAIN_IN_FLIGHT:
             raise ConfigError(f"tts.main_in_flight must be 1..{MAX_MAIN_IN_FLIGHT}, got {self.main_in_flight}")
         if self.chunks_per_step < 0:
             raise ConfigError(f"tts.chunks_per_step must be >= 0 (0: all of a request's chunks), got {self.chunks_per_step}")
-        for name in ("batch_buckets", "encoder_batch_buckets"):
-            if getattr(self, name) not in ("fine", "coarse"):
-                raise ConfigError(f"tts.{name} must be 'fine' or 'coarse', got {getattr(self, name)!r}")
+        if self.batch_buckets not in ("fine", "coarse"):
+            raise ConfigError(f"tts.batch_buckets must be 'fine' or 'coarse', got {self.batch_buckets!r}")
         # The bounds of tts_engine.engine.MIN_RATE / MAX_RATE, not imported: that loads numpy, which
         # `voxloop serve` must not load before it caps its BLAS threads.
         if self.output_rate and not (8_000 <= self.output_rate <= 192_000 and self.backend == "cuda"):

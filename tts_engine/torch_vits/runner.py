@@ -128,11 +128,6 @@ class RunnerOptions:
     #: only the request's latents, so they need not wait for each other: fewer steps per request,
     #: the same audio; a request cancelled mid-way has had more of its audio decoded.
     chunks_per_step: int = 1
-    #: CUDA, ``fast_lane`` "overlap": streaming multiprocessors kept for the fast lanes (0: none kept).
-    #: The main lane's graphs are captured in a CUDA green context of the GPU's other SMs, so a new
-    #: request's encoder and first chunk always find free SMs instead of queueing behind the later
-    #: chunks' kernels (the fast lanes may still use every SM while the main lane leaves them idle).
-    fast_lane_sms: int = 0
     #: Main-lane launches queued at once (1..``MAX_MAIN_IN_FLIGHT``): with more than one, later
     #: chunks that become ready while a main launch runs are queued behind it at once instead of
     #: after its hand-out, so the main stream does not wait for the host between launches.
@@ -290,11 +285,9 @@ class StepRunner:
         self.fast_lanes = fast_lane_names(options.fast_lanes)
         self.lanes = (*self.fast_lanes, "main")
         self._staged: dict[str, list[torch.Tensor]] = {lane: [] for lane in self.lanes}  # blocks in use by queued steps
-        if options.fast_lane_sms and (not cuda or options.fast_lane != "overlap"):
-            raise ValueError(f"fast_lane_sms needs CUDA and fast_lane 'overlap'; got {self.device} and {options.fast_lane!r}")
         if cuda and options.fast_lane != "off":  # lower number, higher priority (clamped to what the GPU has)
             self._streams = {lane: torch.cuda.Stream(self.device, priority=-16) for lane in self.fast_lanes}
-            self._streams["main"] = self._main_stream()
+            self._streams["main"] = torch.cuda.Stream(self.device)
         elif cuda:
             self._streams = dict.fromkeys(self.lanes, torch.cuda.Stream(self.device))
         else:
@@ -375,22 +368,6 @@ class StepRunner:
 
     # ---------------------------------------------------------------- building
 
-    def _main_stream(self) -> torch.cuda.Stream:
-        """The main lane's stream: on every SM, or (``fast_lane_sms``) on a green context of the others."""
-        keep = self.options.fast_lane_sms
-        if not keep:
-            return torch.cuda.Stream(self.device)
-        total = torch.cuda.get_device_properties(self.device).multi_processor_count
-        if not 0 < keep < total:
-            raise ValueError(f"fast_lane_sms must be 0..{total - 1} on this GPU ({total} SMs), got {keep}")
-        try:
-            from torch.cuda.green_contexts import GreenContext
-        except ImportError as exc:
-            raise ValueError(f"fast_lane_sms needs CUDA green contexts (PyTorch >= 2.10, CUDA >= 12.4): {exc}") from None
-        self._green = GreenContext.create(total - keep, self.device.index or 0)  # lives as long as the runner
-        log.info("tts main lane on %d of %d SMs (%d kept for the fast lanes)", total - keep, total, keep)
-        return self._green.Stream()
-
     def _build(self) -> None:
         use_graphs = self.options.cuda_graphs and self.device.type == "cuda"
         dev = self.device
@@ -401,10 +378,7 @@ class StepRunner:
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
         # Per lane a graph pool and a capture stream (see _Step: cuBLAS workspaces of their own).
-        # With fast_lane_sms the main lane's graphs are captured on its green-context stream: a graph's
-        # kernels keep the SMs of the stream they were captured on, whatever stream replays them.
-        main_capture = self._streams["main"] if self.options.fast_lane_sms else torch.cuda.Stream(dev) if use_graphs else None
-        main_pool = torch.cuda.graph_pool_handle() if use_graphs else None
+        main_pool, main_capture = (torch.cuda.graph_pool_handle(), torch.cuda.Stream(dev)) if use_graphs else (None, None)
         pools = dict.fromkeys(self.lanes, (main_pool, main_capture))
         if use_graphs and self.options.fast_lane != "off":
             for lane in self.fast_lanes:
