@@ -703,6 +703,40 @@ def test_scheduler_launches_later_chunks_while_the_fast_lane_keeps_starting_arri
         scheduler.close()
 
 
+def test_later_chunks_are_queued_once_the_encoder_is_done_not_the_first_chunk():
+    """The lengths come to the host right behind the encoder: the main lane queues a request's later
+    chunks while its first chunk is still decoding on the fast lane, and hands them out after it."""
+
+    class EncoderRunner(_LaneRunner):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoded = threading.Event()  # the fast launch's encoder (and the copy of its lengths)
+            self.held = {"fast"}
+
+        def mark(self, lane):
+            return self.encoded if lane in self.fast_lanes else super().mark(lane)
+
+    runner = EncoderRunner()
+    scheduler = BatchScheduler(runner, sample_rate=16000)  # type: ignore[arg-type]
+    try:
+        a = scheduler.submit([1] * 10)  # 48 frames: a first chunk of 16, then two more
+        wait_until(lambda: runner.launched == [("fast", [0])])
+        time.sleep(0.02)
+        assert runner.launched == [("fast", [0])], "later chunks queued before the length was known"
+        runner.encoded.set()
+        wait_until(lambda: ("main", [16]) in runner.launched)
+        assert not runner.lane_done["fast"].is_set()  # the first chunk is still decoding
+        runner.lane_done["fast"].set()
+        chunks = list(a)
+        assert [c.final for c in chunks] == [False, False, True]
+        assert [c.num_samples for c in chunks] == [16 * runner.geometry.hop_length] * 3
+    finally:
+        runner.held = set()
+        runner.encoded.set()
+        runner.lane_done["fast"].set()
+        scheduler.close()
+
+
 def test_second_fast_lane_starts_an_arrival_while_the_first_is_busy():
     """``fast_lanes = 2``: a request arriving while a fast launch is in flight is launched on the
     other fast lane at once and gets its first chunk before that launch is done."""
@@ -751,13 +785,13 @@ class _EventRunner(_BlockingRunner):
         return super().decode(slots, starts, chunk, lane)
 
     def mark(self, lane):
-        return self.events[-1]
+        return self.events[-1] if lane == "main" else None  # fast launches (their encoders too) are done at once
 
     def done(self, event) -> bool:
-        return event.is_set()
+        return event is None or event.is_set()
 
     def wait_event(self, event) -> None:
-        assert event.wait(scaled(10))
+        assert event is None or event.wait(scaled(10))
 
     def take_staged(self, lane):
         return [f"blocks of main launch {len(self.events)}"]

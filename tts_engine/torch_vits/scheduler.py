@@ -4,8 +4,10 @@ One thread owns the GPU. Each step it (1) drops cancelled requests, freeing thei
 slots; (2) *starts new requests*: admits waiting requests into free slots, runs the encoder
 for all of them in one launch and their first chunks, on the runner's fast lane, and hands
 those chunks out at once; (3) queues the next ``chunks_per_step`` chunks (0: all that are left)
-of every other running request on the main lane (a row per (request, start frame); one launch per
-chunk size and ``max_batch`` rows), and **while the GPU runs them**
+of every running request whose length is known on the main lane (a row per (request, start
+frame); one launch per chunk size and ``max_batch`` rows; a new request's length is copied to the
+host right behind its encoder, so its later chunks are queued once its encoder is done, while its
+first chunk still decodes, and handed out after it), and **while the GPU runs them**
 starts every request that arrives meanwhile as in (2) on a free fast lane (a high-priority
 stream on CUDA; ``fast_lanes`` of them), so a new request's first audio does not wait for the
 long chunks of the others; (4) hands out the main lane's chunks. A request is finished after its last chunk.
@@ -74,6 +76,20 @@ POLL_S = 0.0002
 
 #: Receives one step's outcomes for its requests: ``(request, AudioChunk | BaseException | None)``.
 Sink = Callable[[list[tuple["SpeechRequest", object]]], None]
+
+
+class _FastLaunch(NamedTuple):
+    """A fast-lane launch in flight: its requests, their batches of first chunks, the host arrays the
+    chunks are copied to, when it was queued, the utterance lengths (host, copied right behind the
+    encoder), the event behind that copy (``runner.mark``) and whether the lengths were taken yet."""
+
+    admitted: list["SpeechRequest"]
+    batches: list[list["SpeechRequest"]]
+    results: list[np.ndarray]
+    t0: float
+    lengths: np.ndarray
+    encoded: object
+    known: bool = False
 
 
 class _MainLaunch(NamedTuple):
@@ -184,8 +200,8 @@ class BatchScheduler:
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._outcomes: list[tuple[SpeechRequest, object]] = []  # this step's, until _flush
-        #: Per fast lane, its launch in flight: (requests, batches, host results, start).
-        self._fast: dict[str, tuple] = {}
+        #: Per fast lane, its launch in flight.
+        self._fast: dict[str, _FastLaunch] = {}
         #: New requests to decode ahead (``speculate_frames``), each with the event behind its encoder.
         self._ahead: list[tuple[SpeechRequest, object]] = []
         #: Main-lane launches in flight, oldest first (more than one with ``main_in_flight`` > 1).
@@ -305,7 +321,7 @@ class BatchScheduler:
         bounds everything that waits. True when there is work for a step.
         """
         self._waiting = [r for r in self._waiting if not r.cancelled]
-        in_flight = {r for launch in self._fast.values() for r in launch[0]}  # their slots are written now
+        in_flight = {r for launch in self._fast.values() for r in launch.admitted}  # their slots are written now
         in_flight |= {r for main in self._mains for _, batch, _, _ in main.launched for r in batch}  # or read
         for request in [r for r in self._running.values() if r.cancelled and r not in in_flight]:
             self._release(request)
@@ -381,7 +397,7 @@ class BatchScheduler:
         options, limit = self.runner.options, self._max_batch
         groups: dict[int, list[tuple[SpeechRequest, int]]] = {}
         for r in sorted(self._running.values(), key=lambda r: r.seq):
-            if r.next_frame == 0 or r.cancelled or r.frames is None:  # the fast lane's (first chunk not out yet)
+            if r.cancelled or r.frames is None:  # length not known yet: its encoder is still running
                 continue
             start = max(r.next_frame, r.queued_frame)  # chunks of launches still in flight are not queued again
             for _ in itertools.repeat(None) if options.chunks_per_step == 0 else range(options.chunks_per_step):
@@ -436,8 +452,9 @@ class BatchScheduler:
         self.lane_s["main"] += time.perf_counter() - main.t0
         self.lane_launches["main"] += 1
         launched = main.launched
-        if any(r.frames is None for _, batch, _, _ in launched for r in batch):
-            self._finish_fast(wait=True)  # rows decoded ahead: their first chunks (and lengths) come first
+        first_pending = {r for launch in self._fast.values() for r in launch.admitted}
+        if any(r in first_pending for _, batch, _, _ in launched for r in batch):
+            self._finish_fast(wait=True)  # rows of requests whose first chunk is still on a fast lane: it comes first
         # Each request's rows in order of start frame (one request's rows may be in launches of several sizes).
         rows = sorted(((start, size, request, row) for (size, batch, _, starts), audio in zip(launched, main.results)
                        for request, start, row in zip(batch, starts, audio)), key=lambda x: x[0])  # fmt: skip
@@ -450,6 +467,7 @@ class BatchScheduler:
         """Hand out the fast lanes' finished launches; on each free fast lane (if ``start``),
         launch waiting requests. True if it did either."""
         did = self._finish_fast()
+        did = self._learn_lengths() or did
         for lane in self.runner.fast_lanes if start else ():
             if lane in self._fast:
                 continue
@@ -459,17 +477,22 @@ class BatchScheduler:
             options = self.runner.options
             self._launching(admitted, options.encode_batches)
             frames_dev = self.runner.encode([self._encode_item(r) for r in admitted], lane=lane)
+            # The lengths come to the host right behind the encoder, before the first chunks: once that
+            # copy is done the main lane may queue the later chunks (``_learn_lengths``).
+            (lengths,) = self.runner.fetch_async(frames_dev, lane=lane)
+            encoded = self.runner.mark(lane)
             if 0 < options.speculate_frames and len(self._running) <= options.speculate_below:
-                encoded = self.runner.mark(lane)  # before the first chunks: chunks ahead need only the encoder
-                self._ahead += [(r, encoded) for r in admitted]
+                self._ahead += [(r, encoded) for r in admitted]  # chunks ahead need only the encoder
             batches = [admitted[i : i + self._max_batch] for i in range(0, len(admitted), self._max_batch)]
             launched = []
             for batch in batches:
                 self._launching(batch, options.decode_batches, options.chunk_frames)
                 launched.append(self.runner.decode([r.slot for r in batch], [0] * len(batch), options.chunk_frames,
                                                    lane=lane))  # fmt: skip
-            results = self.runner.fetch_async(*launched, frames_dev, lane=lane)
-            self._fast[lane] = (admitted, batches, results, time.perf_counter())
+            results = self.runner.fetch_async(*launched, lane=lane)
+            for r in admitted:
+                r.queued_frame = options.chunk_frames  # the first chunk is queued here
+            self._fast[lane] = _FastLaunch(admitted, batches, results, time.perf_counter(), lengths, encoded)
             self._finish_fast()  # done already on CPU
             did = True
         return did
@@ -479,19 +502,34 @@ class BatchScheduler:
         counts, hand out the first chunks."""
         done = [lane for lane in self._fast if wait or not self.runner.busy(lane)]
         for lane in done:
-            admitted, batches, (*audio, frames), t0 = self._fast.pop(lane)
+            launch = self._fast.pop(lane)
             self.runner.wait(lane)
-            self.lane_s[lane] += time.perf_counter() - t0
+            self.lane_s[lane] += time.perf_counter() - launch.t0
             self.lane_launches[lane] += 1
-            for request, n in zip(admitted, frames):
-                self._set_frames(request, int(n))
+            if not launch.known:
+                for request, n in zip(launch.admitted, launch.lengths):
+                    self._set_frames(request, int(n))
             size = self.runner.options.chunk_frames
-            for batch, chunk in zip(batches, audio):
+            for batch, chunk in zip(launch.batches, launch.results):
                 self._deliver(batch, chunk, size)
             self.runner.release_staged(lane)
         if done:
             self._flush()  # first chunks leave now, whatever the main lane is doing
         return bool(done)
+
+    def _learn_lengths(self) -> bool:
+        """Requests of fast launches still in flight whose encoder (and the copy of their lengths) is
+        done learn their lengths, so the main lane can queue their later chunks while their first
+        chunk is still decoding (handed out first: ``_finish_main``). True if any did."""
+        learned = False
+        for lane, launch in list(self._fast.items()):
+            if launch.known or not self.runner.done(launch.encoded):
+                continue
+            for request, n in zip(launch.admitted, launch.lengths):
+                self._set_frames(request, int(n))
+            self._fast[lane] = launch._replace(known=True)
+            learned = True
+        return learned
 
     def _arrivals(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for submissions that free slots can take."""
