@@ -196,6 +196,8 @@ def plot(path: Path) -> None:
             extra.append(f"fast lane {({True: 'overlap', False: 'off'}).get(lane, lane)}")
         if r.get("fast_lanes", 1) > 1:
             extra.append(f"x{r['fast_lanes']}")
+        if r.get("variant"):  # set by hand on rows whose code differed but whose options did not
+            extra.append(r["variant"])
         return " ".join([r["backend"], *([r["audio_format"]] if r.get("mode") == "ws" else []), *extra])
 
     backends = sorted({series(r) for r in rows})
