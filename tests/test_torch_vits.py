@@ -354,7 +354,7 @@ class _CountingRunner(StepRunner):
 
 @pytest.mark.parametrize("chunks_per_step", [0, 1, 2])
 def test_chunks_per_step_decodes_a_requests_chunks_together(chunks_per_step):
-    """``chunks_per_step``: once a request's first chunk is out, the next step decodes that many of
+    """``chunks_per_step``: once a request's length is known, the next step decodes that many of
     its later chunks (0: all), one row per start frame, a launch per chunk size; they are handed
     out in order and make the whole utterance in the same chunk sizes as one chunk per step."""
     opts = RunnerOptions(chunk_frames=16, tail_chunk_frames=32, max_frames=512, decode_batches=(1, 2, 4),

@@ -372,7 +372,7 @@ class TtsConfig:
     #: GPU: decode ahead only while at most this many requests run (new ones included).
     speculate_below: int = 2
     #: GPU: later chunks of one request decoded in one scheduler step (0: all it has left once its
-    #: first chunk is out). Each chunk needs only the request's latents, so its chunks need not wait
+    #: length is known, right behind its encoder). Each chunk needs only the request's latents, so its chunks need not wait
     #: for each other's hand-out: fewer steps per sentence, the same audio; a request cancelled
     #: mid-way (barge-in) has had more of its audio decoded for nothing.
     chunks_per_step: int = 1
