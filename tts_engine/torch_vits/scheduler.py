@@ -81,7 +81,7 @@ Sink = Callable[[list[tuple["SpeechRequest", object]]], None]
 class _FastLaunch(NamedTuple):
     """A fast-lane launch in flight: its requests, their batches of first chunks, the host arrays the
     chunks are copied to, when it was queued, the utterance lengths (host, copied right behind the
-    encoder), the event behind that copy (``runner.mark``) and whether the lengths were taken yet."""
+    encoder) and the event behind that copy (``runner.mark``)."""
 
     admitted: list["SpeechRequest"]
     batches: list[list["SpeechRequest"]]
@@ -89,7 +89,6 @@ class _FastLaunch(NamedTuple):
     t0: float
     lengths: np.ndarray
     encoded: object
-    known: bool = False
 
 
 class _MainLaunch(NamedTuple):
@@ -321,7 +320,7 @@ class BatchScheduler:
         bounds everything that waits. True when there is work for a step.
         """
         self._waiting = [r for r in self._waiting if not r.cancelled]
-        in_flight = {r for launch in self._fast.values() for r in launch.admitted}  # their slots are written now
+        in_flight = self._on_fast_lanes()  # their slots are written now
         in_flight |= {r for main in self._mains for _, batch, _, _ in main.launched for r in batch}  # or read
         for request in [r for r in self._running.values() if r.cancelled and r not in in_flight]:
             self._release(request)
@@ -452,7 +451,7 @@ class BatchScheduler:
         self.lane_s["main"] += time.perf_counter() - main.t0
         self.lane_launches["main"] += 1
         launched = main.launched
-        first_pending = {r for launch in self._fast.values() for r in launch.admitted}
+        first_pending = self._on_fast_lanes()
         if any(r in first_pending for _, batch, _, _ in launched for r in batch):
             self._finish_fast(wait=True)  # rows of requests whose first chunk is still on a fast lane: it comes first
         # Each request's rows in order of start frame (one request's rows may be in launches of several sizes).
@@ -506,9 +505,7 @@ class BatchScheduler:
             self.runner.wait(lane)
             self.lane_s[lane] += time.perf_counter() - launch.t0
             self.lane_launches[lane] += 1
-            if not launch.known:
-                for request, n in zip(launch.admitted, launch.lengths):
-                    self._set_frames(request, int(n))
+            self._take_lengths(launch)
             size = self.runner.options.chunk_frames
             for batch, chunk in zip(launch.batches, launch.results):
                 self._deliver(batch, chunk, size)
@@ -522,14 +519,22 @@ class BatchScheduler:
         done learn their lengths, so the main lane can queue their later chunks while their first
         chunk is still decoding (handed out first: ``_finish_main``). True if any did."""
         learned = False
-        for lane, launch in list(self._fast.items()):
-            if launch.known or not self.runner.done(launch.encoded):
-                continue
-            for request, n in zip(launch.admitted, launch.lengths):
-                self._set_frames(request, int(n))
-            self._fast[lane] = launch._replace(known=True)
-            learned = True
+        for launch in self._fast.values():
+            if launch.admitted[0].frames is None and self.runner.done(launch.encoded):  # no event query once known
+                learned = self._take_lengths(launch) or learned
         return learned
+
+    def _take_lengths(self, launch: _FastLaunch) -> bool:
+        """Set the frame counts of ``launch``'s requests unless they are set already; True if it did."""
+        if launch.admitted[0].frames is not None:  # set together, by the first of _learn_lengths / _finish_fast
+            return False
+        for request, n in zip(launch.admitted, launch.lengths):
+            self._set_frames(request, int(n))
+        return True
+
+    def _on_fast_lanes(self) -> set[SpeechRequest]:
+        """Requests of the fast launches in flight (their first chunk not handed out yet)."""
+        return {r for launch in self._fast.values() for r in launch.admitted}
 
     def _arrivals(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for submissions that free slots can take."""
