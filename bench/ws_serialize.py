@@ -4,9 +4,10 @@ For audio deltas (JSON/base64 and binary, 100 and 200 ms at 24 kHz of real speec
 voice) and for the text events of a typical voice turn, measures on this machine, per message:
 
 * serialization: the generic codec (``realtime.events.serialize``, what audio used before) vs the
-  fast path (``realtime.protocol.RealtimeProtocol.send``: an orjson header with binascii base64
-  spliced in) vs orjson and msgspec encoding the whole event dict (base64 by binascii for both;
-  msgspec comes with the ``dev`` extra for this comparison only);
+  fast path (``realtime.protocol.RealtimeProtocol.send``: an orjson header with pybase64's base64
+  spliced in), the same splice with the standard library's base64 (``binascii``, what the fast
+  path used until 2026-12-04), and orjson and msgspec encoding the whole event dict (pybase64 for
+  both; msgspec comes with the ``dev`` extra for this comparison only);
 * permessage-deflate as websockets' server negotiates it by default (window 2^12, memLevel 5,
   context kept): µs per message and the compressed size / original size.
 
@@ -71,23 +72,30 @@ def _time(fn, repeat: int) -> float:
 
 
 def _library_us(events: list, repeat: int) -> dict[str, float]:
-    """µs per audio delta for orjson and msgspec building the same JSON text (base64 included)."""
+    """µs per audio delta: the fast path's splice with the standard library's base64, and orjson and
+    msgspec building the same JSON text (base64 by pybase64, as the server's)."""
     import binascii
 
     import orjson
     from msgspec import json as msgspec_json
 
-    from realtime.wire import pcm16_bytes
+    from realtime.protocol import _audio_header
+    from realtime.wire import encode_pcm16, pcm16_bytes
+
+    def stdlib(e) -> str:  # noqa: ANN001 - the fast path as it was, base64 by binascii
+        audio = binascii.b2a_base64(pcm16_bytes(e.pcm), newline=False).decode("ascii")
+        return f'{_audio_header(e)[:-1].decode()},"delta":"{audio}"}}'
 
     def as_dict(e) -> dict:  # noqa: ANN001
-        return {"type": e.type, "request_id": e.request_id,
-                "delta": binascii.b2a_base64(pcm16_bytes(e.pcm), newline=False).decode("ascii")}
+        return {"type": e.type, "request_id": e.request_id, "delta": encode_pcm16(e.pcm)}
 
     encoder = msgspec_json.Encoder()
-    return {"orjson_serialize_us": round(_time(lambda: [orjson.dumps(as_dict(e)) for e in events], repeat)
-                                         / len(events), 1),
-            "msgspec_serialize_us": round(_time(lambda: [encoder.encode(as_dict(e)) for e in events], repeat)
-                                          / len(events), 1)}
+
+    def us(fn) -> float:  # noqa: ANN001
+        return round(_time(lambda: [fn(e) for e in events], repeat) / len(events), 1)
+
+    return {"stdlib_base64_serialize_us": us(stdlib), "orjson_serialize_us": us(lambda e: orjson.dumps(as_dict(e))),
+            "msgspec_serialize_us": us(lambda e: encoder.encode(as_dict(e)))}
 
 
 def _deflate(frames: list[bytes], repeat: int) -> tuple[float, float]:

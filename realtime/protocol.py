@@ -20,7 +20,6 @@ Binary fast path (negotiated with ``session.x_binary_audio: true``, see docs/pro
 
 from __future__ import annotations
 
-import binascii
 import dataclasses
 import json
 import struct
@@ -42,7 +41,7 @@ from realtime.events import (
     serialize,
 )
 from realtime.session_schema import SessionConfig, apply_session_update
-from realtime.wire import ErrorCode, ProtocolError, pcm16_bytes, pcm16_from_bytes
+from realtime.wire import ErrorCode, ProtocolError, encode_pcm16, pcm16_bytes, pcm16_from_bytes
 from voxloop.config import LimitsConfig
 
 __all__ = [
@@ -183,7 +182,7 @@ def _audio_header(event: ResponseOutputAudioDelta | XTtsAudioDelta) -> bytes:
 
 def encode_audio_json(event: ResponseOutputAudioDelta | XTtsAudioDelta) -> str:
     """The JSON text of an audio delta (same wire form as ``serialize``, built without the codec)."""
-    audio = binascii.b2a_base64(pcm16_bytes(event.pcm), newline=False).decode("ascii")
+    audio = encode_pcm16(event.pcm)
     return f'{_audio_header(event)[:-1].decode()},"delta":"{audio}"}}'
 
 

@@ -18,8 +18,6 @@ No I/O, no asyncio.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
 import itertools
 import math
@@ -31,6 +29,7 @@ from functools import cache
 from typing import Any, ClassVar, Literal
 
 import numpy as np
+import pybase64
 
 from voxloop.errors import ProtocolError
 
@@ -127,15 +126,23 @@ def wire_name(name: str, default: Any = dataclasses.MISSING) -> Any:
 
 # --------------------------------------------------------------------------- audio
 def encode_pcm16(pcm: np.ndarray) -> str:
-    """Base64 of mono int16 samples as little-endian PCM16 bytes."""
-    return base64.b64encode(pcm16_bytes(pcm)).decode("ascii")
+    """Base64 of mono int16 samples as little-endian PCM16 bytes.
+
+    pybase64 (SIMD): ~2 instead of ~20 µs for 200 ms at 24 kHz, the same text as the stdlib's
+    (``python -m bench.ws_serialize``); audio deltas are most of what a server sends."""
+    return pybase64.b64encode(_pcm16le(pcm)).decode("ascii")
 
 
 def pcm16_bytes(pcm: np.ndarray) -> bytes:
     """Little-endian PCM16 bytes of mono int16 samples (raises on another dtype)."""
+    return _pcm16le(pcm).tobytes()
+
+
+def _pcm16le(pcm: np.ndarray) -> np.ndarray:
+    """Contiguous little-endian int16 samples (a view when they already are); raises on another dtype."""
     if pcm.dtype.kind != "i" or pcm.dtype.itemsize != 2:
         raise TypeError(f"audio must be int16, got {pcm.dtype}")
-    return np.ascontiguousarray(pcm, dtype="<i2").tobytes()
+    return np.ascontiguousarray(pcm, dtype="<i2")
 
 
 def pcm16_from_bytes(raw: bytes, param: str | None = None) -> np.ndarray:
@@ -150,10 +157,10 @@ def pcm16_from_bytes(raw: bytes, param: str | None = None) -> np.ndarray:
 
 
 def decode_pcm16(text: str, param: str | None = None) -> np.ndarray:
-    """Int16 samples from base64 PCM16 (strict alphabet, padding required)."""
+    """Int16 samples from base64 PCM16 (strict alphabet, padding required, no padding beyond it)."""
     try:
-        raw = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
+        raw = pybase64.b64decode(text, validate=True)
+    except (ValueError, TypeError):  # binascii.Error is a ValueError
         raise ProtocolError(
             ErrorCode.INVALID_BASE64, "audio is not valid base64", param=param
         ) from None

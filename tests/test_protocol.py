@@ -222,6 +222,12 @@ BAD_MESSAGES = [
     ('{"type": "input_audio_buffer.append", "audio": 5}', ErrorCode.INVALID_VALUE, "audio"),
     ('{"type": "input_audio_buffer.append", "audio": "AAA"}', ErrorCode.INVALID_BASE64, "audio"),
     ('{"type": "input_audio_buffer.append", "audio": "AA$A"}', ErrorCode.INVALID_BASE64, "audio"),
+    ('{"type": "input_audio_buffer.append", "audio": "AAAA\\n"}', ErrorCode.INVALID_BASE64, "audio"),
+    ('{"type": "input_audio_buffer.append", "audio": "AA-_"}', ErrorCode.INVALID_BASE64, "audio"),
+    ('{"type": "input_audio_buffer.append", "audio": "AA=="}', ErrorCode.INVALID_AUDIO_LENGTH, "audio"),
+    ('{"type": "input_audio_buffer.append", "audio": "AAA=="}', ErrorCode.INVALID_BASE64, "audio"),
+    ('{"type": "input_audio_buffer.append", "audio": "AAAA===="}', ErrorCode.INVALID_BASE64, "audio"),
+    ('{"type": "input_audio_buffer.append", "audio": "AAA\u00e9"}', ErrorCode.INVALID_BASE64, "audio"),
     ('{"type": "input_audio_buffer.append", "audio": "AAAA"}', ErrorCode.INVALID_AUDIO_LENGTH, "audio"),
     ('{"type": "session.update"}', ErrorCode.MISSING_FIELD, "session"),
     ('{"type": "session.update", "session": []}', ErrorCode.INVALID_VALUE, "session"),
@@ -574,3 +580,17 @@ def test_docs_list_every_event_and_error_code():
     assert sorted(set(DOCUMENTED_CODES) - reachable) == []  # documented but never sent
     assert sorted({v for k, v in vars(ErrorCode).items() if k.isupper()} - set(DOCUMENTED_CODES)) == []
     assert [t for t in [*CLIENT_EVENTS, *SERVER_EVENTS] if f"`{t}`" not in PROTOCOL_DOC] == []
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 4800, 4801])
+def test_audio_base64_is_the_standard_alphabet_with_padding(n):
+    """The server's base64 (pybase64) writes the same text as the standard library and reads it back,
+    for any length (padding 0, 1 or 2 characters), strided and big-endian arrays included."""
+    from realtime.wire import decode_pcm16, encode_pcm16
+
+    pcm = np.random.default_rng(n).integers(-32768, 32767, 2 * n, dtype=np.int16)
+    for view in (pcm[:n], pcm[::2], pcm[:n].astype(">i2")):
+        text = encode_pcm16(view)
+        assert text == base64.b64encode(np.asarray(view, dtype="<i2").tobytes()).decode("ascii")
+        np.testing.assert_array_equal(decode_pcm16(text), np.asarray(view, dtype=np.int16))
+
