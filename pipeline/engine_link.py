@@ -6,7 +6,11 @@ runs on the GPU, has an *LLM process* of its own (``engine_stages``; a CUDA buil
 PyTorch crashed in one process). Either way every session's utterances and replies batch
 together. N *front-end* processes run the sessions. Each front end keeps one Unix stream socket
 to the engine process (and one to the LLM process); messages are length-prefixed pickles (both ends are
-our own processes, started together; the socket lives in a private directory, mode 0700):
+our own processes, started together; the socket lives in a private directory, mode 0700). Audio
+travels out of band (pickle protocol 5): the engine process hands the socket views of its audio
+blocks, so neither its scheduler thread nor a writer thread copies a chunk under the interpreter
+lock (``frame``; the kernel's copy runs without it), and a front end's audio is a view of the
+message it read:
 
 front end -> engine
   ``("speak", key, sentences, options)``: phoneme ids of each sentence (the front end runs the text
@@ -16,9 +20,9 @@ front end -> engine
   ``("llm", key, session, messages, max_tokens, priority)`` / ``("llm_cancel", key)`` /
   ``("llm_release", session)``.
 engine -> front end
-  ``("step", [(key, clause_index, final, pcm_bytes, stamps) | (key, error) ...])``: **one message
+  ``("step", [(key, clause_index, final, pcm, stamps) | (key, error) ...])``: **one message
   per finished GPU launch** with what it made for that front end's requests (int16 at the
-  voice's rate): a fast-lane launch's first chunks, or a main-lane launch's later ones; ``stamps`` is
+  engine's rate, out of band): a fast-lane launch's first chunks, or a main-lane launch's later ones; ``stamps`` is
   ``(received, handed_out)`` (``time.monotonic()`` of this host), ``received`` only on a speak's
   first chunk (else None);
   ``error`` is an exception, or None when the engine closed;
@@ -59,15 +63,93 @@ from voxloop.errors import Cancelled, ModelError
 
 log = logging.getLogger(__name__)
 
-_LEN = struct.Struct("!I")
+#: A message's head: pickle bytes, out-of-band buffers; then one size per buffer (``_SIZE``).
+_HEAD = struct.Struct("!II")
+_SIZE = struct.Struct("!I")
+#: Most out-of-band buffers in one message (a step's chunks for one front end are far fewer).
+MAX_BUFFERS = 4096
 REPORT_INTERVAL_S = 1.0
 #: How often a front end's reply stream looks at its cancel event while no token arrives, s.
 CANCEL_POLL_S = 0.05
 
 
-def frame(message: Any) -> bytes:
-    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return _LEN.pack(len(body)) + body
+def _padded(n: int) -> int:
+    return -(-n // 8) * 8
+
+
+def frame(message: Any) -> list:
+    """``message`` as the parts to write, in order: head and sizes, the pickle, then each
+    ``pickle.PickleBuffer`` in it as is (out of band, not copied); the pickle and each buffer
+    padded to a multiple of 8 bytes (so int16 audio is aligned in what the reader gets)."""
+    buffers: list[pickle.PickleBuffer] = []
+    body = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
+    if len(buffers) > MAX_BUFFERS:
+        raise ValueError(f"engine link: {len(buffers)} out-of-band buffers in one message, at most {MAX_BUFFERS}")
+    views = [b.raw() for b in buffers]
+    parts: list = [_HEAD.pack(len(body), len(views)) + b"".join(_SIZE.pack(v.nbytes) for v in views)]
+    for part in (body, *views):
+        parts.append(part)
+        if pad := _padded(len(part)) - len(part):
+            parts.append(bytes(pad))
+    return parts
+
+
+def _sizes(head: bytes) -> tuple[int, int]:
+    """(pickle bytes, out-of-band buffers) of a message head."""
+    size, count = _HEAD.unpack(head)
+    if count > MAX_BUFFERS:
+        raise ValueError(f"engine link: a message head announces {count} buffers, at most {MAX_BUFFERS}")
+    return size, count
+
+
+def _payload_bytes(size: int, sizes: bytes) -> int:
+    return _padded(size) + sum(_padded(n) for (n,) in _SIZE.iter_unpack(sizes))
+
+
+def _load(size: int, sizes: bytes, payload: bytes) -> Any:
+    """The message of ``payload`` (the pickle, then the buffers, each padded); buffers are views of it."""
+    view = memoryview(payload)
+    buffers, at = [], _padded(size)
+    for (n,) in _SIZE.iter_unpack(sizes):
+        buffers.append(view[at:at + n])
+        at += _padded(n)
+    return pickle.loads(view[:size], buffers=buffers)
+
+
+def read_message(read: Callable[[int], bytes]) -> Any:
+    """The next message from a blocking ``read(n)`` (n bytes, or fewer at end of stream); None at the end."""
+    if len(head := read(_HEAD.size)) < _HEAD.size:
+        return None
+    size, count = _sizes(head)
+    if len(sizes := read(_SIZE.size * count)) < _SIZE.size * count:
+        return None
+    total = _payload_bytes(size, sizes)
+    if len(payload := read(total)) < total:
+        return None
+    return _load(size, sizes, payload)
+
+
+async def read_message_async(reader: asyncio.StreamReader) -> Any:
+    """The next message from ``reader`` (raises ``asyncio.IncompleteReadError`` at the end)."""
+    size, count = _sizes(await reader.readexactly(_HEAD.size))
+    sizes = await reader.readexactly(_SIZE.size * count)
+    return _load(size, sizes, await reader.readexactly(_payload_bytes(size, sizes)))
+
+
+#: Parts per ``sendmsg`` call (Linux's IOV_MAX).
+_IOV_MAX = 1024
+
+
+def send_parts(conn: socket.socket, parts: list) -> None:
+    """Write ``parts`` (``frame``'s) to a blocking socket: gathered writes, no joined copy."""
+    views = [memoryview(p).cast("B") for p in parts]
+    while views:
+        sent = conn.sendmsg(views[:_IOV_MAX])
+        while views and sent >= views[0].nbytes:
+            sent -= views[0].nbytes
+            views.pop(0)
+        if sent:
+            views[0] = views[0][sent:]
 
 
 def engine_stages(cfg: Any) -> tuple[str, ...]:
@@ -167,7 +249,10 @@ class _FrontEndLink:
                     continue
                 if isinstance(outcome, AudioChunk):
                     received = self._received.pop(key, None) if outcome.clause_index == 0 else None
-                    items.append((key, outcome.clause_index, outcome.final, outcome.pcm.tobytes(), (received, now)))
+                    # out of band: the writer thread's sendmsg reads the chunk's own samples (a view of
+                    # its request's block, which stays leased while this message holds it)
+                    items.append((key, outcome.clause_index, outcome.final, pickle.PickleBuffer(np.ascontiguousarray(outcome.pcm)),
+                                  (received, now)))
                 else:
                     self._received.pop(key, None)
                     items.append((key, outcome))
@@ -191,12 +276,9 @@ class _FrontEndLink:
     def _read(self) -> None:
         reader = self.conn.makefile("rb")  # read(n) returns n bytes, or fewer at end of stream
         try:
-            while len(head := reader.read(_LEN.size)) == _LEN.size:
-                size = _LEN.unpack(head)[0]
-                if len(body := reader.read(size)) < size:
-                    break
-                self._handle(pickle.loads(body))
-        except OSError:
+            while (message := read_message(reader.read)) is not None:
+                self._handle(message)
+        except (OSError, ValueError):
             pass
         finally:  # the front end went away: its work stops at the next step, its conversations end
             with self._lock:
@@ -311,7 +393,8 @@ class _FrontEndLink:
     def _write(self) -> None:
         try:
             while (message := self._out.get()) is not None:
-                self.conn.sendall(frame(message))
+                send_parts(self.conn, frame(message))
+                del message  # its audio views: their blocks go back to the pool now, not at the next message
         except OSError:
             pass
 
@@ -359,13 +442,12 @@ class EngineClient:
         if not self.connected:
             raise ModelError("the engine process is not connected")
         assert self._writer is not None
-        self._writer.write(frame(message))
+        self._writer.writelines(frame(message))
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         try:
             while True:
-                head = await reader.readexactly(_LEN.size)
-                message = pickle.loads(await reader.readexactly(_LEN.unpack(head)[0]))
+                message = await read_message_async(reader)
                 if message[0] == "report":
                     self.report = message[1]
                 else:
@@ -616,5 +698,5 @@ class RemoteLlm(_Streams):
         pass
 
 
-def _int16(raw: bytes) -> np.ndarray:
+def _int16(raw: bytes | memoryview) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.int16)

@@ -249,14 +249,12 @@ def test_the_llm_process_loads_no_onnxruntime_or_torch():
 def test_a_step_that_ends_while_a_speak_is_being_registered_loses_nothing(tmp_path):
     """The engine's sink may run (on the scheduler thread) before ``_on_speak`` has recorded the
     request's key: the outcome must still reach the front end, not be dropped."""
-    import pickle
     import socket
-    import struct
     import threading
 
     import numpy as np
 
-    from pipeline.engine_link import EngineHost, frame
+    from pipeline.engine_link import EngineHost, frame, read_message, send_parts
     from tts_engine.engine import AudioChunk
 
     class Request:
@@ -279,15 +277,12 @@ def test_a_step_that_ends_while_a_speak_is_being_registered_loses_nothing(tmp_pa
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.connect(host.path)
             conn.settimeout(scaled(5))
-            conn.sendall(frame(("speak", 7, [[1, 2, 3]], None)))
+            send_parts(conn, frame(("speak", 7, [[1, 2, 3]], None)))
             reader = conn.makefile("rb")
-            while True:
-                size = struct.unpack("!I", reader.read(4))[0]
-                message = pickle.loads(reader.read(size))
-                if message[0] == "step":
-                    break
+            while (message := read_message(reader.read))[0] != "step":
+                pass
         (key, clause, final, pcm, (received, handed_out)), = message[1]
-        assert (key, clause, final, pcm) == (7, 0, True, np.ones(4, np.int16).tobytes())
+        assert (key, clause, final, bytes(pcm)) == (7, 0, True, np.ones(4, np.int16).tobytes())
         assert received <= handed_out  # a speak's first chunk carries the engine's stamps
     finally:
         host.close()
@@ -320,3 +315,54 @@ def test_the_server_stops_when_its_llm_process_dies(voice_server):
     assert proc.wait(timeout=scaled(60)) == 1
     gone, alive = psutil.wait_procs(spawned, timeout=scaled(15))
     assert not alive
+
+
+def test_engine_link_messages_carry_audio_out_of_band_aligned_and_whole():
+    """A step's audio leaves the engine process as views of its own samples (no copy in the pickle),
+    arrives int16-aligned and intact through partial socket writes, by the blocking and the asyncio
+    reader alike; other messages (no buffers) still travel."""
+    import pickle
+    import threading
+
+    import numpy as np
+
+    from pipeline.engine_link import frame, read_message, read_message_async, send_parts
+
+    rng = np.random.default_rng(3)
+    block = rng.integers(-32768, 32767, 300_001, dtype=np.int16)
+    chunks = [block[1:4], block[5:300_001], block[:0]]  # offsets and lengths off 8 bytes, an empty one
+    message = ("step", [(k, 0, True, pickle.PickleBuffer(c), (None, 1.0)) for k, c in enumerate(chunks)]
+               + [(9, ValueError("bad ids"))])
+    parts = frame(message)
+    assert any(isinstance(p, memoryview) and np.shares_memory(np.asarray(p), block) for p in parts)
+    assert sum(len(p) for p in parts[1:]) % 8 == 0
+
+    def check(got) -> None:
+        assert got[0] == "step" and got[1][3][0] == 9 and str(got[1][3][1]) == "bad ids"
+        for (key, _, _, pcm, _), want in zip(got[1][:3], chunks):
+            samples = np.frombuffer(pcm, dtype=np.int16)
+            assert samples.flags.aligned  # a view of the payload, at a multiple of 8 bytes in it
+            np.testing.assert_array_equal(samples, want)
+
+    a, b = socket.socketpair()
+    with a, b:
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # sendmsg writes a part at a time
+        writer = threading.Thread(target=lambda: [send_parts(a, frame(m)) for m in (message, ("report", {"x": 1}))])
+        writer.start()
+        reader = b.makefile("rb")
+        check(read_message(reader.read))
+        assert read_message(reader.read) == ("report", {"x": 1})
+        writer.join()
+        a.shutdown(socket.SHUT_WR)
+        assert read_message(reader.read) is None  # end of stream
+
+    async def over_asyncio() -> None:
+        r = asyncio.StreamReader(limit=2**26)
+        for p in frame(message):
+            r.feed_data(bytes(p))
+        r.feed_eof()
+        check(await read_message_async(r))
+        with pytest.raises(asyncio.IncompleteReadError):
+            await read_message_async(r)
+
+    asyncio.run(over_asyncio())
