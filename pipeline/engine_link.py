@@ -66,8 +66,9 @@ log = logging.getLogger(__name__)
 #: A message's head: pickle bytes, out-of-band buffers; then one size per buffer (``_SIZE``).
 _HEAD = struct.Struct("!II")
 _SIZE = struct.Struct("!I")
-#: Most out-of-band buffers in one message (a step's chunks for one front end are far fewer).
-MAX_BUFFERS = 4096
+#: Most out-of-band buffers a message head may announce (a reader's sanity bound; a step's chunks
+#: for one front end are at most a launch's rows).
+MAX_BUFFERS = 1 << 20
 REPORT_INTERVAL_S = 1.0
 #: How often a front end's reply stream looks at its cancel event while no token arrives, s.
 CANCEL_POLL_S = 0.05
@@ -83,8 +84,6 @@ def frame(message: Any) -> list:
     padded to a multiple of 8 bytes (so int16 audio is aligned in what the reader gets)."""
     buffers: list[pickle.PickleBuffer] = []
     body = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
-    if len(buffers) > MAX_BUFFERS:
-        raise ValueError(f"engine link: {len(buffers)} out-of-band buffers in one message, at most {MAX_BUFFERS}")
     views = [b.raw() for b in buffers]
     parts: list = [_HEAD.pack(len(body), len(views)) + b"".join(_SIZE.pack(v.nbytes) for v in views)]
     for part in (body, *views):
