@@ -128,6 +128,75 @@ def closed_loop(backend, sentences: list[dict], clients: int, duration_s: float,
     return records
 
 
+def closed_loop_sinks(submit, sample_rate: int, sentences: list[dict], clients: int, duration_s: float,
+                      warmup_s: float) -> list[dict]:
+    """``closed_loop`` with clients that are sinks, not threads: the served path's way of receiving
+    (``pipeline/engine_link.py``). ``submit(ids, sink)`` queues one sentence whose outcomes go to
+    ``sink(outcomes)`` in bulk per finished launch, on the engine's own thread; a client's sink
+    records its finished sentence and queues the client's next one there. No client thread shares
+    the engine's interpreter lock, so this is the engine alone; times are hand-outs (when the
+    engine gives a chunk away). Records as ``closed_loop``'s; raises like it when a request fails.
+    """
+    from tts_engine.engine import AudioChunk
+
+    records: list[dict] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    finished = threading.Semaphore(0)
+    t_start = time.perf_counter()
+    t_measure, t_end = t_start + warmup_s, t_start + warmup_s + duration_s
+
+    class Client:
+        def __init__(self, index: int) -> None:
+            self.index, self.k = index, 0
+
+        def start(self) -> None:
+            now = time.perf_counter()
+            if now >= t_end:
+                finished.release()
+                return
+            sentence = sentences[(self.index * 13 + self.k) % len(sentences)]
+            self.k += 1
+            self.t0, self.first, self.samples, self.stall = now, None, 0, 0.0
+            try:
+                submit(sentence["ids"], self.sink)
+            except BaseException as exc:  # noqa: BLE001 - reported after the run
+                self.fail(exc)
+
+        def fail(self, exc: BaseException) -> None:
+            errors.append(exc)
+            finished.release()
+
+        def sink(self, outcomes: list) -> None:
+            now = time.perf_counter()
+            for _, outcome in outcomes:
+                if not isinstance(outcome, AudioChunk):
+                    self.fail(outcome if isinstance(outcome, BaseException) else RuntimeError("the engine closed"))
+                    return
+                if self.first is None:
+                    self.first = now - self.t0
+                else:  # as bench.tts_backends.consume: gaps a listener playing from the first chunk hears
+                    self.stall += max(0.0, now - (self.t0 + self.first + self.stall + self.samples / sample_rate))
+                self.samples += outcome.num_samples
+                if outcome.final:
+                    if self.t0 >= t_measure:
+                        with lock:
+                            records.append({"start": self.t0, "end": now, "first_s": self.first,
+                                            "latency_s": now - self.t0, "audio_s": self.samples / sample_rate,
+                                            "stall_s": self.stall})  # fmt: skip
+                    self.start()
+
+    for index in range(clients):
+        Client(index).start()
+    deadline = t_end + 60.0
+    for _ in range(clients):
+        if not finished.acquire(timeout=max(0.0, deadline - time.perf_counter())):
+            raise RuntimeError("closed_loop_sinks: clients still waiting 60 s after the end (a lost outcome?)")
+    if errors:
+        raise RuntimeError(f"{len(errors)} client(s) failed: {errors[0]!r}") from errors[0]
+    return records
+
+
 def summarize(records: list[dict], backend, clients: int, hardware: str) -> dict:
     """One result row of a closed-loop level: QPS, audio s/s, first-audio / latency p50/p99 (ms), RTF, stalls."""
     t0 = min(r["start"] for r in records)

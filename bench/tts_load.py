@@ -10,7 +10,10 @@ engine mode ``cuda`` rows also carry ``scheduler``: what the GPU scheduler did i
 with ``--gpu-profile S``, also ``gpu_timeline``: the level run S seconds more under PyTorch's
 profiler, its kernels per CUDA stream, busy and overlap % (``bench.gpu_timeline``; not timed).
 
-Modes: ``engine`` calls the engines in-process: ``cuda`` (``CudaTtsEngine.submit``),
+Modes: ``engine`` calls the engines in-process: ``cuda`` (``CudaTtsEngine.submit``, one thread per
+client iterating its request; with ``--engine-clients sinks`` the clients are sinks the scheduler
+thread calls once per finished launch, as the served path receives, and rows are ``cuda-...-sinks``:
+the engine without the bench's 50-128 threads sharing its interpreter lock),
 ``onnx`` (the CPU engine's whole-sentence ``OnnxVits.infer`` + int16, i.e.
 ``OnnxTtsEngine.synthesize_ids`` at the native rate), ``onnx-stream`` (``synthesize_ids``
 of the streaming CPU engine: chunked encoder + decoder ONNX). ``ws``: each client is one
@@ -38,7 +41,8 @@ Examples::
     # mode they override the file's):
     python -m bench.tts_load --mode ws --backends cuda --concurrency 1 50 128 --ws-formats json --hardware h200 \\
         --allocator native --fast-lanes 2 --chunk-frames 32 --polyphase --fused-blocks --fused-upsampling --fused-flow \\
-        --chunks-per-step 0 --main-in-flight 2 --encoder-convs gemm --fused-duration-predictor --output-rate 24000
+        --chunks-per-step 0 --main-in-flight 2 --encoder-convs gemm --fused-duration-predictor --output-rate 24000 \\
+        --speculate-frames 512
     python -m bench.tts_load --plot bench/results/tts_load-h200-2026-11-29.json
     python -m bench.tts_load --make-sentences   # rebuild the JSON from tts_sentences.txt
 
@@ -57,7 +61,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.harness import (
-    ROOT, SENTENCES, add_common_arguments, closed_loop, command_line, common_arguments, cpu_name, gpu_name,
+    ROOT, SENTENCES, add_common_arguments, closed_loop, closed_loop_sinks, command_line, common_arguments, cpu_name, gpu_name,
     load_sentences, summarize,
 )  # fmt: skip
 from bench.gpu_timeline import profile_kernels
@@ -142,14 +146,25 @@ def run(args: argparse.Namespace) -> Path:
             backend = CudaBackend(args)
             print(f"[{backend.name}] {json.dumps(backend.info)}", flush=True)
             start = scheduler_counters(backend.engine.scheduler)
+            if args.engine_clients == "sinks":
+                backend.name += "-sinks"
+
+                def loop(clients: int, duration_s: float, warmup_s: float) -> list[dict]:
+                    return closed_loop_sinks(lambda ids, sink: backend.engine.submit_sentences([ids], sink=sink),
+                                             backend.sample_rate, sentences, clients, duration_s, warmup_s)
+            else:
+
+                def loop(clients: int, duration_s: float, warmup_s: float) -> list[dict]:
+                    return closed_loop(backend, sentences, clients, duration_s, warmup_s)
+
             for clients in levels:
                 backend.reset_peak()
                 before = scheduler_counters(backend.engine.scheduler)
-                row = summarize(closed_loop(backend, sentences, clients, args.duration, args.warmup), backend, clients,
-                                args.hardware)  # fmt: skip
-                record({**row, **engine_clients(backend), "scheduler": scheduler_breakdown(before, scheduler_counters(backend.engine.scheduler))})
+                row = summarize(loop(clients, args.duration, args.warmup), backend, clients, args.hardware)
+                record({**row, **engine_clients(backend), "engine_clients": args.engine_clients,
+                        "scheduler": scheduler_breakdown(before, scheduler_counters(backend.engine.scheduler))})
                 if args.gpu_profile and clients in args.gpu_profile_levels:
-                    _, timeline = profile_kernels(lambda c=clients: closed_loop(backend, sentences, c, args.gpu_profile, 0.5))
+                    _, timeline = profile_kernels(lambda c=clients: loop(c, args.gpu_profile, 0.5))
                     print(f"[{backend.name}] gpu timeline, {clients} clients: {json.dumps(timeline)}", flush=True)
                     rows[-1]["gpu_timeline"] = {"clients": clients, "seconds": args.gpu_profile, **timeline}
                     out.write_text(json.dumps(rows, indent=1) + "\n")
@@ -259,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--allocator", default="async", choices=["async", "native"], help="gpu.allocator")
     p.add_argument("--coarse", action="store_true", help="power-of-two decode batch buckets only (tts.batch_buckets = coarse: faster start-up)")
     add_common_arguments(p)
+    p.add_argument("--engine-clients", choices=("threads", "sinks"), default="threads",
+                   help="engine mode, cuda: one thread per client iterating its request (threads), or clients "
+                        "as sinks called on the scheduler thread per launch, as the served path receives (sinks)")
     p.add_argument("--steps-report", action="store_true", help="also print the scheduler breakdown of the whole run")
     p.add_argument("--fast-lane", choices=("overlap", "exclusive", "off"), default="overlap",
                    help="tts.fast_lane: new requests' encoder + first chunk on a high-priority stream (default overlap)")

@@ -118,6 +118,40 @@ def test_closed_loop_keeps_clients_busy_and_summarizes():
     assert row["latency_p50_ms"] >= 20 and row["peak_vram_mb"] is None
 
 
+def test_closed_loop_sinks_drives_the_real_scheduler_from_its_own_thread():
+    """Clients as sinks: the real BatchScheduler (a runner whose launches take no time) calls each
+    client's sink on its own thread; every finished sentence is recorded with all its audio and
+    the client's next one queued there, no client thread; a failing engine fails the run."""
+    from bench.harness import closed_loop_sinks, load_sentences, summarize
+    from bench.tts_scheduler_host import HOP, InstantRunner
+    from tts_engine.torch_vits.cuda_engine import batch_buckets
+    from tts_engine.torch_vits.runner import RunnerOptions
+    from tts_engine.torch_vits.scheduler import BatchScheduler
+
+    options = RunnerOptions(chunk_frames=32, tail_chunk_frames=256, decode_batches=batch_buckets(16),
+                            encode_batches=batch_buckets(16, fine=False), fast_lanes=2, chunks_per_step=0)
+    scheduler = BatchScheduler(InstantRunner(options, 349), 22050, queue_size=64)
+    threads = threading.active_count()
+    try:
+        records = closed_loop_sinks(lambda ids, sink: scheduler.submit(ids, sink=sink), 22050, load_sentences(),
+                                    clients=5, duration_s=0.3, warmup_s=0.1)
+    finally:
+        scheduler.close()
+    assert len(records) >= 10 and threading.active_count() <= threads + 1  # no client threads (the scheduler's)
+    assert {round(r["audio_s"] * 22050) for r in records} == {349 * HOP}  # every chunk of every sentence counted
+    assert all(0 <= r["first_s"] <= r["latency_s"] and r["start"] >= records[0]["start"] for r in records)
+    backend = FakeBackend()
+    backend.sample_rate = 22050
+    row = summarize(records, backend, 5, "test-box")
+    assert row["concurrency"] == 5 and row["qps"] > 0 and row["audio_s_per_request"] == round(349 * HOP / 22050, 3)
+
+    def refuse(ids, sink):
+        raise ValueError("bad ids")
+
+    with pytest.raises(RuntimeError, match="5 client"):
+        closed_loop_sinks(refuse, 22050, load_sentences(), clients=5, duration_s=0.1, warmup_s=0.0)
+
+
 def test_result_files_say_date_hardware_and_command(tmp_path, monkeypatch):
     from bench import harness
 
