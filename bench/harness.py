@@ -134,8 +134,10 @@ def closed_loop_sinks(submit, sample_rate: int, sentences: list[dict], clients: 
     (``pipeline/engine_link.py``). ``submit(ids, sink)`` queues one sentence whose outcomes go to
     ``sink(outcomes)`` in bulk per finished launch, on the engine's own thread; a client's sink
     records its finished sentence and queues the client's next one there. No client thread shares
-    the engine's interpreter lock, so this is the engine alone; times are hand-outs (when the
-    engine gives a chunk away). Records as ``closed_loop``'s; raises like it when a request fails.
+    the engine's interpreter lock; times are hand-outs (when the engine gives a chunk away). The
+    clients fall into step (their next sentences are queued at the same instant, so every launch
+    carries all of them): the most batched arrival pattern, not spread-out clients'. Records as
+    ``closed_loop``'s; raises like it when a request fails.
     """
     from tts_engine.engine import AudioChunk
 

@@ -13,7 +13,9 @@ profiler, its kernels per CUDA stream, busy and overlap % (``bench.gpu_timeline`
 Modes: ``engine`` calls the engines in-process: ``cuda`` (``CudaTtsEngine.submit``, one thread per
 client iterating its request; with ``--engine-clients sinks`` the clients are sinks the scheduler
 thread calls once per finished launch, as the served path receives, and rows are ``cuda-...-sinks``:
-the engine without the bench's 50-128 threads sharing its interpreter lock),
+the engine without the bench's 50-128 threads sharing its interpreter lock; the clients then queue
+their next sentences at the same instant and fall into step, every launch carrying all of them: the
+most batched arrival pattern, an upper bound rather than what spread-out clients get),
 ``onnx`` (the CPU engine's whole-sentence ``OnnxVits.infer`` + int16, i.e.
 ``OnnxTtsEngine.synthesize_ids`` at the native rate), ``onnx-stream`` (``synthesize_ids``
 of the streaming CPU engine: chunked encoder + decoder ONNX). ``ws``: each client is one
