@@ -128,6 +128,25 @@ def closed_loop(backend, sentences: list[dict], clients: int, duration_s: float,
     return records
 
 
+class Listening:
+    """One clause's chunks as a listener gets them, from ``t0`` (``time.perf_counter()``): first-audio
+    delay, samples so far, and stall: how long a listener playing from the first chunk's arrival
+    would wait for later chunks (audio gaps), summed, s."""
+
+    def __init__(self, sample_rate: int, t0: float) -> None:
+        self.sample_rate, self.t0 = sample_rate, t0
+        self.first: float | None = None
+        self.samples, self.stall = 0, 0.0
+
+    def chunk(self, now: float, samples: int) -> None:
+        """A chunk of ``samples`` arrived at ``now``."""
+        if self.first is None:
+            self.first = now - self.t0
+        else:
+            self.stall += max(0.0, now - (self.t0 + self.first + self.stall + self.samples / self.sample_rate))
+        self.samples += samples
+
+
 def closed_loop_sinks(submit, sample_rate: int, sentences: list[dict], clients: int, duration_s: float,
                       warmup_s: float) -> list[dict]:
     """``closed_loop`` with clients that are sinks, not threads: the served path's way of receiving
@@ -159,7 +178,7 @@ def closed_loop_sinks(submit, sample_rate: int, sentences: list[dict], clients: 
                 return
             sentence = sentences[(self.index * 13 + self.k) % len(sentences)]
             self.k += 1
-            self.t0, self.first, self.samples, self.stall = now, None, 0, 0.0
+            self.heard = Listening(sample_rate, now)
             try:
                 submit(sentence["ids"], self.sink)
             except BaseException as exc:  # noqa: BLE001 - reported after the run
@@ -175,17 +194,14 @@ def closed_loop_sinks(submit, sample_rate: int, sentences: list[dict], clients: 
                 if not isinstance(outcome, AudioChunk):
                     self.fail(outcome if isinstance(outcome, BaseException) else RuntimeError("the engine closed"))
                     return
-                if self.first is None:
-                    self.first = now - self.t0
-                else:  # as bench.tts_backends.consume: gaps a listener playing from the first chunk hears
-                    self.stall += max(0.0, now - (self.t0 + self.first + self.stall + self.samples / sample_rate))
-                self.samples += outcome.num_samples
+                heard = self.heard
+                heard.chunk(now, outcome.num_samples)
                 if outcome.final:
-                    if self.t0 >= t_measure:
+                    if heard.t0 >= t_measure:
                         with lock:
-                            records.append({"start": self.t0, "end": now, "first_s": self.first,
-                                            "latency_s": now - self.t0, "audio_s": self.samples / sample_rate,
-                                            "stall_s": self.stall})  # fmt: skip
+                            records.append({"start": heard.t0, "end": now, "first_s": heard.first,
+                                            "latency_s": now - heard.t0, "audio_s": heard.samples / sample_rate,
+                                            "stall_s": heard.stall})  # fmt: skip
                     self.start()
 
     for index in range(clients):

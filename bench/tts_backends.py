@@ -11,7 +11,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from bench.harness import cpu_name
+from bench.harness import Listening, cpu_name
 
 if TYPE_CHECKING:
     from voxloop.config import GpuConfig
@@ -208,18 +208,8 @@ def scheduler_breakdown(before: dict, after: dict) -> dict:
 
 
 def consume(chunks, sample_rate: int) -> tuple[float, int, float]:
-    """Read a clause's chunks: (first-audio delay s, samples, stall s).
-
-    Stall: how long a listener playing from the first chunk's arrival would wait for
-    later chunks (audio gaps), summed over the clause.
-    """
-    t0 = time.perf_counter()
-    first, samples, stall = None, 0, 0.0
+    """Read a clause's chunks: (first-audio delay s, samples, stall s) (``bench.harness.Listening``)."""
+    heard = Listening(sample_rate, time.perf_counter())
     for chunk in chunks:
-        now = time.perf_counter()
-        if first is None:
-            first = now - t0
-        else:
-            stall += max(0.0, now - (t0 + first + stall + samples / sample_rate))
-        samples += chunk.num_samples
-    return first or 0.0, samples, stall
+        heard.chunk(time.perf_counter(), chunk.num_samples)
+    return heard.first or 0.0, heard.samples, heard.stall

@@ -118,6 +118,17 @@ def test_closed_loop_keeps_clients_busy_and_summarizes():
     assert row["latency_p50_ms"] >= 20 and row["peak_vram_mb"] is None
 
 
+def test_listening_counts_the_gaps_a_listener_hears():
+    """First chunk at 100 ms starts playback; 100 ms of audio each; a chunk late by 200 ms is a 200 ms
+    stall, one ahead of playback none."""
+    from bench.harness import Listening
+
+    heard = Listening(1000, t0=0.0)
+    for now, samples in [(0.1, 100), (0.15, 100), (0.5, 100), (0.55, 200)]:
+        heard.chunk(now, samples)
+    assert (heard.first, heard.samples) == (0.1, 500) and abs(heard.stall - 0.2) < 1e-9
+
+
 def test_closed_loop_sinks_drives_the_real_scheduler_from_its_own_thread():
     """Clients as sinks: the real BatchScheduler (a runner whose launches take no time) calls each
     client's sink on its own thread; every finished sentence is recorded with all its audio and
