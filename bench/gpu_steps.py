@@ -52,3 +52,41 @@ def decode_one(runner: StepRunner, slot: int, frames: int) -> np.ndarray:
         out[span.start : span.stop] = span.of(row)
         done += size
     return out
+
+
+def graph_times(runner: StepRunner, sentences: list[list[int]], batches: tuple[int, ...] = (1, 16, 64),
+                reps: int = 20) -> dict[str, float]:
+    """Median ms of one replay of each captured graph the scheduler launches most, alone on the GPU:
+    the encoder (first fast lane) at the phoneme bucket of the longest of ``sentences``, the first
+    chunk (fast lane) and every later chunk size (main lane), at each of ``batches`` that was captured.
+    Inputs are real: ``sentences`` encoded into the slots first. Keys ``encode b x ids``,
+    ``first b x frames``, ``decode b x frames``."""
+    fill_slots(runner, sentences, noise=True)
+    opts, lane = runner.options, runner.fast_lanes[0]
+    longest = max(len(s) for s in sentences)
+    t = min(b for b in opts.phoneme_buckets if b >= longest)
+    out: dict[str, float] = {}
+    dev = runner.device
+    for b in batches:
+        step = runner._encode_steps.get((b, t, lane))
+        if step is not None and step.graph is not None:
+            ids, lengths, scales, slots, sids = step.inputs
+            ids.zero_()
+            for i in range(b):
+                s = sentences[i % len(sentences)]
+                ids[i, : len(s)] = torch.tensor(s, device=dev)
+                lengths[i] = len(s)
+            scales.copy_(torch.tensor([[0.667, 1.0, 0.8]] * b, device=dev))
+            slots.copy_(torch.arange(b, device=dev) % opts.max_slots)
+            out[f"encode {b} x {t}"] = round(timed(step.graph.replay, reps), 3)
+        keys = [(opts.chunk_frames, b, lane, "first")] + [(c, b, "main", "decode") for c in opts.chunk_sizes]
+        for chunk, bb, key_lane, name in keys:
+            step = runner._decode_steps.get((chunk, bb, key_lane))
+            if step is None or step.graph is None:
+                continue
+            slots, starts, active = step.inputs
+            slots.copy_(torch.arange(bb, device=dev) % opts.max_slots)
+            starts.fill_(0 if name == "first" else opts.chunk_frames)
+            active.fill_(1)
+            out[f"{name} {bb} x {chunk}"] = round(timed(step.graph.replay, reps), 3)
+    return out

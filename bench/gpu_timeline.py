@@ -12,10 +12,15 @@ GPU idles or what fills it, not throughput.
 
 from __future__ import annotations
 
+import gzip
 import json
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+
+#: Idle gaps shorter than this (µs) are not counted in ``idle_gaps``: launch-to-launch spacing.
+GAP_FLOOR_US = 20.0
 
 
 def _union_us(intervals: list[tuple[float, float]]) -> float:
@@ -51,6 +56,16 @@ def _overlap_us(per_stream: Iterable[list[tuple[float, float]]]) -> float:
     return total
 
 
+def _idle_gaps_us(intervals: list[tuple[float, float]], floor_us: float) -> list[float]:
+    """Gaps between the merged busy spans of ``intervals`` (any stream) longer than ``floor_us``."""
+    gaps, end = [], None
+    for s, e in sorted(intervals):
+        if end is not None and s - end > floor_us:
+            gaps.append(s - end)
+        end = e if end is None else max(end, e)
+    return gaps
+
+
 def summarize_kernels(events: list[dict], top: int = 15) -> dict:
     """Summary of Chrome-trace events (``cat`` "kernel", ``ts``/``dur`` in µs, ``args.stream``)."""
     kernels = [e for e in events if e.get("cat") == "kernel" and "dur" in e]
@@ -68,6 +83,7 @@ def summarize_kernels(events: list[dict], top: int = 15) -> dict:
         entry[1] += e["dur"]
         entry[2].add(stream)
     total = sum(e["dur"] for e in kernels)
+    gaps = _idle_gaps_us([iv for ivs in streams.values() for iv in ivs], GAP_FLOOR_US)
 
     def pct(us: float) -> float:
         return round(100 * us / window, 1) if window else 0.0
@@ -78,6 +94,10 @@ def summarize_kernels(events: list[dict], top: int = 15) -> dict:
         "kernel_ms": round(total / 1000, 2),
         "busy_pct": pct(_union_us([iv for ivs in streams.values() for iv in ivs])),
         "overlap_pct": pct(_overlap_us(streams.values())),
+        # The GPU idle (no stream running a kernel) for longer than GAP_FLOOR_US at a time: how often and how long.
+        "idle_gaps": {"floor_us": GAP_FLOOR_US, "count": len(gaps), "ms": round(sum(gaps) / 1000, 2),
+                      "mean_us": round(sum(gaps) / len(gaps), 1) if gaps else 0.0,
+                      "max_us": round(max(gaps), 1) if gaps else 0.0},
         "streams": {
             str(s): {"kernels": len(ivs), "kernel_ms": round(sum(e - b for b, e in ivs) / 1000, 2),
                      "busy_ms": round(_union_us(ivs) / 1000, 2), "busy_pct": pct(_union_us(ivs))}
@@ -91,8 +111,9 @@ def summarize_kernels(events: list[dict], top: int = 15) -> dict:
     }
 
 
-def profile_kernels(fn: Callable[[], object], top: int = 15) -> tuple[object, dict]:
-    """(``fn()``, ``summarize_kernels`` of the CUDA kernels it ran)."""
+def profile_kernels(fn: Callable[[], object], top: int = 15, keep: Path | None = None) -> tuple[object, dict]:
+    """(``fn()``, ``summarize_kernels`` of the CUDA kernels it ran). ``keep``: also write the kernels
+    (name, stream, start and duration in µs) there, gzipped JSON, for a closer look."""
     import torch
 
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -102,4 +123,9 @@ def profile_kernels(fn: Callable[[], object], top: int = 15) -> tuple[object, di
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
         events = json.loads(path.read_text()).get("traceEvents", [])
+    if keep is not None:
+        kernels = [[e["name"][:120], int(e.get("args", {}).get("stream", -1)), e["ts"], e["dur"]]
+                   for e in events if e.get("cat") == "kernel" and "dur" in e]
+        with gzip.open(keep, "wt") as f:
+            json.dump({"columns": ["kernel", "stream", "ts_us", "dur_us"], "kernels": kernels}, f)
     return result, summarize_kernels(events, top)

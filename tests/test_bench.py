@@ -231,4 +231,17 @@ def test_gpu_timeline_busy_overlap_and_top_kernels():
     assert s["streams"]["7"] == {"kernels": 3, "kernel_ms": 0.02, "busy_ms": 0.02, "busy_pct": round(100 * 20 / 30, 1)}
     assert s["streams"]["13"]["busy_pct"] == round(100 * 20 / 30, 1)
     assert [(t["kernel"], t["calls"], t["streams"]) for t in s["top_kernels"]] == [("dec", 2, [7, 13]), ("enc", 2, [7])]
+    assert s["idle_gaps"]["count"] == 0  # no idle moment in 0-30 µs
     assert summarize_kernels([]) == {"kernels": 0}
+
+
+def test_gpu_timeline_idle_gaps():
+    """Idle moments between busy spans of any stream longer than the floor (20 µs) are counted, shorter ones not."""
+    from bench.gpu_timeline import summarize_kernels
+
+    def k(ts, dur, stream=7):
+        return {"cat": "kernel", "name": "k", "ts": ts, "dur": dur, "args": {"stream": stream}}
+
+    # busy 0-10, 15-40 (two streams), 100-110, 150-160: gaps 5 (not counted), 60, 40
+    s = summarize_kernels([k(0, 10), k(15, 20), k(30, 10, stream=13), k(100, 10), k(150, 10)])
+    assert s["idle_gaps"] == {"floor_us": 20.0, "count": 2, "ms": 0.1, "mean_us": 50.0, "max_us": 60.0}
