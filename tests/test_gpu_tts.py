@@ -345,52 +345,6 @@ def test_gpu_fused_duration_predictor_keeps_durations_and_audio(model, voice_pat
         eng.close()
 
 
-def test_gpu_fused_text_attention_keeps_durations_and_audio(model, voice_path):
-    """``tts.fused_text_attention``: the voice's text encoder with the fused relative-attention kernel gives
-    the same frames per phoneme as PyTorch's for 40 sentences padded to the 256-id bucket (noise_w 0.8),
-    its states within 1e-4 at every valid id, and the engine (fp32, every encoder kernel of
-    ``configs/gpu.toml``) speaks each sentence as the whole-utterance run does (same length, within 3 int16 steps)."""
-    import copy
-
-    from tts_engine.engine import SynthesisOptions
-    from tts_engine.torch_vits import fused_attention
-    from tts_engine.torch_vits.gemm_conv import use_gemm_convs
-    from tts_engine.torch_vits.model import pad_ids
-    from voxloop.errors import ConfigError
-
-    if running_allocator() != "native":  # conftest's default: the engine refuses, so run this in a native process
-        with pytest.raises(ConfigError, match="native"):
-            engine(voice_path, "fp32", fused_text_attention=True)
-        run_with_native_allocator("test_gpu_fused_text_attention_keeps_durations_and_audio")
-        return
-    ids = bench_ids(40)
-    padded, lengths = pad_ids(ids, 256, device="cuda")
-    noise = torch.randn(len(ids), 2, padded.shape[1], device="cuda", generator=torch.Generator("cuda").manual_seed(3))
-    scales = torch.full((len(ids),), 0.8, device="cuda"), torch.ones(len(ids), device="cuda")
-    plain = copy.deepcopy(model)
-    use_gemm_convs(plain.enc_p)
-    fused = copy.deepcopy(plain)
-    assert fused_attention.use_fused_attention(fused.enc_p) == 6
-    with torch.inference_mode():
-        outs = [m.encode(padded, lengths) for m in (plain, fused)]
-        want, got = (m.durations(o[0], o[3], *scales, noise=noise) for m, o in zip((plain, fused), outs))
-    valid = outs[0][3].bool()
-    for a, b in zip(outs[0][:3], outs[1][:3]):
-        assert ((a - b) * valid).abs().max() < 1e-4
-    assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
-
-    eng = engine(voice_path, "fp32", encoder_convs="gemm", fused_duration_predictor=True, fused_text_attention=True)
-    quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
-    try:
-        for ids_one in bench_ids(6):
-            audio = np.concatenate([c.pcm for c in eng.submit(ids_one, quiet)]).astype(np.int32)
-            ref = np.clip(whole(model, ids_one) * 32767, -32767, 32767).astype(np.int32)
-            assert audio.shape == ref.shape
-            assert np.abs(audio - ref).max() <= 3
-    finally:
-        eng.close()
-
-
 def test_gpu_cancel_frees_slot(voice_path):
     eng = engine(voice_path, "fp16", max_batch=2, chunk_frames=16, tail_chunk_frames=16)
     try:

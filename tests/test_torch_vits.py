@@ -1041,8 +1041,6 @@ def test_engine_from_config_captures_the_configured_batch_buckets(cfg):
         CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, fused_upsampling=True)))
     with pytest.raises(ValueError, match="fused_duration_predictor needs CUDA"):
         CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, fused_duration_predictor=True)))
-    with pytest.raises(ValueError, match="fused_text_attention needs CUDA"):
-        CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, fused_text_attention=True)))
     engine = CudaTtsEngine.from_config(replace(cfg, tts=tts))
     try:
         assert engine.runner.synth_model.dec.polyphase is not None

@@ -404,10 +404,6 @@ class TtsConfig:
     #: spline flows as fused Triton kernels: ~400 fewer kernels in each encoder launch, the same
     #: fp32 arithmetic (durations unchanged); needs gpu.allocator = "native" with CUDA graphs.
     fused_duration_predictor: bool = False
-    #: GPU: the text encoder's relative self-attention as one fused Triton kernel per layer (fp32: no
-    #: [batch, heads, ids, ids] tensors, padded ids skipped): the same frames per phoneme; needs
-    #: gpu.allocator = "native" with CUDA graphs.
-    fused_text_attention: bool = False
     #: GPU (cuda backend): the rate the engine delivers, Hz; 0 = the voice's own (22 050 Hz for Piper's
     #: medium voices). Each chunk is resampled inside its decoder step on the GPU (a 128-tap
     #: Kaiser-windowed sinc, ~80 dB stopband; the chunks join into the whole sentence resampled at

@@ -148,10 +148,6 @@ class RunnerOptions:
     #: CUDA: the stochastic duration predictor's layers and spline flows as fused Triton kernels
     #: (``fused_duration``): ~400 fewer kernels per encoder launch, the same fp32 arithmetic.
     fused_duration_predictor: bool = False
-    #: CUDA: the text encoder's relative self-attention as one fused Triton kernel per layer
-    #: (``fused_attention``): no ``[B, heads, T, T]`` tensors, no padded query or key computed, the same
-    #: fp32 arithmetic (durations unchanged).
-    fused_text_attention: bool = False
     #: The voice's rate and the rate the decoder steps deliver, Hz (0: the voice's): resampled on
     #: the device inside each step (``resample.ChunkResampler``), the chunks still joining into the
     #: whole utterance's audio resampled at once.
@@ -166,8 +162,7 @@ class RunnerOptions:
     @property
     def fused_kernels(self) -> bool:
         """Any of the hand-written Triton kernels (fused blocks, upsampling, flow, duration predictor) is on."""
-        return (self.fused_blocks or self.fused_upsampling or self.fused_flow or self.fused_duration_predictor
-                or self.fused_text_attention)
+        return self.fused_blocks or self.fused_upsampling or self.fused_flow or self.fused_duration_predictor
 
     @property
     def max_slots(self) -> int:
@@ -334,7 +329,7 @@ class StepRunner:
                 log.warning("polyphase upsampling: this decoder's upsampling layers have no polyphase form; left as is")
         if options.encoder_convs not in ENCODER_CONVS:
             raise ValueError(f"encoder_convs must be one of {ENCODER_CONVS}, got {options.encoder_convs!r}")
-        if options.encoder_convs == "gemm" or options.fused_duration_predictor or options.fused_text_attention:
+        if options.encoder_convs == "gemm" or options.fused_duration_predictor:
             self.model = copy.deepcopy(self.model)  # the caller's model (and synth_model) stay as loaded
         if options.encoder_convs == "gemm":
             for part in (self.model.enc_p, self.model.dp):
@@ -346,13 +341,6 @@ class StepRunner:
                 raise ValueError("fused_duration_predictor needs CUDA and triton, and not compile_encoder; got "
                                  f"{self.device}, compile_encoder={options.compile_encoder}")  # fmt: skip
             fused_duration.use_fused_duration_predictor(self.model.dp)
-        if options.fused_text_attention:
-            from tts_engine.torch_vits import fused_attention
-
-            if not cuda or not fused_attention.available() or options.compile_encoder:
-                raise ValueError("fused_text_attention needs CUDA and triton, and not compile_encoder; got "
-                                 f"{self.device}, compile_encoder={options.compile_encoder}")  # fmt: skip
-            fused_attention.use_fused_attention(self.model.enc_p)
         if options.output_rate and not options.voice_rate:
             raise ValueError(f"output_rate {options.output_rate} needs the voice's rate (voice_rate)")
         rate = options.voice_rate or 1
