@@ -43,6 +43,7 @@ class WsBackend:
                 f"--set=tts.chunks_per_step={args.chunks_per_step}", f"--set=tts.main_in_flight={args.main_in_flight}",
                 f"--set=tts.encoder_convs={args.encoder_convs}",
                 f"--set=tts.fused_duration_predictor={'true' if args.fused_duration_predictor else 'false'}",
+                f"--set=tts.fused_text_encoder={'true' if args.fused_text_encoder else 'false'}",
                 f"--set=tts.output_rate={args.output_rate}",
                 *([f"--set=tts.phoneme_buckets={','.join(map(str, args.phoneme_buckets))}"] if args.phoneme_buckets else []),
                 *args.server_arg,

@@ -345,6 +345,46 @@ def test_gpu_fused_duration_predictor_keeps_durations_and_audio(model, voice_pat
         eng.close()
 
 
+def test_gpu_fused_text_encoder_keeps_the_encoder_bit_for_bit(model, voice_path):
+    """``tts.fused_text_encoder``: the voice's text encoder with its feed-forward taps stacked by the
+    fused kernel gives the same states, prior and mask, bit for bit, as with ``GemmConv1d`` for 40
+    sentences padded to the 256-id bucket (so the same durations), and the engine (fp32, every encoder
+    kernel of ``configs/gpu.toml``) speaks each sentence as the whole-utterance run does (same length,
+    within 3 int16 steps)."""
+    import copy
+
+    from tts_engine.engine import SynthesisOptions
+    from tts_engine.torch_vits import fused_ffn
+    from tts_engine.torch_vits.gemm_conv import use_gemm_convs
+    from tts_engine.torch_vits.model import pad_ids
+    from voxloop.errors import ConfigError
+
+    if running_allocator() != "native":  # conftest's default: the engine refuses, so run this in a native process
+        with pytest.raises(ConfigError, match="native"):
+            engine(voice_path, "fp32", fused_text_encoder=True)
+        run_with_native_allocator("test_gpu_fused_text_encoder_keeps_the_encoder_bit_for_bit")
+        return
+    padded, lengths = pad_ids(bench_ids(40), 256, device="cuda")
+    plain = copy.deepcopy(model)
+    use_gemm_convs(plain.enc_p)
+    fused = copy.deepcopy(plain)
+    assert fused_ffn.use_fused_ffn(fused.enc_p) == 6
+    with torch.inference_mode():
+        want, got = plain.encode(padded, lengths), fused.encode(padded, lengths)
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+
+    eng = engine(voice_path, "fp32", encoder_convs="gemm", fused_duration_predictor=True, fused_text_encoder=True)
+    quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
+    try:
+        for ids_one in bench_ids(6):
+            audio = np.concatenate([c.pcm for c in eng.submit(ids_one, quiet)]).astype(np.int32)
+            ref = np.clip(whole(model, ids_one) * 32767, -32767, 32767).astype(np.int32)
+            assert audio.shape == ref.shape
+            assert np.abs(audio - ref).max() <= 3
+    finally:
+        eng.close()
+
+
 def test_gpu_cancel_frees_slot(voice_path):
     eng = engine(voice_path, "fp16", max_batch=2, chunk_frames=16, tail_chunk_frames=16)
     try:

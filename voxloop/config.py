@@ -404,6 +404,10 @@ class TtsConfig:
     #: spline flows as fused Triton kernels: ~400 fewer kernels in each encoder launch, the same
     #: fp32 arithmetic (durations unchanged); needs gpu.allocator = "native" with CUDA graphs.
     fused_duration_predictor: bool = False
+    #: GPU: the text encoder's feed-forward layers with their mask, padding, tap stacking, bias and ReLU
+    #: fused into one Triton kernel per convolution: the same fp32 products, the same output bit for
+    #: bit as encoder_convs = "gemm"; needs gpu.allocator = "native" with CUDA graphs.
+    fused_text_encoder: bool = False
     #: GPU (cuda backend): the rate the engine delivers, Hz; 0 = the voice's own (22 050 Hz for Piper's
     #: medium voices). Each chunk is resampled inside its decoder step on the GPU (a 128-tap
     #: Kaiser-windowed sinc, ~80 dB stopband; the chunks join into the whole sentence resampled at

@@ -148,6 +148,10 @@ class RunnerOptions:
     #: CUDA: the stochastic duration predictor's layers and spline flows as fused Triton kernels
     #: (``fused_duration``): ~400 fewer kernels per encoder launch, the same fp32 arithmetic.
     fused_duration_predictor: bool = False
+    #: CUDA: the text encoder's feed-forward layers with their mask, padding, tap stacking, bias and
+    #: ReLU as one Triton kernel per convolution (``fused_ffn``): the same products on the same
+    #: stacks, bit for bit the output of ``encoder_convs = "gemm"``.
+    fused_text_encoder: bool = False
     #: The voice's rate and the rate the decoder steps deliver, Hz (0: the voice's): resampled on
     #: the device inside each step (``resample.ChunkResampler``), the chunks still joining into the
     #: whole utterance's audio resampled at once.
@@ -162,7 +166,8 @@ class RunnerOptions:
     @property
     def fused_kernels(self) -> bool:
         """Any of the hand-written Triton kernels (fused blocks, upsampling, flow, duration predictor) is on."""
-        return self.fused_blocks or self.fused_upsampling or self.fused_flow or self.fused_duration_predictor
+        return (self.fused_blocks or self.fused_upsampling or self.fused_flow or self.fused_duration_predictor
+                or self.fused_text_encoder)
 
     @property
     def max_slots(self) -> int:
@@ -329,7 +334,7 @@ class StepRunner:
                 log.warning("polyphase upsampling: this decoder's upsampling layers have no polyphase form; left as is")
         if options.encoder_convs not in ENCODER_CONVS:
             raise ValueError(f"encoder_convs must be one of {ENCODER_CONVS}, got {options.encoder_convs!r}")
-        if options.encoder_convs == "gemm" or options.fused_duration_predictor:
+        if options.encoder_convs == "gemm" or options.fused_duration_predictor or options.fused_text_encoder:
             self.model = copy.deepcopy(self.model)  # the caller's model (and synth_model) stay as loaded
         if options.encoder_convs == "gemm":
             for part in (self.model.enc_p, self.model.dp):
@@ -341,6 +346,13 @@ class StepRunner:
                 raise ValueError("fused_duration_predictor needs CUDA and triton, and not compile_encoder; got "
                                  f"{self.device}, compile_encoder={options.compile_encoder}")  # fmt: skip
             fused_duration.use_fused_duration_predictor(self.model.dp)
+        if options.fused_text_encoder:
+            from tts_engine.torch_vits import fused_ffn
+
+            if not cuda or not fused_ffn.available() or options.compile_encoder:
+                raise ValueError("fused_text_encoder needs CUDA and triton, and not compile_encoder; got "
+                                 f"{self.device}, compile_encoder={options.compile_encoder}")  # fmt: skip
+            fused_ffn.use_fused_ffn(self.model.enc_p)
         if options.output_rate and not options.voice_rate:
             raise ValueError(f"output_rate {options.output_rate} needs the voice's rate (voice_rate)")
         rate = options.voice_rate or 1

@@ -1,0 +1,106 @@
+"""The text encoder's fused feed-forward tap stacking (``tts_engine/torch_vits/fused_ffn.py``) against
+``text_encoder.py`` with ``gemm_conv`` convolutions.
+
+On a machine without CUDA the kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``, read when
+Triton compiles, hence a fresh process), float32: a small random encoder with padded rows (its filter
+channels not a multiple of the kernel's channel block), whose outputs must be the same bit for bit as
+with ``GemmConv1d`` (the same products on the same stacks; PyTorch's elementwise operations in
+PyTorch's order), close with ``nn.Conv1d`` weights; and the voice's own encoder on bench sentences.
+Skipped where Triton is not installed (PyTorch's CPU builds do not bring it). The same kernel on a
+GPU, inside the engine: ``tests/test_gpu_tts.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+from triton_interpreter import interpret, needs_triton
+
+torch = pytest.importorskip("torch")
+
+RANDOM = r"""
+import copy, json, sys
+import torch
+from tts_engine.torch_vits import fused_ffn
+from tts_engine.torch_vits.gemm_conv import use_gemm_convs
+from tts_engine.torch_vits.text_encoder import TextEncoder
+
+torch.manual_seed(0)
+enc = TextEncoder(40, 24, 24, 40, n_heads=2, n_layers=2, kernel_size=3, window_size=4).eval()
+for p in enc.parameters():
+    p.data.normal_(0, 0.3)
+if sys.argv[1] == "gemm":
+    use_gemm_convs(enc)
+lengths = torch.tensor([150, 97, 5, 64])  # 150 ids: three time blocks, the last partial
+ids = torch.randint(1, 40, (4, 150))
+fused = copy.deepcopy(enc)
+swapped = fused_ffn.use_fused_ffn(fused)
+unmasked = copy.deepcopy(fused)  # the kernel must apply the mask: without it the states change
+with torch.inference_mode():
+    want, got = enc(ids, lengths), fused(ids, lengths)
+    x_u = unmasked.encoder(unmasked.emb(ids).transpose(1, 2) * 24**0.5, torch.ones(4, 1, 150))
+valid = want[3].bool().expand_as(want[0])
+print(json.dumps({"available": fused_ffn.available(), "swapped": swapped,
+                  "equal": [bool(torch.equal(a, b)) for a, b in zip(want, got)],
+                  "diff": max(float((a - b).abs().max()) for a, b in zip(want, got)), "peak": float(want[0].abs().max()),
+                  "mask_matters": float((x_u - want[0])[valid].abs().max())}))
+"""
+
+VOICE = r"""
+import copy, json
+import torch
+from bench.harness import load_sentences
+from tts_engine.torch_vits import fused_ffn
+from tts_engine.torch_vits.gemm_conv import use_gemm_convs
+from tts_engine.torch_vits.model import pad_ids
+from tts_engine.torch_vits.weights import load_vits
+from voxloop import models
+from voxloop.config import load_config
+
+model = load_vits(models.resolve_voice(load_config(None, [], environ={})).path)
+use_gemm_convs(model.enc_p)
+fused = copy.deepcopy(model)
+swapped = fused_ffn.use_fused_ffn(fused.enc_p)
+padded, lengths = pad_ids([s["ids"] for s in load_sentences()[:8]], 256)  # the engine's bucket
+with torch.inference_mode():
+    want, got = model.encode(padded, lengths), fused.encode(padded, lengths)
+print(json.dumps({"swapped": swapped, "phonemes": int(want[3].sum()),
+                  "equal": [bool(torch.equal(a, b)) for a, b in zip(want, got)]}))
+"""
+
+
+@needs_triton
+@pytest.mark.parametrize("convs", ["conv1d", "gemm"])
+def test_fused_ffn_computes_what_pytorch_computes(convs):
+    r = interpret(RANDOM, convs)
+    assert r["available"] and r["swapped"] == 2
+    assert r["mask_matters"] > 1e-3 * r["peak"]  # padding and masking change the states: the check sees them
+    if convs == "gemm":  # the shipped encoder: the same output, bit for bit
+        assert all(r["equal"]), r
+    else:  # cuDNN-style weights, now through cuBLAS: another order of the same sums
+        assert r["diff"] < 1e-5 * r["peak"], r
+
+
+@needs_triton
+@pytest.mark.slow
+def test_fused_ffn_keeps_the_voices_encoder_bit_for_bit():
+    r = interpret(VOICE)
+    assert r["swapped"] == 6 and r["phonemes"] > 1000
+    assert all(r["equal"]), r  # states, prior and mask identical: durations cannot move
+
+
+def test_fused_ffn_refuses_what_it_does_not_compute():
+    from torch import nn
+
+    from tts_engine.torch_vits import fused_ffn
+    from tts_engine.torch_vits.gemm_conv import GemmConv1d
+    from tts_engine.torch_vits.text_encoder import FeedForward, TextEncoder
+
+    enc = TextEncoder(10, 8, 8, 16, n_heads=2, n_layers=3, kernel_size=3, window_size=2)
+    assert fused_ffn.use_fused_ffn(enc.proj) == 0  # nothing to swap there
+    assert fused_ffn.use_fused_ffn(enc) == 3
+    layer = enc.encoder.ffn_layers[0]
+    assert isinstance(layer, fused_ffn.FusedFeedForward) and tuple(layer.w1.shape) == (16, 24)  # tap-major [out, 3 x in]
+    ffn = FeedForward(8, 16, 3)
+    ffn.conv_1 = GemmConv1d(nn.Conv1d(8, 16, 3, dilation=2))
+    with pytest.raises(ValueError, match="plain unpadded"):
+        fused_ffn.FusedFeedForward(ffn)
