@@ -146,6 +146,11 @@ def run(args: argparse.Namespace) -> Path:
                 backend.close()
         elif name == "cuda":
             backend = CudaBackend(args)
+            if args.graph_times is not None:
+                from bench.gpu_steps import graph_times
+
+                ids, batches = [s["ids"] for s in sentences], tuple(args.graph_times or (1, 16, 64))
+                backend.info["graph_ms"] = graph_times(backend.engine.runner, ids, batches)
             print(f"[{backend.name}] {json.dumps(backend.info)}", flush=True)
             start = scheduler_counters(backend.engine.scheduler)
             if args.engine_clients == "sinks":
@@ -166,7 +171,10 @@ def run(args: argparse.Namespace) -> Path:
                 record({**row, **engine_clients(backend), "engine_clients": args.engine_clients,
                         "scheduler": scheduler_breakdown(before, scheduler_counters(backend.engine.scheduler))})
                 if args.gpu_profile and clients in args.gpu_profile_levels:
-                    _, timeline = profile_kernels(lambda c=clients: loop(c, args.gpu_profile, 0.5))
+                    keep = None
+                    if args.gpu_trace:
+                        keep = out.with_name(f"{out.stem}-{backend.name}-{clients}-kernels.json.gz")
+                    _, timeline = profile_kernels(lambda c=clients: loop(c, args.gpu_profile, 0.5), keep=keep)
                     print(f"[{backend.name}] gpu timeline, {clients} clients: {json.dumps(timeline)}", flush=True)
                     rows[-1]["gpu_timeline"] = {"clients": clients, "seconds": args.gpu_profile, **timeline}
                     out.write_text(json.dumps(rows, indent=1) + "\n")
@@ -307,6 +315,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="engine cuda: after a level, run it this long again under the profiler and add the kernel "
                         "timeline (bench.gpu_timeline) to its row as gpu_timeline (0: off)")
     p.add_argument("--gpu-profile-levels", type=int, nargs="+", default=[50], help="levels --gpu-profile applies to")
+    p.add_argument("--gpu-trace", action="store_true",
+                   help="with --gpu-profile: also keep its kernels (name, stream, start, duration) beside the results, "
+                        "<results>-<backend>-<clients>-kernels.json.gz")
+    p.add_argument("--graph-times", type=int, nargs="*", metavar="BATCH",
+                   help="engine cuda: before the levels, time one replay of each graph the scheduler launches most "
+                        "(encoder, first chunk, later chunks) alone at these batches (none given: 1 16 64); "
+                        "in the backend's info as graph_ms (bench.gpu_steps.graph_times)")
     p.add_argument("--append", action="store_true", help="add rows to an existing results file")
     p.add_argument("--plot", type=Path, help="only render PNGs from this results JSON")
     p.add_argument("--make-sentences", action="store_true")
