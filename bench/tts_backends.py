@@ -38,6 +38,7 @@ def cuda_variant(args: argparse.Namespace, timing_tag: bool) -> str:
             + (f"-ids{len(args.phoneme_buckets)}" if getattr(args, "phoneme_buckets", None) else "")
             + ("-fuseddp" if getattr(args, "fused_duration_predictor", False) else "")
             + ("-fusedenc" if getattr(args, "fused_text_encoder", False) else "")
+            + ("-fusedprior" if getattr(args, "fused_prior", False) else "")
             + (f"-out{args.output_rate}" if getattr(args, "output_rate", 0) else ""))
 
 
@@ -73,6 +74,7 @@ class CudaBackend:
             main_in_flight=getattr(args, "main_in_flight", 1), encoder_convs=getattr(args, "encoder_convs", "cudnn"),
             fused_duration_predictor=getattr(args, "fused_duration_predictor", False),
             fused_text_encoder=getattr(args, "fused_text_encoder", False),
+            fused_prior=getattr(args, "fused_prior", False),
             output_rate=getattr(args, "output_rate", 0),
             **({"phoneme_buckets": tuple(args.phoneme_buckets)} if getattr(args, "phoneme_buckets", None) else {}),
         )  # fmt: skip
@@ -99,7 +101,7 @@ class CudaBackend:
             "fused_upsampling": opts.fused_upsampling, "fused_flow": opts.fused_flow, "chunks_per_step": opts.chunks_per_step,
             "main_in_flight": opts.main_in_flight, "encoder_convs": opts.encoder_convs,
             "phoneme_buckets": list(opts.phoneme_buckets), "fused_duration_predictor": opts.fused_duration_predictor,
-            "fused_text_encoder": opts.fused_text_encoder,
+            "fused_text_encoder": opts.fused_text_encoder, "fused_prior": opts.fused_prior,
             "decode_batches": len(opts.decode_batches), "encode_batches": len(opts.encode_batches), "output_rate": opts.output_rate,
             "precision": args.precision, "max_batch": args.max_batch, "max_frames": opts.max_frames,
         }  # fmt: skip

@@ -307,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="tts.fused_duration_predictor: the duration predictor's layers and splines as fused Triton kernels")
     p.add_argument("--fused-text-encoder", action="store_true",
                    help="tts.fused_text_encoder: the text encoder's feed-forward elementwise work fused into its tap stacking")
+    p.add_argument("--fused-prior", action="store_true",
+                   help="tts.fused_prior: the prior's expansion to frames as one Triton kernel writing the slot latents")
     p.add_argument("--output-rate", type=int, default=0,
                    help="tts.output_rate: the engine resamples each chunk to this rate on the GPU, Hz (0: the voice's)")
     p.add_argument("--phoneme-buckets", type=int, nargs="+",

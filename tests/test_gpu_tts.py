@@ -385,6 +385,48 @@ def test_gpu_fused_text_encoder_keeps_the_encoder_bit_for_bit(model, voice_path)
         eng.close()
 
 
+def test_gpu_fused_prior_writes_the_same_latents(model, voice_path):
+    """``tts.fused_prior``: the kernel's latents equal ``Vits.expand_prior`` copied into the slots, bit for bit,
+    for the voice's prior of 40 sentences (the same noise), and the engine (fp32, every encoder kernel of
+    ``configs/gpu.toml``) speaks each sentence as the whole-utterance run does (same length, within 3 int16 steps)."""
+    from tts_engine.engine import SynthesisOptions
+    from tts_engine.torch_vits import fused_prior
+    from tts_engine.torch_vits.model import Vits, pad_ids
+    from voxloop.errors import ConfigError
+
+    if running_allocator() != "native":  # conftest's default: the engine refuses, so run this in a native process
+        with pytest.raises(ConfigError, match="native"):
+            engine(voice_path, "fp32", fused_prior=True)
+        run_with_native_allocator("test_gpu_fused_prior_writes_the_same_latents")
+        return
+    padded, lengths = pad_ids(bench_ids(40), 256, device="cuda")
+    frames = 1024
+    with torch.inference_mode():
+        x, m_p, logs_p, mask = model.encode(padded, lengths)
+        scales = torch.full((40,), 0.8, device="cuda"), torch.ones(40, device="cuda")
+        w_ceil, _ = model.durations(x, mask, *scales)
+        noise = torch.randn(40, m_p.shape[1], frames, device="cuda", generator=torch.Generator("cuda").manual_seed(5))
+        noise_scale = torch.full((40,), 0.667, device="cuda")
+        slots = torch.randperm(48, device="cuda")[:40]
+        want = torch.zeros(48, frames, m_p.shape[1], device="cuda")
+        want.index_copy_(0, slots, Vits.expand_prior(m_p, logs_p, w_ceil, frames, noise_scale, noise=noise).transpose(1, 2))
+        got = torch.zeros_like(want)
+        fused_prior.expand_prior_into(got, slots, m_p, logs_p, w_ceil, noise_scale, noise=noise)
+    assert torch.equal(want, got)
+
+    eng = engine(voice_path, "fp32", encoder_convs="gemm", fused_duration_predictor=True, fused_text_encoder=True,
+                 fused_prior=True)  # fmt: skip
+    quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
+    try:
+        for ids_one in bench_ids(6):
+            audio = np.concatenate([c.pcm for c in eng.submit(ids_one, quiet)]).astype(np.int32)
+            ref = np.clip(whole(model, ids_one) * 32767, -32767, 32767).astype(np.int32)
+            assert audio.shape == ref.shape
+            assert np.abs(audio - ref).max() <= 3
+    finally:
+        eng.close()
+
+
 def test_gpu_cancel_frees_slot(voice_path):
     eng = engine(voice_path, "fp16", max_batch=2, chunk_frames=16, tail_chunk_frames=16)
     try:

@@ -408,6 +408,10 @@ class TtsConfig:
     #: fused into one Triton kernel per convolution: the same fp32 products, the same output bit for
     #: bit as encoder_convs = "gemm"; needs gpu.allocator = "native" with CUDA graphs.
     fused_text_encoder: bool = False
+    #: GPU: the prior's expansion to frames (mean + noise x std per frame, over tts.max_frames) written
+    #: straight into the engine's slot buffer by one Triton kernel: the same latents bit for bit; needs
+    #: gpu.allocator = "native" with CUDA graphs.
+    fused_prior: bool = False
     #: GPU (cuda backend): the rate the engine delivers, Hz; 0 = the voice's own (22 050 Hz for Piper's
     #: medium voices). Each chunk is resampled inside its decoder step on the GPU (a 128-tap
     #: Kaiser-windowed sinc, ~80 dB stopband; the chunks join into the whole sentence resampled at

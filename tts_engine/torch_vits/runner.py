@@ -152,6 +152,9 @@ class RunnerOptions:
     #: ReLU as one Triton kernel per convolution (``fused_ffn``): the same products on the same
     #: stacks, bit for bit the output of ``encoder_convs = "gemm"``.
     fused_text_encoder: bool = False
+    #: CUDA: the prior's expansion to frames written straight into the slot latents by one Triton
+    #: kernel (``fused_prior``): the same latents, bit for bit.
+    fused_prior: bool = False
     #: The voice's rate and the rate the decoder steps deliver, Hz (0: the voice's): resampled on
     #: the device inside each step (``resample.ChunkResampler``), the chunks still joining into the
     #: whole utterance's audio resampled at once.
@@ -167,7 +170,7 @@ class RunnerOptions:
     def fused_kernels(self) -> bool:
         """Any of the hand-written Triton kernels (fused blocks, upsampling, flow, duration predictor) is on."""
         return (self.fused_blocks or self.fused_upsampling or self.fused_flow or self.fused_duration_predictor
-                or self.fused_text_encoder)
+                or self.fused_text_encoder or self.fused_prior)
 
     @property
     def max_slots(self) -> int:
@@ -353,6 +356,12 @@ class StepRunner:
                 raise ValueError("fused_text_encoder needs CUDA and triton, and not compile_encoder; got "
                                  f"{self.device}, compile_encoder={options.compile_encoder}")  # fmt: skip
             fused_ffn.use_fused_ffn(self.model.enc_p)
+        if options.fused_prior:
+            from tts_engine.torch_vits import fused_prior
+
+            if not cuda or not fused_prior.available() or options.compile_encoder:
+                raise ValueError("fused_prior needs CUDA and triton, and not compile_encoder; got "
+                                 f"{self.device}, compile_encoder={options.compile_encoder}")  # fmt: skip
         if options.output_rate and not options.voice_rate:
             raise ValueError(f"output_rate {options.output_rate} needs the voice's rate (voice_rate)")
         rate = options.voice_rate or 1
@@ -494,21 +503,34 @@ class StepRunner:
             self.stage_bytes[stage] = used
         return tuple(kept)
 
+    def _prior(
+        self, ids: torch.Tensor, lengths: torch.Tensor, scales: torch.Tensor, sids: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        """ids -> the prior per phoneme ``m_p``, ``logs_p`` [B, C, T], frames per phoneme ``w_ceil`` [B, T]
+        and per utterance [B] (no side effects: compilable)."""
+        model = self.model
+        x, m_p, logs_p, mask = model.encode(ids, lengths)
+        w_ceil, frames = model.durations(x, mask, scales[:, 2], scales[:, 1], g=model.speaker_embedding(sids))
+        return m_p, logs_p, w_ceil, frames
+
     def _encode_core(
         self, ids: torch.Tensor, lengths: torch.Tensor, scales: torch.Tensor, sids: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """ids -> per-frame prior sample [B, C, max_frames] and frames [B] (no side effects: compilable)."""
-        model = self.model
-        g = model.speaker_embedding(sids)
-        x, m_p, logs_p, mask = model.encode(ids, lengths)
-        w_ceil, frames = model.durations(x, mask, scales[:, 2], scales[:, 1], g=g)
-        return model.expand_prior(m_p, logs_p, w_ceil, self.options.max_frames, scales[:, 0]), frames
+        m_p, logs_p, w_ceil, frames = self._prior(ids, lengths, scales, sids)
+        return self.model.expand_prior(m_p, logs_p, w_ceil, self.options.max_frames, scales[:, 0]), frames
 
     def _encode_fn(
         self, ids: torch.Tensor, lengths: torch.Tensor, scales: torch.Tensor, slots: torch.Tensor, sids: torch.Tensor
     ) -> torch.Tensor:
-        z_p, frames = self._encode_core(ids, lengths, scales, sids)
-        self.latents.index_copy_(0, slots, z_p.transpose(1, 2))
+        if self.options.fused_prior:  # the same latents, written by one kernel (fused_prior)
+            from tts_engine.torch_vits.fused_prior import expand_prior_into
+
+            m_p, logs_p, w_ceil, frames = self._prior(ids, lengths, scales, sids)
+            expand_prior_into(self.latents, slots, m_p, logs_p, w_ceil, scales[:, 0])
+        else:
+            z_p, frames = self._encode_core(ids, lengths, scales, sids)
+            self.latents.index_copy_(0, slots, z_p.transpose(1, 2))
         self.frames.index_copy_(0, slots, frames.clamp_max(self.options.max_frames))
         self.speakers.index_copy_(0, slots, sids)
         return frames
