@@ -168,7 +168,8 @@ class RunnerOptions:
 
     @property
     def fused_kernels(self) -> bool:
-        """Any of the hand-written Triton kernels (fused blocks, upsampling, flow, duration predictor) is on."""
+        """Any of the hand-written Triton kernels (fused blocks, upsampling, flow, duration predictor, text
+        encoder, prior) is on."""
         return (self.fused_blocks or self.fused_upsampling or self.fused_flow or self.fused_duration_predictor
                 or self.fused_text_encoder or self.fused_prior)
 
@@ -342,26 +343,19 @@ class StepRunner:
         if options.encoder_convs == "gemm":
             for part in (self.model.enc_p, self.model.dp):
                 use_gemm_convs(part)
-        if options.fused_duration_predictor:
-            from tts_engine.torch_vits import fused_duration
+        encoder_kernels = [n for n in ("fused_duration_predictor", "fused_text_encoder", "fused_prior") if getattr(options, n)]
+        if encoder_kernels:  # the fp32 encoder's Triton kernels: all checked before any is swapped in
+            from tts_engine.torch_vits import fused_duration, fused_ffn, fused_prior
 
-            if not cuda or not fused_duration.available() or options.compile_encoder:
-                raise ValueError("fused_duration_predictor needs CUDA and triton, and not compile_encoder; got "
-                                 f"{self.device}, compile_encoder={options.compile_encoder}")  # fmt: skip
-            fused_duration.use_fused_duration_predictor(self.model.dp)
-        if options.fused_text_encoder:
-            from tts_engine.torch_vits import fused_ffn
-
-            if not cuda or not fused_ffn.available() or options.compile_encoder:
-                raise ValueError("fused_text_encoder needs CUDA and triton, and not compile_encoder; got "
-                                 f"{self.device}, compile_encoder={options.compile_encoder}")  # fmt: skip
-            fused_ffn.use_fused_ffn(self.model.enc_p)
-        if options.fused_prior:
-            from tts_engine.torch_vits import fused_prior
-
-            if not cuda or not fused_prior.available() or options.compile_encoder:
-                raise ValueError("fused_prior needs CUDA and triton, and not compile_encoder; got "
-                                 f"{self.device}, compile_encoder={options.compile_encoder}")  # fmt: skip
+            modules = {"fused_duration_predictor": fused_duration, "fused_text_encoder": fused_ffn, "fused_prior": fused_prior}
+            for name in encoder_kernels:
+                if not cuda or not modules[name].available() or options.compile_encoder:
+                    raise ValueError(f"{name} needs CUDA and triton, and not compile_encoder; got "
+                                     f"{self.device}, compile_encoder={options.compile_encoder}")  # fmt: skip
+            if options.fused_duration_predictor:
+                fused_duration.use_fused_duration_predictor(self.model.dp)
+            if options.fused_text_encoder:
+                fused_ffn.use_fused_ffn(self.model.enc_p)
         if options.output_rate and not options.voice_rate:
             raise ValueError(f"output_rate {options.output_rate} needs the voice's rate (voice_rate)")
         rate = options.voice_rate or 1
