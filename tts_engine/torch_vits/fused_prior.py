@@ -23,6 +23,8 @@ import os
 
 import torch
 
+from tts_engine.torch_vits.model import Vits
+
 try:  # triton ships with CUDA builds of PyTorch; CPU-only installs lack it
     import triton
     import triton.language as tl
@@ -80,9 +82,7 @@ def expand_prior_into(latents: torch.Tensor, slots: torch.Tensor, m_p: torch.Ten
     f = latents.shape[1]
     if latents.stride(2) != 1:
         raise ValueError("latents must be channels-contiguous [slots, frames, channels]")
-    cum = torch.cumsum(w_ceil, dim=1)
-    frame = torch.arange(f, device=m_p.device).to(cum.dtype)[None, :] + torch.zeros_like(cum[:, :1])
-    idx = torch.searchsorted(cum, frame, right=True).clamp_max(t - 1)  # as expand_prior
+    idx, _, cum = Vits.frame_phonemes(w_ceil, f)  # as expand_prior
     if noise is None:
         noise = torch.randn(b, c, f, device=m_p.device, dtype=m_p.dtype)
     grid = (triton.cdiv(f, BLOCK_F), triton.cdiv(c, BLOCK_C), b)

@@ -146,6 +146,19 @@ class Vits(nn.Module):
         return w_ceil, frames
 
     @staticmethod
+    def frame_phonemes(w_ceil: torch.Tensor, n_frames: int | torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The phoneme of each of ``n_frames`` frames, ``idx`` [B, n_frames] (``cum[i-1] <= f < cum[i]``,
+        the last phoneme past the end), the frame numbers ``frame`` [B, n_frames] and ``cum``, the
+        cumulative ``w_ceil`` [B, T], all in ``w_ceil``'s float type but ``idx`` (int64)."""
+        cum = torch.cumsum(w_ceil, dim=1)
+        frame = torch.arange(n_frames, device=w_ceil.device).to(cum.dtype)[None, :] + torch.zeros_like(cum[:, :1])
+        if torch.onnx.is_in_onnx_export():  # no searchsorted in ONNX: count the edges passed
+            idx = (cum[:, None, :] <= frame[:, :, None]).sum(dim=2)
+        else:
+            idx = torch.searchsorted(cum, frame, right=True)
+        return idx.clamp_max(w_ceil.shape[1] - 1), frame, cum
+
+    @staticmethod
     def expand_prior(
         m_p: torch.Tensor,
         logs_p: torch.Tensor,
@@ -160,14 +173,7 @@ class Vits(nn.Module):
         ``w_ceil``) — the same alignment as Piper's ``generate_path``. ``noise``: standard
         normal [B, C, n_frames] (drawn here when None); ``noise_scale`` [B].
         """
-        t = m_p.shape[2]
-        cum = torch.cumsum(w_ceil, dim=1)
-        frame = torch.arange(n_frames, device=m_p.device).to(cum.dtype)[None, :] + torch.zeros_like(cum[:, :1])
-        if torch.onnx.is_in_onnx_export():  # no searchsorted in ONNX: count the edges passed
-            idx = (cum[:, None, :] <= frame[:, :, None]).sum(dim=2)
-        else:
-            idx = torch.searchsorted(cum, frame, right=True)
-        idx = idx.clamp_max(t - 1)
+        idx, frame, cum = Vits.frame_phonemes(w_ceil, n_frames)
         inside = (frame < cum[:, -1:]).unsqueeze(1).to(m_p.dtype)
         idx = idx.unsqueeze(1).expand(-1, m_p.shape[1], -1)
         m = torch.gather(m_p, 2, idx) * inside
