@@ -23,18 +23,12 @@ inside a program). Tested against ``duration.py`` in Triton's interpreter on CPU
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 from torch import nn
 
 from tts_engine.torch_vits.duration import _EDGE_EPS, MIN_BIN_HEIGHT, MIN_BIN_WIDTH, MIN_DERIVATIVE, ConvFlow, DDSConv
-
-try:  # triton ships with CUDA builds of PyTorch; CPU-only installs lack it
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - depends on the install
-    triton = None
+from tts_engine.torch_vits.fused_resblock import available, triton
 
 #: Time steps per program.
 BLOCK_T = 32
@@ -42,6 +36,7 @@ SPLINE_BLOCK_T = 64
 
 
 if triton is not None:
+    import triton.language as tl
 
     @triton.jit
     def _layer_norm_gelu(v, gamma_ptr, beta_ptr, c, cin, C: tl.constexpr, eps):
@@ -155,11 +150,6 @@ if triton is not None:
         tl.store(out_ptr + b * 2 * T + T + t, x1 * m, mask=tin)
 
 
-def available() -> bool:
-    """Triton importable and a CUDA device present (or Triton's interpreter asked for)."""
-    return triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
-
-
 def _weight(module: nn.Module, rows: int, cols: int) -> torch.Tensor:
     """A convolution's weight (``nn.Conv1d`` or ``gemm_conv.GemmConv1d``) as a contiguous [rows, cols]."""
     return module.weight.detach().reshape(rows, cols).contiguous()
@@ -236,3 +226,6 @@ def use_fused_duration_predictor(dp: nn.Module) -> int:
     for flow in flows:
         flow.fused_spline = spline_coupling
     return swapped
+
+
+__all__ = ["FusedDDSConv", "available", "spline_coupling", "use_fused_duration_predictor"]

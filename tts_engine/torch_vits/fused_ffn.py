@@ -22,31 +22,20 @@ PyTorch's order, so the layer's output is the same, bit for bit, as with ``GemmC
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import nn
 
+from tts_engine.torch_vits.fused_resblock import available, triton
 from tts_engine.torch_vits.gemm_conv import GemmConv1d
 from tts_engine.torch_vits.text_encoder import FeedForward
-
-try:  # triton ships with CUDA builds of PyTorch; CPU-only installs lack it
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - depends on the install
-    triton = None
 
 #: Channels and time steps per program.
 BLOCK_C = 32
 BLOCK_T = 64
 
 
-def available() -> bool:
-    """Triton importable and a CUDA device present (or Triton's interpreter asked for)."""
-    return triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
-
-
 if triton is not None:
+    import triton.language as tl
 
     @triton.jit
     def _stack_taps(x_ptr, mask_ptr, bias_ptr, out_ptr, C, T, s_b, s_c, s_t,
@@ -132,3 +121,6 @@ def use_fused_ffn(module: nn.Module) -> int:
         else:
             swapped += use_fused_ffn(child)
     return swapped
+
+
+__all__ = ["FusedFeedForward", "available", "stack_taps", "use_fused_ffn"]

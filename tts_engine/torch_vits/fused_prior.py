@@ -23,26 +23,17 @@ import os
 
 import torch
 
+from tts_engine.torch_vits.fused_resblock import available, triton
 from tts_engine.torch_vits.model import Vits
-
-try:  # triton ships with CUDA builds of PyTorch; CPU-only installs lack it
-    import triton
-    import triton.language as tl
-    from triton.language.extra import libdevice
-except ImportError:  # pragma: no cover - depends on the install
-    triton = None
 
 #: Frames and channels per program.
 BLOCK_F = 32
 BLOCK_C = 64
 
 
-def available() -> bool:
-    """Triton importable and a CUDA device present (or Triton's interpreter asked for)."""
-    return triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
-
-
 if triton is not None:
+    import triton.language as tl
+    from triton.language.extra import libdevice
 
     @triton.jit
     def _expand(m_ptr, logs_ptr, idx_ptr, total_ptr, noise_ptr, scale_ptr, slot_ptr, out_ptr,
@@ -90,3 +81,6 @@ def expand_prior_into(latents: torch.Tensor, slots: torch.Tensor, m_p: torch.Ten
                   noise_scale.contiguous(), slots.contiguous(), latents, c, t, f, latents.stride(0), latents.stride(1),
                   BLOCK_F=BLOCK_F, BLOCK_C=BLOCK_C, LIBDEVICE=os.environ.get("TRITON_INTERPRET") != "1",
                   num_warps=4, enable_fp_fusion=False)  # fmt: skip
+
+
+__all__ = ["available", "expand_prior_into"]
