@@ -83,6 +83,37 @@ def run_with_native_allocator(test_name: str) -> None:
     assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
 
 
+def runs_here(voice_path, test_name: str, precision: str = "fp32", **options: object) -> bool:
+    """True in a process whose PyTorch uses the native allocator. Elsewhere (conftest's default is the
+    async one) the engine with ``options`` must refuse (``ConfigError`` naming "native") and the test
+    ``test_name`` runs in a native process instead (``run_with_native_allocator``): False."""
+    from voxloop.errors import ConfigError
+
+    if running_allocator() == "native":
+        return True
+    with pytest.raises(ConfigError, match="native"):
+        engine(voice_path, precision, **options)
+    run_with_native_allocator(test_name)
+    return False
+
+
+def assert_speaks_as_whole(model, voice_path, **options: object) -> None:
+    """The fp32 engine with ``options`` speaks each of 6 bench sentences (no noise) as the whole-utterance
+    run does: the same length, samples within 3 int16 steps."""
+    from tts_engine.engine import SynthesisOptions
+
+    eng = engine(voice_path, "fp32", **options)
+    quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
+    try:
+        for ids_one in bench_ids(6):
+            audio = np.concatenate([c.pcm for c in eng.submit(ids_one, quiet)]).astype(np.int32)
+            ref = np.clip(whole(model, ids_one) * 32767, -32767, 32767).astype(np.int32)
+            assert audio.shape == ref.shape
+            assert np.abs(audio - ref).max() <= 3
+    finally:
+        eng.close()
+
+
 def whole(model, ids: list[int]) -> np.ndarray:
     audio, _ = model.infer(torch.tensor([ids], device="cuda"), torch.tensor([len(ids)], device="cuda"), 0.0, 1.0, 0.0)
     return audio[0].float().cpu().numpy()
@@ -143,12 +174,7 @@ def test_gpu_compiled_encoder_and_decoder_keep_durations_and_audio(model, voice_
     by a few int16 steps more than the eager engine's, but durations (ceil'd in the encoder) must not:
     the same number of samples per utterance, and the waveform at >= 50 dB SNR against the whole-utterance
     run (the eager engine's bound of 3 int16 steps is ~70 dB at speech level; fp16's floor is 30)."""
-    from voxloop.errors import ConfigError
-
-    if running_allocator() != "native":  # conftest's default: the engine refuses, so run this in a native process
-        with pytest.raises(ConfigError, match="native"):
-            engine(voice_path, "fp32", compile=True)
-        run_with_native_allocator("test_gpu_compiled_encoder_and_decoder_keep_durations_and_audio")
+    if not runs_here(voice_path, "test_gpu_compiled_encoder_and_decoder_keep_durations_and_audio", compile=True):
         return
     from tts_engine.engine import SynthesisOptions
 
@@ -253,12 +279,8 @@ def test_gpu_polyphase_and_fused_blocks_keep_the_audio(model, voice_path):
     filter: >= the floor, the mean within 1 dB of the all-fused mean at the voice's rate."""
     from tts_engine.engine import SynthesisOptions
     from tts_engine.torch_vits.resample import ChunkResampler
-    from voxloop.errors import ConfigError
 
-    if running_allocator() != "native":  # conftest's default: the engine refuses, so run this in a native process
-        with pytest.raises(ConfigError, match="native"):
-            engine(voice_path, "fp16", fused_blocks=True)
-        run_with_native_allocator("test_gpu_polyphase_and_fused_blocks_keep_the_audio")
+    if not runs_here(voice_path, "test_gpu_polyphase_and_fused_blocks_keep_the_audio", "fp16", fused_blocks=True):
         return
     quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
     inputs = bench_ids(8)
@@ -312,15 +334,10 @@ def test_gpu_fused_duration_predictor_keeps_durations_and_audio(model, voice_pat
     run does (same length, within 3 int16 steps)."""
     import copy
 
-    from tts_engine.engine import SynthesisOptions
     from tts_engine.torch_vits import fused_duration
     from tts_engine.torch_vits.model import pad_ids
-    from voxloop.errors import ConfigError
 
-    if running_allocator() != "native":  # conftest's default: the engine refuses, so run this in a native process
-        with pytest.raises(ConfigError, match="native"):
-            engine(voice_path, "fp32", fused_duration_predictor=True)
-        run_with_native_allocator("test_gpu_fused_duration_predictor_keeps_durations_and_audio")
+    if not runs_here(voice_path, "test_gpu_fused_duration_predictor_keeps_durations_and_audio", fused_duration_predictor=True):
         return
     ids = bench_ids(40)
     padded, lengths = pad_ids(ids, device="cuda")
@@ -333,16 +350,7 @@ def test_gpu_fused_duration_predictor_keeps_durations_and_audio(model, voice_pat
         want, got = (m.durations(x, mask, *scales, noise=noise) for m in (model, fused))
     assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
 
-    eng = engine(voice_path, "fp32", encoder_convs="gemm", fused_duration_predictor=True)
-    quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
-    try:
-        for ids_one in bench_ids(6):
-            audio = np.concatenate([c.pcm for c in eng.submit(ids_one, quiet)]).astype(np.int32)
-            ref = np.clip(whole(model, ids_one) * 32767, -32767, 32767).astype(np.int32)
-            assert audio.shape == ref.shape
-            assert np.abs(audio - ref).max() <= 3
-    finally:
-        eng.close()
+    assert_speaks_as_whole(model, voice_path, encoder_convs="gemm", fused_duration_predictor=True)
 
 
 def test_gpu_fused_text_encoder_keeps_the_encoder_bit_for_bit(model, voice_path):
@@ -353,16 +361,11 @@ def test_gpu_fused_text_encoder_keeps_the_encoder_bit_for_bit(model, voice_path)
     within 3 int16 steps)."""
     import copy
 
-    from tts_engine.engine import SynthesisOptions
     from tts_engine.torch_vits import fused_ffn
     from tts_engine.torch_vits.gemm_conv import use_gemm_convs
     from tts_engine.torch_vits.model import pad_ids
-    from voxloop.errors import ConfigError
 
-    if running_allocator() != "native":  # conftest's default: the engine refuses, so run this in a native process
-        with pytest.raises(ConfigError, match="native"):
-            engine(voice_path, "fp32", fused_text_encoder=True)
-        run_with_native_allocator("test_gpu_fused_text_encoder_keeps_the_encoder_bit_for_bit")
+    if not runs_here(voice_path, "test_gpu_fused_text_encoder_keeps_the_encoder_bit_for_bit", fused_text_encoder=True):
         return
     padded, lengths = pad_ids(bench_ids(40), 256, device="cuda")
     plain = copy.deepcopy(model)
@@ -373,31 +376,17 @@ def test_gpu_fused_text_encoder_keeps_the_encoder_bit_for_bit(model, voice_path)
         want, got = plain.encode(padded, lengths), fused.encode(padded, lengths)
     assert all(torch.equal(a, b) for a, b in zip(want, got))
 
-    eng = engine(voice_path, "fp32", encoder_convs="gemm", fused_duration_predictor=True, fused_text_encoder=True)
-    quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
-    try:
-        for ids_one in bench_ids(6):
-            audio = np.concatenate([c.pcm for c in eng.submit(ids_one, quiet)]).astype(np.int32)
-            ref = np.clip(whole(model, ids_one) * 32767, -32767, 32767).astype(np.int32)
-            assert audio.shape == ref.shape
-            assert np.abs(audio - ref).max() <= 3
-    finally:
-        eng.close()
+    assert_speaks_as_whole(model, voice_path, encoder_convs="gemm", fused_duration_predictor=True, fused_text_encoder=True)
 
 
 def test_gpu_fused_prior_writes_the_same_latents(model, voice_path):
     """``tts.fused_prior``: the kernel's latents equal ``Vits.expand_prior`` copied into the slots, bit for bit,
     for the voice's prior of 40 sentences (the same noise), and the engine (fp32, every encoder kernel of
     ``configs/gpu.toml``) speaks each sentence as the whole-utterance run does (same length, within 3 int16 steps)."""
-    from tts_engine.engine import SynthesisOptions
     from tts_engine.torch_vits import fused_prior
     from tts_engine.torch_vits.model import Vits, pad_ids
-    from voxloop.errors import ConfigError
 
-    if running_allocator() != "native":  # conftest's default: the engine refuses, so run this in a native process
-        with pytest.raises(ConfigError, match="native"):
-            engine(voice_path, "fp32", fused_prior=True)
-        run_with_native_allocator("test_gpu_fused_prior_writes_the_same_latents")
+    if not runs_here(voice_path, "test_gpu_fused_prior_writes_the_same_latents", fused_prior=True):
         return
     padded, lengths = pad_ids(bench_ids(40), 256, device="cuda")
     frames = 1024
@@ -414,17 +403,8 @@ def test_gpu_fused_prior_writes_the_same_latents(model, voice_path):
         fused_prior.expand_prior_into(got, slots, m_p, logs_p, w_ceil, noise_scale, noise=noise)
     assert torch.equal(want, got)
 
-    eng = engine(voice_path, "fp32", encoder_convs="gemm", fused_duration_predictor=True, fused_text_encoder=True,
-                 fused_prior=True)  # fmt: skip
-    quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
-    try:
-        for ids_one in bench_ids(6):
-            audio = np.concatenate([c.pcm for c in eng.submit(ids_one, quiet)]).astype(np.int32)
-            ref = np.clip(whole(model, ids_one) * 32767, -32767, 32767).astype(np.int32)
-            assert audio.shape == ref.shape
-            assert np.abs(audio - ref).max() <= 3
-    finally:
-        eng.close()
+    assert_speaks_as_whole(model, voice_path, encoder_convs="gemm", fused_duration_predictor=True,
+                           fused_text_encoder=True, fused_prior=True)
 
 
 def test_gpu_cancel_frees_slot(voice_path):
