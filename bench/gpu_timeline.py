@@ -23,29 +23,27 @@ from pathlib import Path
 GAP_FLOOR_US = 20.0
 
 
+def _merged(intervals: Iterable[tuple[float, float]]) -> list[list[float]]:
+    """The (start, end) intervals merged into disjoint busy spans, in order (touching ones joined)."""
+    merged: list[list[float]] = []
+    for s, e in sorted(intervals):
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    return merged
+
+
 def _union_us(intervals: list[tuple[float, float]]) -> float:
     """Total length of the union of (start, end) intervals."""
-    total, end = 0.0, float("-inf")
-    for s, e in sorted(intervals):
-        if s > end:
-            total += e - s
-            end = e
-        elif e > end:
-            total += e - end
-            end = e
-    return total
+    return sum(e - s for s, e in _merged(intervals))
 
 
 def _overlap_us(per_stream: Iterable[list[tuple[float, float]]]) -> float:
     """Time during which intervals of two or more streams run at once (each stream's own merged first)."""
     edges: list[tuple[float, int]] = []
     for intervals in per_stream:
-        merged: list[list[float]] = []
-        for s, e in sorted(intervals):
-            if merged and s <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], e)
-            else:
-                merged.append([s, e])
+        merged = _merged(intervals)
         edges += [(s, 1) for s, _ in merged] + [(e, -1) for _, e in merged]
     total, depth, last = 0.0, 0, 0.0
     for t, step in sorted(edges, key=lambda x: (x[0], x[1])):  # ends before starts at one instant
@@ -58,12 +56,8 @@ def _overlap_us(per_stream: Iterable[list[tuple[float, float]]]) -> float:
 
 def _idle_gaps_us(intervals: list[tuple[float, float]], floor_us: float) -> list[float]:
     """Gaps between the merged busy spans of ``intervals`` (any stream) longer than ``floor_us``."""
-    gaps, end = [], None
-    for s, e in sorted(intervals):
-        if end is not None and s - end > floor_us:
-            gaps.append(s - end)
-        end = e if end is None else max(end, e)
-    return gaps
+    spans = _merged(intervals)
+    return [b[0] - a[1] for a, b in zip(spans, spans[1:]) if b[0] - a[1] > floor_us]
 
 
 def summarize_kernels(events: list[dict], top: int = 15) -> dict:
