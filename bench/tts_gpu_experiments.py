@@ -14,7 +14,9 @@ kernels); ``--flow-precision N``: per sentence, SNR against
 fp32 of the fp16 flow (PyTorch's and fused) and of the audio after it; ``--tiles`` times one residual step (dilated convolution,
 activation, mask, bias, residual) per channel count, cuDNN + PyTorch's pointwise ops against the
 fused kernel in each tile shape; ``--resample`` times the decoder step's resampling to 24 kHz both
-ways (``resample.FUSED_MAX_SAMPLES``). Writes ``<out>/tts_gpu_experiments-<hardware>-<date>.json``. Example::
+ways (``resample.FUSED_MAX_SAMPLES``); ``--encoder-products`` compares the text encoder's feed-forward
+products (``tts.text_encoder_products``): graph ms per batch, and the durations against cuBLAS's
+(phonemes whose frames move over the bench and calibration sentences x noise draws). Writes ``<out>/tts_gpu_experiments-<hardware>-<date>.json``. Example::
 
     python -m bench.tts_gpu_experiments --voice VOICE.onnx --hardware h200 --out /tmp/exp [--fused --tiles]
 """
@@ -22,6 +24,7 @@ ways (``resample.FUSED_MAX_SAMPLES``). Writes ``<out>/tts_gpu_experiments-<hardw
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import sys
@@ -183,41 +186,105 @@ def flow_precision_rows(model, sentences: list[list[int]]) -> list[dict]:
     return rows
 
 
+def encoder_products_rows(model, sentences: list[list[int]], batches=(1, 16, 64), draws: int = 8) -> list[dict]:
+    """Per ``fused_ffn.PRODUCTS`` (the voice's text encoder with ``gemm`` convolutions and the fused
+    feed-forward in that precision; "cublas" first, the shipped reference, bit for bit
+    ``encoder_convs = "gemm"``): the encoder's CUDA graph ms at each batch (256-id bucket, the sentences
+    repeated), and against "cublas": the largest difference of the encoder's states, and over all
+    ``sentences`` in one padded batch x (``draws`` draws of the duration noise at ``noise_w`` 0.8, and
+    ``noise_w`` 0) the phonemes whose frame count moves, the frames moved and the sentences whose
+    length moves. The duration predictor is the same (``gemm``) in every row."""
+    from tts_engine.torch_vits import fused_ffn
+    from tts_engine.torch_vits.gemm_conv import use_gemm_convs
+
+    base = copy.deepcopy(model)
+    for part in (base.enc_p, base.dp):
+        use_gemm_convs(part)
+    n = len(sentences)
+    padded, lengths = pad_ids(sentences, 256, device="cuda")
+    gen = torch.Generator("cuda").manual_seed(11)
+    noises = [torch.randn(n, 2, padded.shape[1], device="cuda", generator=gen) for _ in range(draws)]
+    noise_w = [torch.full((n,), 0.8, device="cuda")] * draws + [torch.zeros(n, device="cuda")]
+    length_scale = torch.ones(n, device="cuda")
+    rows, ref = [], None
+    for products in fused_ffn.PRODUCTS:
+        m = copy.deepcopy(base)
+        fused_ffn.use_fused_ffn(m.enc_p, products)
+        with torch.inference_mode():
+            x, _, _, mask = m.encode(padded, lengths)
+            w = [m.durations(x, mask, nw, length_scale, noise=nz)[0] for nw, nz in zip(noise_w, [*noises, noises[0]])]
+            row = {"what": "encoder_products", "products": products, "sentences": n, "draws": draws,
+                   "phonemes": int(mask.sum()) * len(w)}  # fmt: skip
+            if ref is None:
+                ref = (x, w)
+            else:
+                row["state_max_abs_diff"] = float((x - ref[0]).abs().max())
+                row["state_peak"] = float(ref[0].abs().max())
+                row["phonemes_moved"] = sum(int((a != b).sum()) for a, b in zip(w, ref[1]))
+                row["frames_moved"] = int(sum((a - b).abs().sum() for a, b in zip(w, ref[1])))
+                row["sentences_moved"] = sum(int((a.sum(1) != b.sum(1)).sum()) for a, b in zip(w, ref[1]))
+                row["sentence_draws"] = n * len(w)
+            for b in batches:
+                pick = torch.arange(b, device="cuda") % n
+                g, _ = graphed(m.encode, padded[pick].contiguous(), lengths[pick].contiguous())
+                row[f"graph_ms_{b}"] = round(timed(g.replay, 20), 3)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def plot(path: Path) -> Path:
-    """PNG beside a result file: decoder step ms per variant and shape; residual step ms per channel count."""
+    """PNG beside a result file, one panel per kind of row present: decoder step ms per variant and shape;
+    residual step ms per channel count; resampling ms; text encoder ms per feed-forward products."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = json.loads(path.read_text())["rows"]
-    decode = [r for r in rows if r["what"] == "decode"]
-    steps = [r for r in rows if r["what"] == "residual step"]
-    resample = [r for r in rows if r["what"] == "resample"]
-    fig, axes = plt.subplots(1, 3 if resample else 2, figsize=(22 if resample else 15, 5.5))
-    variants = sorted({k[: -len("_graph_ms")] for r in decode for k in r if k.endswith("_graph_ms")})
-    for i, v in enumerate(variants):
-        xs = [j + i / (len(variants) + 1) for j in range(len(decode))]
-        axes[0].bar(xs, [r.get(f"{v}_graph_ms", 0) for r in decode], width=1 / (len(variants) + 1), label=v)
-    axes[0].set_xticks(range(len(decode)), [f"{r['chunk']} frames x {r['batch']}" for r in decode])
-    axes[0].set_ylabel("decoder step (flow + HiFi-GAN), ms, CUDA graph")
-    axes[0].set_yscale("log")
-    axes[0].legend(fontsize=8)
-    for j, r in enumerate(steps):
-        fused = min(v for k, v in r.items() if k.startswith("fused_") and k.endswith("_ms"))
-        axes[1].bar([j - 0.25, j, j + 0.25], [r["cudnn_graph_ms"], r["compiled_graph_ms"], fused], width=0.25,
-                    color=["C0", "C1", "C2"], label=["cuDNN + pointwise", "compiled", "fused (best tile)"] if j == 0 else None)  # fmt: skip
-    axes[1].set_xticks(range(len(steps)), [f"{r['channels']} ch x {r['samples']} x {r['batch']}" for r in steps])
-    axes[1].set_ylabel("one residual step (kernel 7, dilation 12), ms")
-    axes[1].legend(fontsize=8)
-    if resample:
+    kinds = {k: [r for r in rows if r["what"] == k] for k in ("decode", "residual step", "resample", "encoder_products")}
+    kinds = {k: v for k, v in kinds.items() if v}
+    fig, axes = plt.subplots(1, len(kinds), figsize=(7.5 * len(kinds), 5.5), squeeze=False)
+    panels = dict(zip(kinds, axes[0]))
+    if "decode" in panels:
+        ax, decode = panels["decode"], kinds["decode"]
+        variants = sorted({k[: -len("_graph_ms")] for r in decode for k in r if k.endswith("_graph_ms")})
+        for i, v in enumerate(variants):
+            xs = [j + i / (len(variants) + 1) for j in range(len(decode))]
+            ax.bar(xs, [r.get(f"{v}_graph_ms", 0) for r in decode], width=1 / (len(variants) + 1), label=v)
+        ax.set_xticks(range(len(decode)), [f"{r['chunk']} frames x {r['batch']}" for r in decode])
+        ax.set_ylabel("decoder step (flow + HiFi-GAN), ms, CUDA graph")
+        ax.set_yscale("log")
+        ax.legend(fontsize=8)
+    if "residual step" in panels:
+        ax, steps = panels["residual step"], kinds["residual step"]
+        for j, r in enumerate(steps):
+            fused = min(v for k, v in r.items() if k.startswith("fused_") and k.endswith("_ms"))
+            ax.bar([j - 0.25, j, j + 0.25], [r["cudnn_graph_ms"], r["compiled_graph_ms"], fused], width=0.25,
+                   color=["C0", "C1", "C2"], label=["cuDNN + pointwise", "compiled", "fused (best tile)"] if j == 0 else None)  # fmt: skip
+        ax.set_xticks(range(len(steps)), [f"{r['channels']} ch x {r['samples']} x {r['batch']}" for r in steps])
+        ax.set_ylabel("one residual step (kernel 7, dilation 12), ms")
+        ax.legend(fontsize=8)
+    if "resample" in panels:
+        ax, resample = panels["resample"], kinds["resample"]
         for j, r in enumerate(resample):
-            axes[2].bar([j - 0.2, j + 0.2], [r["product_graph_ms"], r["kernel_graph_ms"]], width=0.4, color=["C0", "C3"],
-                        label=["gather + matrix product", "Triton kernel"] if j == 0 else None)  # fmt: skip
-        axes[2].set_xticks(range(len(resample)), [f"{r['chunk']} frames x {r['batch']}" for r in resample])
-        axes[2].set_ylabel("resampling in a decoder step, ms, CUDA graph")
-        axes[2].set_yscale("log")
-        axes[2].legend(fontsize=8)
+            ax.bar([j - 0.2, j + 0.2], [r["product_graph_ms"], r["kernel_graph_ms"]], width=0.4, color=["C0", "C3"],
+                   label=["gather + matrix product", "Triton kernel"] if j == 0 else None)  # fmt: skip
+        ax.set_xticks(range(len(resample)), [f"{r['chunk']} frames x {r['batch']}" for r in resample])
+        ax.set_ylabel("resampling in a decoder step, ms, CUDA graph")
+        ax.set_yscale("log")
+        ax.legend(fontsize=8)
+    if "encoder_products" in panels:
+        ax, enc = panels["encoder_products"], kinds["encoder_products"]
+        batches = sorted(int(k.rsplit("_", 1)[1]) for k in enc[0] if k.startswith("graph_ms_"))
+        for i, r in enumerate(enc):
+            moved = f", {r['phonemes_moved']} of {r['phonemes']} phoneme durations moved" if "phonemes_moved" in r else ""
+            ax.bar([j + i / (len(enc) + 1) for j in range(len(batches))], [r[f"graph_ms_{b}"] for b in batches],
+                   width=1 / (len(enc) + 1), label=f"{r['products']}{moved}")  # fmt: skip
+        ax.set_xticks(range(len(batches)), [f"{b} x 256 ids" for b in batches])
+        ax.set_ylabel("text encoder, ms, CUDA graph")
+        ax.set_yscale("log")
+        ax.legend(fontsize=8)
     fig.suptitle(path.stem)
     fig.tight_layout()
     out = path.with_suffix(".png")
@@ -252,6 +319,8 @@ def main() -> int:
                         "of the audio, and of the audio with an fp32 flow before the fp16 decoder")
     p.add_argument("--resample", action="store_true",
                    help="per shape: the decoder step's 22 050 -> 24 000 Hz resampling, matrix product vs Triton kernel")
+    p.add_argument("--encoder-products", action="store_true",
+                   help="the text encoder's feed-forward products (tts.text_encoder_products): graph ms, durations moved")
     p.add_argument("--profile", action="store_true",
                    help="per shape: GPU time by kernel of the eager decoder (and the fused one with --fused)")
     args = p.parse_args()
@@ -275,6 +344,11 @@ def main() -> int:
     if args.flow_precision:
         with torch.inference_mode():
             rows += flow_precision_rows(model, sentences[: args.flow_precision])
+    if args.encoder_products:
+        from tts_engine.torch_vits.int8 import CALIBRATION_SENTENCES
+
+        calibration = [s["ids"] for s in json.loads(CALIBRATION_SENTENCES.read_text())["sentences"]]
+        rows += encoder_products_rows(model, sentences + calibration)
     torch._dynamo.config.cache_size_limit = 64
     from tts_engine.torch_vits import fused_flow, fused_upsample
 
@@ -299,7 +373,7 @@ def main() -> int:
                 tiles = tuple(int(v) for v in spec.split("x"))
                 variants.append((f"fused_up_flow_{spec}", True, True, default_tiles, (tiles, tiles)))
     with torch.inference_mode():
-        for shape in args.shapes.split(","):
+        for shape in [s for s in args.shapes.split(",") if s]:
             if time.perf_counter() - t_start > args.budget_s:
                 break
             chunk, b = (int(x) for x in shape.split("x"))

@@ -68,7 +68,7 @@ from bench.harness import (
 )  # fmt: skip
 from bench.gpu_timeline import profile_kernels
 from bench.tts_backends import CudaBackend, OnnxBackend, OnnxStreamBackend, scheduler_breakdown, scheduler_counters
-from voxloop.config import ENCODER_CONVS
+from voxloop.config import ENCODER_CONVS, TEXT_ENCODER_PRODUCTS
 
 #: Engine-mode rows: clients are threads in the bench process calling the engine; audio stays int16 at
 #: the engine's rate (the voice's, or ``--output-rate`` resampled on the GPU; no serialization, no socket).
@@ -307,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="tts.fused_duration_predictor: the duration predictor's layers and splines as fused Triton kernels")
     p.add_argument("--fused-text-encoder", action="store_true",
                    help="tts.fused_text_encoder: the text encoder's feed-forward elementwise work fused into its tap stacking")
+    p.add_argument("--text-encoder-products", choices=TEXT_ENCODER_PRODUCTS, default="cublas",
+                   help="tts.text_encoder_products: with --fused-text-encoder, its products through cuBLAS or as "
+                        "Triton convolutions skipping the padding, in that precision")  # fmt: skip
     p.add_argument("--fused-prior", action="store_true",
                    help="tts.fused_prior: the prior's expansion to frames as one Triton kernel writing the slot latents")
     p.add_argument("--output-rate", type=int, default=0,

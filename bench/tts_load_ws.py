@@ -44,6 +44,7 @@ class WsBackend:
                 f"--set=tts.encoder_convs={args.encoder_convs}",
                 f"--set=tts.fused_duration_predictor={'true' if args.fused_duration_predictor else 'false'}",
                 f"--set=tts.fused_text_encoder={'true' if args.fused_text_encoder else 'false'}",
+                f"--set=tts.text_encoder_products={args.text_encoder_products}",
                 f"--set=tts.fused_prior={'true' if args.fused_prior else 'false'}",
                 f"--set=tts.output_rate={args.output_rate}",
                 *([f"--set=tts.phoneme_buckets={','.join(map(str, args.phoneme_buckets))}"] if args.phoneme_buckets else []),

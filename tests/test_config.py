@@ -116,6 +116,13 @@ def test_gpu_tts_start_up_settings_are_checked():
     with pytest.raises(ConfigError, match=r"tts\.encoder_convs"):
         load_config(None, ["tts.encoder_convs=cublas"], environ={})
     assert load_config(None, ["tts.encoder_convs=gemm"], environ={}).tts.encoder_convs == "gemm"
+    with pytest.raises(ConfigError, match=r"tts\.text_encoder_products must be one of"):
+        load_config(None, ["tts.fused_text_encoder=true", "tts.text_encoder_products=fp16"], environ={})
+    with pytest.raises(ConfigError, match=r"needs tts\.fused_text_encoder = true"):
+        load_config(None, ["tts.text_encoder_products=tf32x3"], environ={})
+    cfg = load_config(None, ["tts.fused_text_encoder=true", "tts.text_encoder_products=tf32x3"], environ={})
+    assert cfg.tts.text_encoder_products == "tf32x3"
+    assert load_config(None, [], environ={}).tts.text_encoder_products == "cublas"
     for bad in ("", "64,32", "0,32", "32,32", "1024,8192"):
         with pytest.raises(ConfigError, match=r"tts\.phoneme_buckets"):
             load_config(None, [f"tts.phoneme_buckets={bad}"], environ={})

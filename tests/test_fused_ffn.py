@@ -88,6 +88,61 @@ def test_fused_ffn_keeps_the_voices_encoder_bit_for_bit():
     assert all(r["equal"]), r  # states, prior and mask identical: durations cannot move
 
 
+PRODUCTS = r"""
+import copy, json, sys
+import torch
+from tts_engine.torch_vits import fused_ffn
+from tts_engine.torch_vits.gemm_conv import use_gemm_convs
+from tts_engine.torch_vits.text_encoder import TextEncoder
+
+products = sys.argv[1]
+torch.manual_seed(0)
+enc = TextEncoder(40, 24, 24, 40, n_heads=2, n_layers=2, kernel_size=3, window_size=4).eval()
+for p in enc.parameters():
+    p.data.normal_(0, 0.3)
+use_gemm_convs(enc)
+lengths = torch.tensor([150, 97, 5, 64, 0])  # three time blocks, the last partial; a padding row
+ids = torch.randint(1, 40, (5, 150))
+fused = copy.deepcopy(enc)
+swapped = fused_ffn.use_fused_ffn(fused, products)
+with torch.inference_mode():
+    want, got = enc(ids, lengths), fused(ids, lengths)
+
+# one convolution alone: NaN where the mask is 0 must not reach the output (read as 0, not multiplied);
+# a block of 64 steps all past a row's end stores 0 even where relu(bias) would not be
+x = torch.randn(3, 24, 150)
+mask = (torch.arange(150)[None, None, :] < torch.tensor([150, 70, 10])[:, None, None]).float()
+w, b = torch.randn(40, 72) * 0.2, torch.rand(40) + 0.5
+clean = x * mask
+poisoned = torch.where(mask.bool(), x, torch.full_like(x, float("nan")))
+y = fused_ffn.conv(poisoned, mask, w, b, 3, 1, True, products)
+taps = torch.cat([torch.nn.functional.pad(clean, (1, 1))[:, :, i:i + 150] for i in range(3)], dim=1)
+ref = torch.relu(torch.matmul(w, taps) + b[:, None])
+computed = mask.clone()
+computed[1, :, :128] = 1  # row 1 (70 steps): blocks 0 and 1 computed (relu(bias) past its end), block 2 not
+computed[2, :, :64] = 1
+print(json.dumps({"swapped": swapped, "products": [m.products for m in fused.modules() if hasattr(m, "products")],
+                  "diff": max(float((a - b).abs().max()) for a, b in zip(want, got)), "peak": float(want[0].abs().max()),
+                  "finite": bool(torch.isfinite(y).all()),
+                  "conv_diff": float(((y - ref) * computed).abs().max()), "conv_peak": float(ref.abs().max()),
+                  "skipped_zero": bool((y[computed.expand_as(y) == 0] == 0).all()),
+                  "skipped": int((computed == 0).sum())}))
+"""
+
+
+@needs_triton
+@pytest.mark.parametrize("products", ["ieee", "tf32x3"])
+def test_triton_products_compute_the_feed_forward_and_skip_padding(products):
+    """The Triton convolution (``tts.text_encoder_products``) gives the encoder's states within fp32
+    rounding of cuBLAS's (Triton's interpreter multiplies in fp32 whatever the precision named), reads
+    masked inputs as 0 (NaN there does not reach the output) and leaves blocks past a row's end at 0."""
+    r = interpret(PRODUCTS, products)
+    assert r["swapped"] == 2 and r["products"] == [products] * 2
+    assert r["diff"] < 1e-5 * r["peak"], r
+    assert r["finite"] and r["conv_diff"] < 1e-5 * r["conv_peak"], r
+    assert r["skipped"] > 0 and r["skipped_zero"], r
+
+
 def test_fused_ffn_refuses_what_it_does_not_compute():
     from torch import nn
 
@@ -104,3 +159,5 @@ def test_fused_ffn_refuses_what_it_does_not_compute():
     ffn.conv_1 = GemmConv1d(nn.Conv1d(8, 16, 3, dilation=2))
     with pytest.raises(ValueError, match="plain unpadded"):
         fused_ffn.FusedFeedForward(ffn)
+    with pytest.raises(ValueError, match="products must be one of"):
+        fused_ffn.FusedFeedForward(FeedForward(8, 16, 3), "fp16")

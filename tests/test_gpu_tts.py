@@ -379,6 +379,37 @@ def test_gpu_fused_text_encoder_keeps_the_encoder_bit_for_bit(model, voice_path)
     assert_speaks_as_whole(model, voice_path, encoder_convs="gemm", fused_duration_predictor=True, fused_text_encoder=True)
 
 
+@pytest.mark.parametrize("products", ["ieee", "tf32x3"])
+def test_gpu_text_encoder_products_stay_close_and_speak_as_whole(model, voice_path, products):
+    """``tts.text_encoder_products``: the voice's text encoder with its feed-forward as Triton convolutions
+    (padding skipped; ``tl.dot`` in fp32 or three TF32 products) gives the states of cuBLAS's products
+    within 1e-5 of their peak for 40 sentences padded to the 256-id bucket, and the engine (fp32, every
+    encoder kernel of ``configs/gpu.toml``) speaks each of 6 sentences as the whole-utterance run does
+    (same length, within 3 int16 steps)."""
+    import copy
+
+    from tts_engine.torch_vits import fused_ffn
+    from tts_engine.torch_vits.gemm_conv import use_gemm_convs
+    from tts_engine.torch_vits.model import pad_ids
+
+    name = f"test_gpu_text_encoder_products_stay_close_and_speak_as_whole[{products}]"
+    if not runs_here(voice_path, name, fused_text_encoder=True, text_encoder_products=products):
+        return
+    padded, lengths = pad_ids(bench_ids(40), 256, device="cuda")
+    plain = copy.deepcopy(model)
+    use_gemm_convs(plain.enc_p)
+    fused = copy.deepcopy(plain)
+    assert fused_ffn.use_fused_ffn(fused.enc_p, products) == 6
+    with torch.inference_mode():
+        want, got = plain.encode(padded, lengths), fused.encode(padded, lengths)
+    assert torch.equal(want[3], got[3])
+    peak = float(want[0].abs().max())
+    assert all(float((a - b).abs().max()) < 1e-5 * peak for a, b in zip(want[:3], got[:3]))
+
+    assert_speaks_as_whole(model, voice_path, encoder_convs="gemm", fused_duration_predictor=True,
+                           fused_text_encoder=True, text_encoder_products=products, fused_prior=True)
+
+
 def test_gpu_fused_prior_writes_the_same_latents(model, voice_path):
     """``tts.fused_prior``: the kernel's latents equal ``Vits.expand_prior`` copied into the slots, bit for bit,
     for the voice's prior of 40 sentences (the same noise), and the engine (fp32, every encoder kernel of

@@ -1058,8 +1058,13 @@ def test_engine_from_config_captures_the_configured_batch_buckets(cfg):
         with pytest.raises(InvalidInput, match="limit of 128"):
             engine.submit([1] * 129)
         assert isinstance(engine.runner.synth_model.flow.flows[0].enc.in_layers[0], torch.nn.Conv1d)  # flow + decoder: as loaded
+        assert engine.runner.options.text_encoder_products == "cublas"
+        with pytest.raises(ValueError, match="'tf32x3' needs fused_text_encoder"):
+            StepRunner(engine.runner.model, replace(engine.runner.options, text_encoder_products="tf32x3"), "cpu")
     finally:
         engine.close()
+    with pytest.raises(ValueError, match="fused_text_encoder needs CUDA"):
+        CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, fused_text_encoder=True, text_encoder_products="ieee")))
     assert batch_buckets(32) == (1, 2, 4, 8, 16, 24, 32)  # "fine": every multiple of 8 up to 64 too
     assert batch_buckets(128) == (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128)
     assert batch_buckets(128, fine=False) == (1, 2, 4, 8, 16, 32, 64, 128)

@@ -31,6 +31,9 @@ STAGES = ("asr", "llm", "tts")
 MAX_MAIN_IN_FLIGHT = 4
 #: ``tts.encoder_convs`` values: the fp32 encoder's convolutions through cuDNN or as cuBLAS products.
 ENCODER_CONVS = ("cudnn", "gemm")
+#: ``tts.text_encoder_products`` values: the fused feed-forward's products through cuBLAS (bit for bit
+#: ``encoder_convs = "gemm"``) or as Triton convolutions skipping padding, in ``tl.dot``'s precisions.
+TEXT_ENCODER_PRODUCTS = ("cublas", "ieee", "tf32x3", "tf32")
 #: What ``server.allowed_origins`` entries look like (besides ``*``): no path, query or user.
 _ORIGIN = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[^\s/?#@:\[\]]+)(:\d{1,5})?", re.IGNORECASE)
 
@@ -408,6 +411,13 @@ class TtsConfig:
     #: fused into one Triton kernel per convolution: the same fp32 products, the same output bit for
     #: bit as encoder_convs = "gemm"; needs gpu.allocator = "native" with CUDA graphs.
     fused_text_encoder: bool = False
+    #: With fused_text_encoder: its convolutions' products. "cublas": the stacked taps through cuBLAS
+    #: (bit for bit encoder_convs = "gemm"). Otherwise one Triton kernel per convolution that skips the
+    #: time steps past each sentence's end (the phoneme bucket's padding), its products in "ieee" (fp32
+    #: on the CUDA cores), "tf32x3" (three TF32 tensor-core products: close to fp32) or "tf32" (one); not
+    #: bit for bit cuBLAS's sums, so a phoneme's frames can move where its length is within rounding of
+    #: a whole frame (python -m bench.tts_gpu_experiments --encoder-products counts them).
+    text_encoder_products: str = "cublas"
     #: GPU: the prior's expansion to frames (mean + noise x std per frame, over tts.max_frames) written
     #: straight into the engine's slot buffer by one Triton kernel: the same latents bit for bit; needs
     #: gpu.allocator = "native" with CUDA graphs.
@@ -462,6 +472,12 @@ class TtsConfig:
                               f"grows with the square of the length), got {list(self.phoneme_buckets)}")  # fmt: skip
         if self.encoder_convs not in ENCODER_CONVS:
             raise ConfigError(f"tts.encoder_convs must be one of {', '.join(ENCODER_CONVS)}, got {self.encoder_convs!r}")
+        if self.text_encoder_products not in TEXT_ENCODER_PRODUCTS:
+            raise ConfigError(f"tts.text_encoder_products must be one of {', '.join(TEXT_ENCODER_PRODUCTS)}, "
+                              f"got {self.text_encoder_products!r}")  # fmt: skip
+        if self.text_encoder_products != "cublas" and not self.fused_text_encoder:
+            raise ConfigError(f"tts.text_encoder_products = {self.text_encoder_products!r} is the fused feed-forward's: "
+                              "it needs tts.fused_text_encoder = true")  # fmt: skip
         if not self.cudnn_benchmark_stages or not set(self.cudnn_benchmark_stages) <= {"encode", "decode"}:
             raise ConfigError("tts.cudnn_benchmark_stages must name one or both of 'encode', 'decode' (no timing: "
                               f"tts.cudnn_benchmark = false), got {list(self.cudnn_benchmark_stages)}")  # fmt: skip

@@ -145,6 +145,7 @@ class CudaTtsEngine:
             encoder_convs=tts.encoder_convs,
             fused_duration_predictor=tts.fused_duration_predictor,
             fused_text_encoder=tts.fused_text_encoder,
+            text_encoder_products=tts.text_encoder_products,
             fused_prior=tts.fused_prior,
             phoneme_buckets=tts.phoneme_buckets,
             state_budget_mb=cfg.gpu.tts_state_budget_mb,

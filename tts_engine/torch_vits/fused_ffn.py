@@ -17,6 +17,16 @@ on the same contiguous stacks as ``GemmConv1d``'s, and the elementwise operation
 PyTorch's order, so the layer's output is the same, bit for bit, as with ``GemmConv1d`` (tested:
 ``tests/test_fused_ffn.py`` in Triton's interpreter, ``tests/test_gpu_tts.py`` on a GPU).
 
+With ``products`` other than "cublas" (``tts.text_encoder_products``) each convolution is instead one
+Triton kernel reading its shifted inputs in place (no stacked copy), the bias, ReLU and mask in its
+epilogue, that skips every block of 64 time steps past its sentence's end: cuBLAS multiplies the
+padding of the phoneme bucket too (about half the ids of a batch at 50 clients). Its ``tl.dot`` runs
+in ``products`` precision: "ieee" (fp32 multiply-adds on the CUDA cores), "tf32x3" (each product as
+three TF32 tensor-core products of the operands' high and low parts: close to fp32) or "tf32" (one
+TF32 product: a 10-bit mantissa). Not bit for bit cuBLAS's sums: the durations (ceil'd) can move where
+a phoneme's length lies within rounding of a whole frame; ``bench.tts_gpu_experiments
+--encoder-products`` counts the phonemes that move, and times the encoder.
+
 ``use_fused_ffn(module)`` swaps every ``FeedForward`` inside ``module`` for ``FusedFeedForward``.
 """
 
@@ -28,10 +38,17 @@ from torch import nn
 from tts_engine.torch_vits.fused_resblock import available, triton
 from tts_engine.torch_vits.gemm_conv import GemmConv1d
 from tts_engine.torch_vits.text_encoder import FeedForward
+from voxloop.config import TEXT_ENCODER_PRODUCTS
 
 #: Channels and time steps per program.
 BLOCK_C = 32
 BLOCK_T = 64
+#: ``FusedFeedForward``'s products: "cublas" (stacked taps through ``torch.matmul``: bit for bit
+#: ``GemmConv1d``) or the Triton convolution in one of ``tl.dot``'s precisions.
+PRODUCTS = TEXT_ENCODER_PRODUCTS
+#: The Triton convolution's (output channels, time steps, input channels per ``tl.dot``, num_warps,
+#: num_stages) per program; not tuned.
+CONV_TILES = (64, 64, 32, 4, 3)
 
 
 if triton is not None:
@@ -64,6 +81,62 @@ if triton is not None:
             tl.store(out, v, mask=cin[:, None] & (offs_t < T)[None, :])
 
 
+    @triton.jit
+    def _conv(x_ptr, w_ptr, b_ptr, mask_ptr, y_ptr, T, s_b, s_c, s_t,
+              CIN: tl.constexpr, COUT: tl.constexpr, K: tl.constexpr, PAD: tl.constexpr,
+              RELU: tl.constexpr, PREC: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_T: tl.constexpr,
+              BLOCK_K: tl.constexpr):  # fmt: skip
+        """``y[b, o, t] = sum_{i, c} W[o, i * CIN + c] * v[b, c, t + i - PAD] + bias[o]`` with ``v = x``
+        where ``mask`` is set, else 0 (and 0 outside ``[0, T)``); then ``relu(.)`` (``RELU``) or ``. * mask``.
+        A block of time steps all past the sentence's end (``mask`` 0) is not computed: it stores 0.
+        ``W`` [COUT, K * CIN] tap-major, ``y`` [B, COUT, T] contiguous, all float32."""
+        pid_t = tl.program_id(0)
+        pid_c = tl.program_id(1)
+        b = tl.program_id(2)
+        t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+        co = pid_c * BLOCK_CO + tl.arange(0, BLOCK_CO)
+        in_t = t < T
+        cout = co < COUT
+        m_t = tl.load(mask_ptr + b * T + t, mask=in_t, other=0.0)
+        acc = tl.zeros((BLOCK_CO, BLOCK_T), dtype=tl.float32)
+        if tl.max(m_t, axis=0) != 0:
+            for i in tl.static_range(K):
+                s = t + (i - PAD)
+                keep = tl.load(mask_ptr + b * T + s, mask=(s >= 0) & (s < T), other=0.0) != 0
+                for c0 in range(0, CIN, BLOCK_K):
+                    ci = c0 + tl.arange(0, BLOCK_K)
+                    cin = ci < CIN
+                    v = tl.load(x_ptr + b * s_b + ci[:, None] * s_c + s[None, :] * s_t,
+                                mask=cin[:, None] & keep[None, :], other=0.0)  # fmt: skip
+                    w = tl.load(w_ptr + co[:, None] * (K * CIN) + (i * CIN + ci)[None, :],
+                                mask=cout[:, None] & cin[None, :], other=0.0)  # fmt: skip
+                    acc = tl.dot(w, v, acc, input_precision=PREC)
+            acc += tl.load(b_ptr + co, mask=cout, other=0.0)[:, None]
+            if RELU:
+                acc = tl.maximum(acc, 0.0)
+            else:
+                acc = acc * m_t[None, :]
+        tl.store(y_ptr + b * (COUT * T) + co[:, None] * T + t[None, :], acc, mask=cout[:, None] & in_t[None, :])
+
+
+def conv(x: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, kernel: int, pad: int,
+         relu: bool, precision: str) -> torch.Tensor:
+    """The Triton convolution (``_conv``): ``x`` [B, C, T] float32 (any strides), ``mask`` [B, 1, T],
+    ``weight`` [O, kernel * C] tap-major, ``bias`` [O] -> [B, O, T] contiguous float32:
+    ``relu(conv(x * mask) + bias)`` or (``relu`` False) ``(conv(x * mask) + bias) * mask``."""
+    if precision not in PRODUCTS[1:]:
+        raise ValueError(f"precision must be one of {PRODUCTS[1:]}, got {precision!r}")
+    b, c, t = x.shape
+    o = weight.shape[0]
+    block_co, block_t, block_k, warps, stages = CONV_TILES
+    y = torch.empty(b, o, t, device=x.device, dtype=torch.float32)
+    grid = (triton.cdiv(t, block_t), triton.cdiv(o, block_co), b)
+    _conv[grid](x, weight, bias, mask.contiguous(), y, t, *x.stride(), CIN=c, COUT=o, K=kernel, PAD=pad,
+                RELU=relu, PREC=precision, BLOCK_CO=block_co, BLOCK_T=block_t, BLOCK_K=block_k,
+                num_warps=warps, num_stages=stages)  # fmt: skip
+    return y
+
+
 def stack_taps(x: torch.Tensor, mask: torch.Tensor, kernel: int, pad: int, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x`` [B, C, T] float32 (any strides), ``mask`` [B, 1, T] -> the ``kernel`` shifted views of
     ``v`` (``x * mask``, or ``relu(x + bias) * mask`` with ``bias`` [C]) zero-padded by ``pad`` on the
@@ -91,10 +164,14 @@ def _tap_major(conv: nn.Module) -> tuple[torch.Tensor, torch.Tensor, int]:
 
 
 class FusedFeedForward(nn.Module):
-    """``FeedForward`` (same weights) with its taps stacked by ``stack_taps``."""
+    """``FeedForward`` (same weights) with its taps stacked by ``stack_taps`` (``products`` "cublas"), or
+    each convolution as one ``conv`` kernel in that precision."""
 
-    def __init__(self, ffn: FeedForward) -> None:
+    def __init__(self, ffn: FeedForward, products: str = "cublas") -> None:
         super().__init__()
+        if products not in PRODUCTS:
+            raise ValueError(f"products must be one of {PRODUCTS}, got {products!r}")
+        self.products = products
         w1, b1, self.kernel = _tap_major(ffn.conv_1)
         w2, b2, kernel_2 = _tap_major(ffn.conv_2)
         if kernel_2 != self.kernel or ffn.pad[0] + ffn.pad[1] != self.kernel - 1:
@@ -106,21 +183,24 @@ class FusedFeedForward(nn.Module):
         self.register_buffer("b2", b2)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if self.products != "cublas":
+            h = conv(x, mask, self.w1, self.b1, self.kernel, self.pad, True, self.products)
+            return conv(h, mask, self.w2, self.b2.view(-1), self.kernel, self.pad, False, self.products)
         y = torch.matmul(self.w1, stack_taps(x, mask, self.kernel, self.pad))
         z = torch.matmul(self.w2, stack_taps(y, mask, self.kernel, self.pad, self.b1))
         return (z + self.b2) * mask
 
 
-def use_fused_ffn(module: nn.Module) -> int:
-    """Swap every ``FeedForward`` inside ``module`` for ``FusedFeedForward``; returns how many."""
+def use_fused_ffn(module: nn.Module, products: str = "cublas") -> int:
+    """Swap every ``FeedForward`` inside ``module`` for ``FusedFeedForward`` with ``products``; returns how many."""
     swapped = 0
     for name, child in list(module.named_children()):
         if isinstance(child, FeedForward):
-            setattr(module, name, FusedFeedForward(child))
+            setattr(module, name, FusedFeedForward(child, products))
             swapped += 1
         else:
-            swapped += use_fused_ffn(child)
+            swapped += use_fused_ffn(child, products)
     return swapped
 
 
-__all__ = ["FusedFeedForward", "available", "stack_taps", "use_fused_ffn"]
+__all__ = ["PRODUCTS", "FusedFeedForward", "available", "conv", "stack_taps", "use_fused_ffn"]

@@ -152,6 +152,9 @@ class RunnerOptions:
     #: ReLU as one Triton kernel per convolution (``fused_ffn``): the same products on the same
     #: stacks, bit for bit the output of ``encoder_convs = "gemm"``.
     fused_text_encoder: bool = False
+    #: With ``fused_text_encoder``: its products, ``fused_ffn.PRODUCTS`` ("cublas": bit for bit; else
+    #: Triton convolutions skipping the padding in that ``tl.dot`` precision).
+    text_encoder_products: str = "cublas"
     #: CUDA: the prior's expansion to frames written straight into the slot latents by one Triton
     #: kernel (``fused_prior``): the same latents, bit for bit.
     fused_prior: bool = False
@@ -338,6 +341,8 @@ class StepRunner:
                 log.warning("polyphase upsampling: this decoder's upsampling layers have no polyphase form; left as is")
         if options.encoder_convs not in ENCODER_CONVS:
             raise ValueError(f"encoder_convs must be one of {ENCODER_CONVS}, got {options.encoder_convs!r}")
+        if options.text_encoder_products != "cublas" and not options.fused_text_encoder:
+            raise ValueError(f"text_encoder_products {options.text_encoder_products!r} needs fused_text_encoder")
         if options.encoder_convs == "gemm" or options.fused_duration_predictor or options.fused_text_encoder:
             self.model = copy.deepcopy(self.model)  # the caller's model (and synth_model) stay as loaded
         if options.encoder_convs == "gemm":
@@ -355,7 +360,7 @@ class StepRunner:
             if options.fused_duration_predictor:
                 fused_duration.use_fused_duration_predictor(self.model.dp)
             if options.fused_text_encoder:
-                fused_ffn.use_fused_ffn(self.model.enc_p)
+                fused_ffn.use_fused_ffn(self.model.enc_p, options.text_encoder_products)
         if options.output_rate and not options.voice_rate:
             raise ValueError(f"output_rate {options.output_rate} needs the voice's rate (voice_rate)")
         rate = options.voice_rate or 1
