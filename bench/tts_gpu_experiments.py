@@ -186,14 +186,17 @@ def flow_precision_rows(model, sentences: list[list[int]]) -> list[dict]:
     return rows
 
 
-def encoder_products_rows(model, sentences: list[list[int]], batches=(1, 16, 64), draws: int = 8) -> list[dict]:
+def encoder_products_rows(model, sentences: list[list[int]], tiles: list[str] = (), batches=(1, 16, 64),
+                          draws: int = 8) -> list[dict]:
     """Per ``fused_ffn.PRODUCTS`` (the voice's text encoder with ``gemm`` convolutions and the fused
     feed-forward in that precision; "cublas" first, the shipped reference, bit for bit
     ``encoder_convs = "gemm"``): the encoder's CUDA graph ms at each batch (256-id bucket, the sentences
     repeated), and against "cublas": the largest difference of the encoder's states, and over all
     ``sentences`` in one padded batch x (``draws`` draws of the duration noise at ``noise_w`` 0.8, and
     ``noise_w`` 0) the phonemes whose frame count moves, the frames moved and the sentences whose
-    length moves. The duration predictor is the same (``gemm``) in every row."""
+    length moves. The duration predictor is the same (``gemm``) in every row. ``tiles``: more rows for
+    "tf32x3" and "tf32" with the Triton convolution in those tile shapes ("COxTxKxWxS": output
+    channels, time steps, input channels per product, warps, stages; ``fused_ffn.CONV_TILES``)."""
     from tts_engine.torch_vits import fused_ffn
     from tts_engine.torch_vits.gemm_conv import use_gemm_convs
 
@@ -207,14 +210,20 @@ def encoder_products_rows(model, sentences: list[list[int]], batches=(1, 16, 64)
     noise_w = [torch.full((n,), 0.8, device="cuda")] * draws + [torch.zeros(n, device="cuda")]
     length_scale = torch.ones(n, device="cuda")
     rows, ref = [], None
-    for products in fused_ffn.PRODUCTS:
+    default_tiles = fused_ffn.CONV_TILES
+    variants = [(p, None) for p in fused_ffn.PRODUCTS]
+    variants += [(p, spec) for spec in tiles for p in ("tf32x3", "tf32")]
+    for products, spec in variants:
         m = copy.deepcopy(base)
         fused_ffn.use_fused_ffn(m.enc_p, products)
+        fused_ffn.CONV_TILES = tuple(int(v) for v in spec.split("x")) if spec else default_tiles
         with torch.inference_mode():
             x, _, _, mask = m.encode(padded, lengths)
             w = [m.durations(x, mask, nw, length_scale, noise=nz)[0] for nw, nz in zip(noise_w, [*noises, noises[0]])]
             row = {"what": "encoder_products", "products": products, "sentences": n, "draws": draws,
-                   "phonemes": int(mask.sum()) * len(w)}  # fmt: skip
+                   "phonemes": int(mask.sum()) * len(w), "ids_of_bucket_pct": round(100 * float(lengths.float().mean()) / 256, 1)}  # fmt: skip
+            if products != "cublas":
+                row["tiles"] = "x".join(map(str, fused_ffn.CONV_TILES))
             if ref is None:
                 ref = (x, w)
             else:
@@ -230,6 +239,7 @@ def encoder_products_rows(model, sentences: list[list[int]], batches=(1, 16, 64)
                 row[f"graph_ms_{b}"] = round(timed(g.replay, 20), 3)
         rows.append(row)
         print(json.dumps(row), flush=True)
+    fused_ffn.CONV_TILES = default_tiles
     return rows
 
 
@@ -279,8 +289,9 @@ def plot(path: Path) -> Path:
         batches = sorted(int(k.rsplit("_", 1)[1]) for k in enc[0] if k.startswith("graph_ms_"))
         for i, r in enumerate(enc):
             moved = f", {r['phonemes_moved']} of {r['phonemes']} phoneme durations moved" if "phonemes_moved" in r else ""
+            tiles = f" {r['tiles']}" if "tiles" in r else ""
             ax.bar([j + i / (len(enc) + 1) for j in range(len(batches))], [r[f"graph_ms_{b}"] for b in batches],
-                   width=1 / (len(enc) + 1), label=f"{r['products']}{moved}")  # fmt: skip
+                   width=1 / (len(enc) + 1), label=f"{r['products']}{tiles}{moved}")  # fmt: skip
         ax.set_xticks(range(len(batches)), [f"{b} x 256 ids" for b in batches])
         ax.set_ylabel("text encoder, ms, CUDA graph")
         ax.set_yscale("log")
@@ -321,6 +332,8 @@ def main() -> int:
                    help="per shape: the decoder step's 22 050 -> 24 000 Hz resampling, matrix product vs Triton kernel")
     p.add_argument("--encoder-products", action="store_true",
                    help="the text encoder's feed-forward products (tts.text_encoder_products): graph ms, durations moved")
+    p.add_argument("--conv-tiles", nargs="+", default=[], metavar="COxTxKxWxS",
+                   help="with --encoder-products: also the Triton convolution in these tile shapes")
     p.add_argument("--profile", action="store_true",
                    help="per shape: GPU time by kernel of the eager decoder (and the fused one with --fused)")
     args = p.parse_args()
@@ -348,7 +361,7 @@ def main() -> int:
         from tts_engine.torch_vits.int8 import CALIBRATION_SENTENCES
 
         calibration = [s["ids"] for s in json.loads(CALIBRATION_SENTENCES.read_text())["sentences"]]
-        rows += encoder_products_rows(model, sentences + calibration)
+        rows += encoder_products_rows(model, sentences + calibration, args.conv_tiles)
     torch._dynamo.config.cache_size_limit = 64
     from tts_engine.torch_vits import fused_flow, fused_upsample
 

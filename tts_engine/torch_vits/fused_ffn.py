@@ -83,8 +83,8 @@ if triton is not None:
 
     @triton.jit
     def _conv(x_ptr, w_ptr, b_ptr, mask_ptr, y_ptr, T, s_b, s_c, s_t,
-              CIN: tl.constexpr, COUT: tl.constexpr, K: tl.constexpr, PAD: tl.constexpr,
-              RELU: tl.constexpr, PREC: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_T: tl.constexpr,
+              CIN: tl.constexpr, CIN_BLOCKS: tl.constexpr, COUT: tl.constexpr, K: tl.constexpr,
+              PAD: tl.constexpr, RELU: tl.constexpr, PREC: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_T: tl.constexpr,
               BLOCK_K: tl.constexpr):  # fmt: skip
         """``y[b, o, t] = sum_{i, c} W[o, i * CIN + c] * v[b, c, t + i - PAD] + bias[o]`` with ``v = x``
         where ``mask`` is set, else 0 (and 0 outside ``[0, T)``); then ``relu(.)`` (``RELU``) or ``. * mask``.
@@ -100,17 +100,18 @@ if triton is not None:
         m_t = tl.load(mask_ptr + b * T + t, mask=in_t, other=0.0)
         acc = tl.zeros((BLOCK_CO, BLOCK_T), dtype=tl.float32)
         if tl.max(m_t, axis=0) != 0:
-            for i in tl.static_range(K):
+            # one loop over (tap, input-channel block): CIN_BLOCKS = CIN rounded up to BLOCK_K
+            for kk in range(0, K * CIN_BLOCKS, BLOCK_K):
+                i = kk // CIN_BLOCKS
+                ci = kk - i * CIN_BLOCKS + tl.arange(0, BLOCK_K)
                 s = t + (i - PAD)
                 keep = tl.load(mask_ptr + b * T + s, mask=(s >= 0) & (s < T), other=0.0) != 0
-                for c0 in range(0, CIN, BLOCK_K):
-                    ci = c0 + tl.arange(0, BLOCK_K)
-                    cin = ci < CIN
-                    v = tl.load(x_ptr + b * s_b + ci[:, None] * s_c + s[None, :] * s_t,
-                                mask=cin[:, None] & keep[None, :], other=0.0)  # fmt: skip
-                    w = tl.load(w_ptr + co[:, None] * (K * CIN) + (i * CIN + ci)[None, :],
-                                mask=cout[:, None] & cin[None, :], other=0.0)  # fmt: skip
-                    acc = tl.dot(w, v, acc, input_precision=PREC)
+                cin = ci < CIN
+                v = tl.load(x_ptr + b * s_b + ci[:, None] * s_c + s[None, :] * s_t,
+                            mask=cin[:, None] & keep[None, :], other=0.0)  # fmt: skip
+                w = tl.load(w_ptr + co[:, None] * (K * CIN) + (i * CIN + ci)[None, :],
+                            mask=cout[:, None] & cin[None, :], other=0.0)  # fmt: skip
+                acc = tl.dot(w, v, acc, input_precision=PREC)
             acc += tl.load(b_ptr + co, mask=cout, other=0.0)[:, None]
             if RELU:
                 acc = tl.maximum(acc, 0.0)
@@ -131,7 +132,8 @@ def conv(x: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor, bias: torch.
     block_co, block_t, block_k, warps, stages = CONV_TILES
     y = torch.empty(b, o, t, device=x.device, dtype=torch.float32)
     grid = (triton.cdiv(t, block_t), triton.cdiv(o, block_co), b)
-    _conv[grid](x, weight, bias, mask.contiguous(), y, t, *x.stride(), CIN=c, COUT=o, K=kernel, PAD=pad,
+    _conv[grid](x, weight, bias, mask.contiguous(), y, t, *x.stride(), CIN=c, CIN_BLOCKS=triton.cdiv(c, block_k) * block_k,
+                COUT=o, K=kernel, PAD=pad,
                 RELU=relu, PREC=precision, BLOCK_CO=block_co, BLOCK_T=block_t, BLOCK_K=block_k,
                 num_warps=warps, num_stages=stages)  # fmt: skip
     return y
