@@ -210,20 +210,21 @@ def encoder_products_rows(model, sentences: list[list[int]], tiles: list[str] = 
     noise_w = [torch.full((n,), 0.8, device="cuda")] * draws + [torch.zeros(n, device="cuda")]
     length_scale = torch.ones(n, device="cuda")
     rows, ref = [], None
-    default_tiles = fused_ffn.CONV_TILES
+    default_tiles, default_rows = fused_ffn.CONV_TILES, fused_ffn.MIN_ROWS
     variants = [(p, None) for p in fused_ffn.PRODUCTS]
     variants += [(p, spec) for spec in tiles for p in ("tf32x3", "tf32")]
     for products, spec in variants:
         m = copy.deepcopy(base)
         fused_ffn.use_fused_ffn(m.enc_p, products)
-        fused_ffn.CONV_TILES = tuple(int(v) for v in spec.split("x")) if spec else default_tiles
+        fused_ffn.CONV_TILES = {**default_tiles, products: tuple(int(v) for v in spec.split("x"))} if spec else default_tiles
+        fused_ffn.MIN_ROWS = 1  # every batch through the Triton convolution
         with torch.inference_mode():
             x, _, _, mask = m.encode(padded, lengths)
             w = [m.durations(x, mask, nw, length_scale, noise=nz)[0] for nw, nz in zip(noise_w, [*noises, noises[0]])]
             row = {"what": "encoder_products", "products": products, "sentences": n, "draws": draws,
                    "phonemes": int(mask.sum()) * len(w), "ids_of_bucket_pct": round(100 * float(lengths.float().mean()) / 256, 1)}  # fmt: skip
             if products != "cublas":
-                row["tiles"] = "x".join(map(str, fused_ffn.CONV_TILES))
+                row["tiles"] = "x".join(map(str, fused_ffn.CONV_TILES[products]))
             if ref is None:
                 ref = (x, w)
             else:
@@ -239,7 +240,7 @@ def encoder_products_rows(model, sentences: list[list[int]], tiles: list[str] = 
                 row[f"graph_ms_{b}"] = round(timed(g.replay, 20), 3)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    fused_ffn.CONV_TILES = default_tiles
+    fused_ffn.CONV_TILES, fused_ffn.MIN_ROWS = default_tiles, default_rows
     return rows
 
 

@@ -380,12 +380,12 @@ def test_gpu_fused_text_encoder_keeps_the_encoder_bit_for_bit(model, voice_path)
 
 
 @pytest.mark.parametrize("products", ["ieee", "tf32x3"])
-def test_gpu_text_encoder_products_stay_close_and_speak_as_whole(model, voice_path, products):
+def test_gpu_text_encoder_products_stay_close_and_speak_as_whole(model, voice_path, products, monkeypatch):
     """``tts.text_encoder_products``: the voice's text encoder with its feed-forward as Triton convolutions
     (padding skipped; ``tl.dot`` in fp32 or three TF32 products) gives the states of cuBLAS's products
     within 1e-5 of their peak for 40 sentences padded to the 256-id bucket, and the engine (fp32, every
     encoder kernel of ``configs/gpu.toml``) speaks each of 6 sentences as the whole-utterance run does
-    (same length, within 3 int16 steps)."""
+    (same length, within 3 int16 steps); every batch through the Triton convolution (``MIN_ROWS`` 1)."""
     import copy
 
     from tts_engine.torch_vits import fused_ffn
@@ -395,6 +395,7 @@ def test_gpu_text_encoder_products_stay_close_and_speak_as_whole(model, voice_pa
     name = f"test_gpu_text_encoder_products_stay_close_and_speak_as_whole[{products}]"
     if not runs_here(voice_path, name, fused_text_encoder=True, text_encoder_products=products):
         return
+    monkeypatch.setattr(fused_ffn, "MIN_ROWS", 1)
     padded, lengths = pad_ids(bench_ids(40), 256, device="cuda")
     plain = copy.deepcopy(model)
     use_gemm_convs(plain.enc_p)

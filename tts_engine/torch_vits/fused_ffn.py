@@ -20,7 +20,8 @@ PyTorch's order, so the layer's output is the same, bit for bit, as with ``GemmC
 With ``products`` other than "cublas" (``tts.text_encoder_products``) each convolution is instead one
 Triton kernel reading its shifted inputs in place (no stacked copy), the bias, ReLU and mask in its
 epilogue, that skips every block of 64 time steps past its sentence's end: cuBLAS multiplies the
-padding of the phoneme bucket too (about half the ids of a batch at 50 clients). Its ``tl.dot`` runs
+padding of the phoneme bucket too (about half the ids of a batch at 50 clients); batches under
+``MIN_ROWS`` sentences keep cuBLAS's products (faster there). Its ``tl.dot`` runs
 in ``products`` precision: "ieee" (fp32 multiply-adds on the CUDA cores), "tf32x3" (each product as
 three TF32 tensor-core products of the operands' high and low parts: close to fp32) or "tf32" (one
 TF32 product: a 10-bit mantissa). Not bit for bit cuBLAS's sums: the durations (ceil'd) can move where
@@ -47,8 +48,13 @@ BLOCK_T = 64
 #: ``GemmConv1d``) or the Triton convolution in one of ``tl.dot``'s precisions.
 PRODUCTS = TEXT_ENCODER_PRODUCTS
 #: The Triton convolution's (output channels, time steps, input channels per ``tl.dot``, num_warps,
-#: num_stages) per program; not tuned.
-CONV_TILES = (64, 64, 32, 4, 3)
+#: num_stages) per program and precision: the fastest of eight shapes for the voice's encoder at 16 and
+#: 64 sentences on the H200 (``bench/results/tts_gpu_experiments-h200-2026-12-04-products.json``;
+#: "ieee" not swept).
+CONV_TILES = {"ieee": (64, 64, 32, 4, 3), "tf32x3": (32, 64, 32, 4, 3), "tf32": (64, 64, 32, 4, 3)}
+#: Batches (the encoder graph's rows) below this keep the cuBLAS products: one sentence's encoder took
+#: 0.87 ms with them, 1.21 ms with "tf32x3" (too few programs for the GPU); 16 sentences 2.89 vs 2.56 ms.
+MIN_ROWS = 16
 
 
 if triton is not None:
@@ -129,7 +135,7 @@ def conv(x: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor, bias: torch.
         raise ValueError(f"precision must be one of {PRODUCTS[1:]}, got {precision!r}")
     b, c, t = x.shape
     o = weight.shape[0]
-    block_co, block_t, block_k, warps, stages = CONV_TILES
+    block_co, block_t, block_k, warps, stages = CONV_TILES[precision]
     y = torch.empty(b, o, t, device=x.device, dtype=torch.float32)
     grid = (triton.cdiv(t, block_t), triton.cdiv(o, block_co), b)
     _conv[grid](x, weight, bias, mask.contiguous(), y, t, *x.stride(), CIN=c, CIN_BLOCKS=triton.cdiv(c, block_k) * block_k,
@@ -166,8 +172,8 @@ def _tap_major(conv: nn.Module) -> tuple[torch.Tensor, torch.Tensor, int]:
 
 
 class FusedFeedForward(nn.Module):
-    """``FeedForward`` (same weights) with its taps stacked by ``stack_taps`` (``products`` "cublas"), or
-    each convolution as one ``conv`` kernel in that precision."""
+    """``FeedForward`` (same weights) with its taps stacked by ``stack_taps`` (``products`` "cublas", and
+    batches under ``MIN_ROWS``), or each convolution as one ``conv`` kernel in that precision."""
 
     def __init__(self, ffn: FeedForward, products: str = "cublas") -> None:
         super().__init__()
@@ -185,7 +191,7 @@ class FusedFeedForward(nn.Module):
         self.register_buffer("b2", b2)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        if self.products != "cublas":
+        if self.products != "cublas" and x.shape[0] >= MIN_ROWS:
             h = conv(x, mask, self.w1, self.b1, self.kernel, self.pad, True, self.products)
             return conv(h, mask, self.w2, self.b2.view(-1), self.kernel, self.pad, False, self.products)
         y = torch.matmul(self.w1, stack_taps(x, mask, self.kernel, self.pad))
