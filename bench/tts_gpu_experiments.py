@@ -255,7 +255,8 @@ def plot(path: Path) -> Path:
     rows = json.loads(path.read_text())["rows"]
     kinds = {k: [r for r in rows if r["what"] == k] for k in ("decode", "residual step", "resample", "encoder_products")}
     kinds = {k: v for k, v in kinds.items() if v}
-    fig, axes = plt.subplots(1, len(kinds), figsize=(7.5 * len(kinds), 5.5), squeeze=False)
+    widths = [max(7.5, 0.55 * len(v)) if k == "encoder_products" else 7.5 for k, v in kinds.items()]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(sum(widths), 6.5), squeeze=False, width_ratios=widths)
     panels = dict(zip(kinds, axes[0]))
     if "decode" in panels:
         ax, decode = panels["decode"], kinds["decode"]
@@ -288,13 +289,13 @@ def plot(path: Path) -> Path:
     if "encoder_products" in panels:
         ax, enc = panels["encoder_products"], kinds["encoder_products"]
         batches = sorted(int(k.rsplit("_", 1)[1]) for k in enc[0] if k.startswith("graph_ms_"))
-        for i, r in enumerate(enc):
-            moved = f", {r['phonemes_moved']} of {r['phonemes']} phoneme durations moved" if "phonemes_moved" in r else ""
-            tiles = f" {r['tiles']}" if "tiles" in r else ""
-            ax.bar([j + i / (len(enc) + 1) for j in range(len(batches))], [r[f"graph_ms_{b}"] for b in batches],
-                   width=1 / (len(enc) + 1), label=f"{r['products']}{tiles}{moved}")  # fmt: skip
-        ax.set_xticks(range(len(batches)), [f"{b} x 256 ids" for b in batches])
-        ax.set_ylabel("text encoder, ms, CUDA graph")
+        for j, b in enumerate(batches):
+            ax.bar([i + (j - 1) * 0.27 for i in range(len(enc))], [r[f"graph_ms_{b}"] for r in enc], width=0.27,
+                   label=f"{b} sentences x 256 ids")  # fmt: skip
+        labels = [f"{r['products']} {r.get('tiles', '')}\n{r['phonemes_moved']} moved" if "phonemes_moved" in r
+                  else r["products"] for r in enc]  # fmt: skip
+        ax.set_xticks(range(len(enc)), labels, rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel(f"text encoder, ms, CUDA graph (phoneme durations moved of {enc[0]['phonemes']})")
         ax.set_yscale("log")
         ax.legend(fontsize=8)
     fig.suptitle(path.stem)

@@ -245,3 +245,17 @@ def test_gpu_timeline_idle_gaps():
     # busy 0-10, 15-40 (two streams), 100-110, 150-160: gaps 5 (not counted), 60, 40
     s = summarize_kernels([k(0, 10), k(15, 20), k(30, 10, stream=13), k(100, 10), k(150, 10)])
     assert s["idle_gaps"] == {"floor_us": 20.0, "count": 2, "ms": 0.1, "mean_us": 50.0, "max_us": 60.0}
+
+
+@pytest.mark.parametrize("result", ["tts_gpu_experiments-h200-2026-12-04-products.json",
+                                    "tts_gpu_experiments-h200-2026-12-04-convout.json"])  # fmt: skip
+def test_gpu_experiment_plots_draw_the_rows_they_hold(tmp_path, result):
+    """``bench.tts_gpu_experiments --plot``: one panel per kind of row (here the encoder-products rows with
+    their durations moved, and the decoder / residual-step / resampling rows of an earlier run)."""
+    pytest.importorskip("torch")
+    from bench import tts_gpu_experiments
+
+    path = tmp_path / result
+    path.write_bytes((ROOT / "bench" / "results" / result).read_bytes())
+    png = tts_gpu_experiments.plot(path)
+    assert png == path.with_suffix(".png") and png.stat().st_size > 20_000
