@@ -138,10 +138,9 @@ def conv(x: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor, bias: torch.
     block_co, block_t, block_k, warps, stages = CONV_TILES[precision]
     y = torch.empty(b, o, t, device=x.device, dtype=torch.float32)
     grid = (triton.cdiv(t, block_t), triton.cdiv(o, block_co), b)
-    _conv[grid](x, weight, bias, mask.contiguous(), y, t, *x.stride(), CIN=c, CIN_BLOCKS=triton.cdiv(c, block_k) * block_k,
-                COUT=o, K=kernel, PAD=pad,
-                RELU=relu, PREC=precision, BLOCK_CO=block_co, BLOCK_T=block_t, BLOCK_K=block_k,
-                num_warps=warps, num_stages=stages)  # fmt: skip
+    _conv[grid](x, weight, bias, mask.contiguous(), y, t, *x.stride(), CIN=c,
+                CIN_BLOCKS=triton.cdiv(c, block_k) * block_k, COUT=o, K=kernel, PAD=pad, RELU=relu, PREC=precision,
+                BLOCK_CO=block_co, BLOCK_T=block_t, BLOCK_K=block_k, num_warps=warps, num_stages=stages)  # fmt: skip
     return y
 
 
