@@ -12,7 +12,6 @@ and the GPU benchmarks call it first thing); ``GpuMemory`` is created afterwards
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 from dataclasses import asdict, dataclass
@@ -185,12 +184,10 @@ class GpuMemory:
     def footprint(self) -> int:
         """Bytes in use by this process's tensors and graphs now: what a stage adds to it is that
         stage's cost. Counts memory handed out, not held (the async pool and the graph pool keep
-        freed memory reserved for reuse), so stages measure the same whatever ran before. Collects
-        Python's garbage first: an earlier engine's CUDA graphs held in reference cycles would
-        otherwise be freed inside a later stage's window and make its cost negative."""
+        freed memory reserved for reuse), so stages measure the same whatever ran before (the
+        caller collects Python's garbage before its first reading: ``StepRunner``)."""
         import torch
 
-        gc.collect()
         torch.cuda.synchronize(self.index)
         if self._pool is not None:
             return self._pool_attr("cudaMemPoolAttrUsedMemCurrent") + self._graph_attr("cudaGraphMemAttrUsedMemCurrent")

@@ -28,6 +28,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import gc
 import logging
 import math
 import time
@@ -285,6 +286,10 @@ class StepRunner:
         self.memory = memory if self.device.type == "cuda" else None
         #: Device memory each stage added at start-up, bytes ("state", "encode", "decode").
         self.stage_bytes: dict[str, int] = {}
+        if self.memory:
+            # An earlier engine's CUDA graphs held in reference cycles would otherwise be freed inside a
+            # stage's window and make its cost negative; what is collected later is this runner's own.
+            gc.collect()
         base = self.memory.footprint() if self.memory else 0
         self.host_pool = host_pool or HostBufferPool(pinned=self.device.type == "cuda")
         cuda = self.device.type == "cuda"
