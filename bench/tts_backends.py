@@ -25,7 +25,7 @@ def cuda_variant(args: argparse.Namespace, timing_tag: bool) -> str:
     return (("-compiled" if args.compile else "") + ("-encoder" if getattr(args, "compile_encoder", False) else "")
             + ("-cudnnbench" if timing_tag and timing else "") + (f"-limit{limit}" if timing and limit != 10 else "")
             + ("".join(f"-timed-{s}" for s in stages) if timing and set(stages) != {"encode", "decode"} else "")
-            + ("-coarse" if args.coarse else "")
+            + ("-coarse" if args.coarse else "") + ("-encfine" if getattr(args, "encode_fine", False) else "")
             + (f"-maxframes{args.max_frames}" if getattr(args, "max_frames", 3072) != 3072 else "")
             + (f"-ahead{args.speculate_frames}" if getattr(args, "speculate_frames", 0) else "")
             + (f"-steps{getattr(args, 'chunks_per_step', 1)}" if getattr(args, "chunks_per_step", 1) != 1 else "")
@@ -63,7 +63,8 @@ class CudaBackend:
         opts = RunnerOptions(
             chunk_frames=args.chunk_frames, max_frames=args.max_frames, precision=args.precision,
             tail_chunk_frames=args.tail_chunk_frames, decode_batches=batch_buckets(args.max_batch, fine=not args.coarse),
-            encode_batches=batch_buckets(args.max_batch, fine=False), compile=args.compile,
+            encode_batches=batch_buckets(args.max_batch, fine=getattr(args, "encode_fine", False)),
+            compile=args.compile,
             compile_encoder=getattr(args, "compile_encoder", False),
             cudnn_benchmark=args.cudnn_benchmark, cudnn_benchmark_limit=getattr(args, "cudnn_benchmark_limit", 10),
             cudnn_benchmark_stages=tuple(getattr(args, "cudnn_benchmark_stages", ("encode", "decode"))),

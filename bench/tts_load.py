@@ -20,7 +20,7 @@ most batched arrival pattern, an upper bound rather than what spread-out clients
 ``OnnxTtsEngine.synthesize_ids`` at the native rate), ``onnx-stream`` (``synthesize_ids``
 of the streaming CPU engine: chunked encoder + decoder ONNX). ``ws``: each client is one
 WebSocket session in ``bench.ws_clients`` (client processes apart from the server, one per 16
-sessions; permessage-deflate offered; ``x.tts.speak`` back to back; audio at ``--rate`` Hz as
+sessions or ``--ws-sessions-per-process``; permessage-deflate offered; ``x.tts.speak`` back to back; audio at ``--rate`` Hz as
 JSON/base64 and, in a second set of rows, binary: ``--ws-formats``) against a TTS-only
 ``python -m voxloop serve`` process (``server.stages=tts``: no
 faster-whisper or llama.cpp needed) the bench starts per backend (``onnx``:
@@ -132,7 +132,8 @@ def run(args: argparse.Namespace) -> Path:
                     for clients in levels:
                         backend.reset_peak()
                         before = backend.scrape()
-                        row = run_load(backend.url, clients, duration, warmup, fmt, rate)
+                        row = run_load(backend.url, clients, duration, warmup, fmt, rate,
+                                       processes=-(-clients // args.ws_sessions_per_process))
                         after = backend.scrape()
                         parts = first_audio_parts(before, after)
                         peak = backend.peak_vram_mb()
@@ -268,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="ws: audio formats, rows in this order: json (base64 in JSON, what OpenAI-style clients use), binary")
     p.add_argument("--rate", type=int, nargs="+", default=[24000],
                    help="ws: output sample rate(s) the clients ask for, Hz (22050, the voice's own, needs no resampling)")
+    p.add_argument("--ws-sessions-per-process", type=int, default=16,
+                   help="ws: client sessions per client process (each process one asyncio loop; a user's client holds one)")
     p.add_argument("--ws-workers", type=int, help="ws: the server's tts.onnx_workers (default: CPU count)")
     p.add_argument("--server-arg", action="append", default=[], help="ws: extra server args, e.g. --server-arg=--set=x.y=z")
     p.add_argument("--chunk-frames", type=int, default=64)
@@ -283,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="tts.cudnn_benchmark_stages: with --cudnn-benchmark, the stages whose convolutions are timed")
     p.add_argument("--allocator", default="async", choices=["async", "native"], help="gpu.allocator")
     p.add_argument("--coarse", action="store_true", help="power-of-two decode batch buckets only (tts.batch_buckets = coarse: faster start-up)")
+    p.add_argument("--encode-fine", action="store_true",
+                   help="fine encoder batch buckets too (tts.encode_batch_buckets = fine: less row padding, more graphs)")
     add_common_arguments(p)
     p.add_argument("--engine-clients", choices=("threads", "sinks"), default="threads",
                    help="engine mode, cuda: one thread per client iterating its request (threads), or clients "

@@ -34,6 +34,7 @@ class WsBackend:
                 f"--set=tts.cudnn_benchmark_limit={args.cudnn_benchmark_limit}",
                 f"--set=tts.cudnn_benchmark_stages={','.join(args.cudnn_benchmark_stages)}",
                 f"--set=tts.batch_buckets={'coarse' if args.coarse else 'fine'}",
+                f"--set=tts.encode_batch_buckets={'fine' if getattr(args, 'encode_fine', False) else 'coarse'}",
                 f"--set=tts.fast_lane={args.fast_lane}", f"--set=tts.fast_lanes={args.fast_lanes}",
                 f"--set=tts.speculate_frames={args.speculate_frames}", f"--set=tts.speculate_below={args.speculate_below}",
                 f"--set=tts.polyphase_upsampling={'true' if args.polyphase else 'false'}",

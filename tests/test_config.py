@@ -108,6 +108,10 @@ def test_gpu_tts_start_up_settings_are_checked():
         load_config(None, ["tts.batch_buckets=some"], environ={})
     cfg = load_config(None, ["tts.cudnn_benchmark_limit=2", "tts.batch_buckets=coarse"], environ={})
     assert (cfg.tts.cudnn_benchmark_limit, cfg.tts.batch_buckets) == (2, "coarse")
+    with pytest.raises(ConfigError, match=r"tts\.encode_batch_buckets must be 'fine' or 'coarse'"):
+        load_config(None, ["tts.encode_batch_buckets=all"], environ={})
+    assert load_config(None, [], environ={}).tts.encode_batch_buckets == "coarse"
+    assert load_config(None, ["tts.encode_batch_buckets=fine"], environ={}).tts.encode_batch_buckets == "fine"
     for bad in ("", "encode,flow"):
         with pytest.raises(ConfigError, match=r"tts\.cudnn_benchmark_stages"):
             load_config(None, [f"tts.cudnn_benchmark_stages={bad}"], environ={})

@@ -350,6 +350,10 @@ class TtsConfig:
     #: to 64 and of 16 beyond: a batch padded by at most ~15-25 %, 15 sizes at max_batch 128) or
     #: "coarse" (powers of two only: 8 sizes, about half the decoder's start-up, more padding).
     batch_buckets: str = "fine"
+    #: GPU encoder batch sizes captured (per phoneme bucket and fast lane): "coarse" (powers of two) or
+    #: "fine" (as ``batch_buckets``' fine sizes: less row padding per encoder launch, more graphs to
+    #: capture at start-up).
+    encode_batch_buckets: str = "coarse"
     #: GPU: torch.compile the chunk decoder before capture (fuses elementwise work; ~1 min more start-up).
     #: H200, 50 clients: 684 vs 572 QPS in the engine, 655 served; one run (bench/results/tts_load-h200-2026-12-03-compile.md).
     #: What it compiled is kept in ``<models.cache_dir>/inductor/<GPU-CUDA-torch>`` for the next start
@@ -488,8 +492,9 @@ class TtsConfig:
             raise ConfigError(f"tts.main_in_flight must be 1..{MAX_MAIN_IN_FLIGHT}, got {self.main_in_flight}")
         if self.chunks_per_step < 0:
             raise ConfigError(f"tts.chunks_per_step must be >= 0 (0: all of a request's chunks), got {self.chunks_per_step}")
-        if self.batch_buckets not in ("fine", "coarse"):
-            raise ConfigError(f"tts.batch_buckets must be 'fine' or 'coarse', got {self.batch_buckets!r}")
+        for name in ("batch_buckets", "encode_batch_buckets"):
+            if getattr(self, name) not in ("fine", "coarse"):
+                raise ConfigError(f"tts.{name} must be 'fine' or 'coarse', got {getattr(self, name)!r}")
         # The bounds of tts_engine.engine.MIN_RATE / MAX_RATE, not imported: that loads numpy, which
         # `voxloop serve` must not load before it caps its BLAS threads.
         if self.output_rate and not (8_000 <= self.output_rate <= 192_000 and self.backend == "cuda"):

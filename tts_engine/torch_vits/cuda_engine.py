@@ -124,7 +124,7 @@ class CudaTtsEngine:
             tail_chunk_frames=tts.tail_chunk_frames,
             max_frames=tts.max_frames,
             decode_batches=batch_buckets(tts.max_batch, fine=tts.batch_buckets == "fine"),
-            encode_batches=batch_buckets(tts.max_batch, fine=False),
+            encode_batches=batch_buckets(tts.max_batch, fine=tts.encode_batch_buckets == "fine"),
             precision=tts.precision,
             cuda_graphs=tts.cuda_graphs,
             compile=tts.compile,
