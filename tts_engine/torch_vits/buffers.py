@@ -18,6 +18,7 @@ With ``max_cached_bytes = 0`` the pool is disabled: every request allocates (for
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 
@@ -90,7 +91,7 @@ class HostBufferPool:
     def take_array(self, shape: tuple[int, ...], dtype: np.dtype | type) -> tuple[torch.Tensor, np.ndarray]:
         """``take`` a block and view its start as a numpy array of ``shape``/``dtype``."""
         dt = np.dtype(dtype)
-        nbytes = int(np.prod(shape)) * dt.itemsize
+        nbytes = math.prod(shape) * dt.itemsize
         block = self.take(nbytes)
         return block, block.numpy()[:nbytes].view(dt).reshape(shape)
 

@@ -181,7 +181,7 @@ class RunnerOptions:
     def max_slots(self) -> int:
         return max(self.decode_batches)
 
-    @property
+    @functools.cached_property  # asked for per chunk by the scheduler; the options are frozen
     def chunk_sizes(self) -> tuple[int, ...]:
         """Decoder chunk sizes captured, ascending: ``chunk_frames`` doubled up to ``tail_chunk_frames``."""
         sizes, size = [], self.chunk_frames

@@ -136,17 +136,18 @@ class SpeechRequest:
     #: Where its outcomes go in bulk (see the module docstring); None: iterate the request.
     sink: Sink | None = field(default=None, repr=False)
     _chunks: queue.SimpleQueue = field(default_factory=queue.SimpleQueue, repr=False)
-    _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
+    #: Set once by ``cancel`` (any thread; one attribute store, atomic under the GIL), read by the scheduler.
+    _cancelled: bool = field(default=False, repr=False)
 
     def cancel(self) -> None:
         """Stop this request: iteration ends, nothing more is handed out for it (not even chunks of a
         launch already running), and its slot is freed at the next step."""
-        self._cancelled.set()
+        self._cancelled = True
         self._chunks.put(_END)
 
     @property
     def cancelled(self) -> bool:
-        return self._cancelled.is_set()
+        return self._cancelled
 
     def __iter__(self) -> Iterator[AudioChunk]:
         while True:
@@ -233,7 +234,7 @@ class BatchScheduler:
         longest = max(self.runner.options.phoneme_buckets)
         if len(ids) > longest:
             raise InvalidInput(f"clause of {len(ids)} phoneme ids exceeds the GPU engine's limit of {longest}")
-        request = SpeechRequest(tuple(int(i) for i in ids), scales or Scales(), self.sample_rate, clause_index,
+        request = SpeechRequest(tuple(map(int, ids)), scales or Scales(), self.sample_rate, clause_index,
                                 sink=sink)
         request.seq = next(self._seq)
         try:
@@ -587,18 +588,19 @@ class BatchScheduler:
     def _deliver_row(self, request: SpeechRequest, row: np.ndarray, chunk: int, start: int) -> None:
         """``request``'s chunk of ``chunk`` frames from frame ``start``; dropped unless that is where the
         request stands (decoded ahead past its end, or it ended) and it is not cancelled."""
-        if request.audio is None or request.next_frame != start or request.cancelled:
+        audio = request.audio
+        if audio is None or request.next_frame != start or request._cancelled:
             return
-        assert request.frames is not None
-        n = min(chunk, request.frames - start)
-        self.launch_stats["decode_frames_out"] += n
-        request.next_frame += n
-        final = request.next_frame >= request.frames
-        span = self.runner.resampler.span(start, start + n)
-        pcm = request.audio[span.start : span.stop]
+        frames = request.frames
+        assert frames is not None
+        end = min(start + chunk, frames)
+        self.launch_stats["decode_frames_out"] += end - start
+        request.next_frame = end
+        span = self.runner.resampler.span(start, end)
+        pcm = audio[span.start : span.stop]
         pcm[:] = span.of(row)
-        self._post(request, AudioChunk(pcm, request.sample_rate, request.clause_index, final))
-        if final:
+        self._post(request, AudioChunk(pcm, request.sample_rate, request.clause_index, end >= frames))
+        if end >= frames:
             self._release(request)
 
     def _release(self, request: SpeechRequest) -> None:
