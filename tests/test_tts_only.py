@@ -178,6 +178,25 @@ async def test_tts_only_server_speaks_and_refuses_audio_input():
         await hub.stop()
 
 
+async def test_load_bench_clients_speak_to_a_tts_only_server():
+    """``bench.ws_clients`` (the served rows of ``bench.tts_load --mode ws``), from a client process
+    of its own: every sentence completed, its base64 audio decoded (pybase64, validating) and
+    counted as seconds of audio, and the server's share of first audio inside the client's."""
+    from bench.ws_clients import CLIENT_DECODER, run_load
+
+    hub = await start_tts_only_hub()
+    try:
+        row = await asyncio.to_thread(run_load, url(hub), 2, 3.0, 0.5, "json", 24000, 1)
+    finally:
+        await hub.stop()
+    assert row["errors"] == 0, row["error_examples"]
+    assert row["requests"] >= 2 and row["qps"] > 0
+    assert (row["client_processes"], row["client_decoder"]) == (1, CLIENT_DECODER)
+    # bench/tts_sentences.json: 40 sentences of ~4 s at the bundled voice's pace
+    assert 1.0 < row["audio_s_per_request"] < 10.0
+    assert 0 < row["server_first_audio_p50_ms"] <= row["first_audio_p50_ms"] <= row["latency_p50_ms"]
+
+
 async def test_text_chat_server_without_asr():
     """``["llm", "tts"]``: text turns are answered; audio input names only the missing ASR."""
     from client_fakes import FakeLLM, real_tts_engines
