@@ -259,3 +259,16 @@ def test_gpu_experiment_plots_draw_the_rows_they_hold(tmp_path, result):
     path.write_bytes((ROOT / "bench" / "results" / result).read_bytes())
     png = tts_gpu_experiments.plot(path)
     assert png == path.with_suffix(".png") and png.stat().st_size > 20_000
+
+
+def test_load_clients_ceiling_runs_each_decoder_against_the_instant_server(tmp_path):
+    """``bench.ws_clients --instant-server``: both ways of parsing deltas, alternating, each row with
+    every sentence's 20 x 200 ms deltas decoded into 4 s of audio and no errors; the PNG is drawn."""
+    from bench.ws_clients import DECODERS, client_ceiling, plot
+
+    rows = client_ceiling(2, 1, list(DECODERS), 1, 1.0, 0.3)
+    assert [r["client_decoder"] for r in rows] == list(DECODERS)
+    for r in rows:
+        assert r["errors"] == 0 and r["requests"] > 0, r
+        assert r["audio_s_per_request"] == pytest.approx(4.0)
+    assert plot(rows, tmp_path / "c.json").stat().st_size > 0
