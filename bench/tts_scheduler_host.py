@@ -3,7 +3,8 @@
 ``BatchScheduler`` (the real one) drives a runner whose every launch returns at once (an
 orchestration stand-in: no model, no device), so what is measured is the scheduler thread's own
 Python work per sentence: admitting, grouping chunks into launches, delivering rows, handing
-outcomes out, plus the clients' side. Closed loop, ``--clients`` clients, sentences of
+outcomes out, plus the clients' side, each sentence's ids checked as ``CudaTtsEngine`` checks them
+and copied into the encoder's padded rows as ``StepRunner.encode`` does. Closed loop, ``--clients`` clients, sentences of
 ``--frames`` frames (349 = the load bench's 4.05 s mean at the bundled voice's 22 050 Hz / 256
 hop) and ``--ids`` phoneme ids, the GPU engine's shipped shapes (32-frame first chunks, later
 chunks up to 256 frames, 2 fast lanes, max batch 128). Two ways of receiving, as the engine has:
@@ -30,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.harness import add_common_arguments, pyplot, result_path, write_json
+from tts_engine.engine import phoneme_id_array
 from tts_engine.torch_vits.chunked import ChunkGeometry
 from tts_engine.torch_vits.cuda_engine import batch_buckets
 from tts_engine.torch_vits.resample import ChunkResampler
@@ -37,6 +39,8 @@ from tts_engine.torch_vits.runner import RunnerOptions, fast_lane_names
 from tts_engine.torch_vits.scheduler import BatchScheduler
 
 HOP = 256
+#: Phoneme-id symbols of the sentences' ids (the bundled voice has 256).
+SYMBOLS = 256
 
 
 class InstantRunner:
@@ -56,6 +60,10 @@ class InstantRunner:
         return max(self.options.encode_batches)
 
     def encode(self, items, lane: str = "fast") -> np.ndarray:
+        """The host side of ``StepRunner.encode``: each item's ids copied into a padded row."""
+        ids = np.zeros((len(items), max(len(it.ids) for it in items)), np.int64)
+        for row, it in zip(ids, items):
+            row[: len(it.ids)] = it.ids
         return np.full(len(items), self.frames)
 
     def decode(self, slots, starts, chunk=None, lane: str = "main", after=()) -> np.ndarray:
@@ -95,7 +103,10 @@ def run_level(receive: str, clients: int, chunks_per_step: int, duration_s: floa
                             encode_batches=batch_buckets(128, fine=False), fast_lanes=2,
                             chunks_per_step=chunks_per_step)  # fmt: skip
     scheduler = BatchScheduler(InstantRunner(options, frames), 22050, queue_size=1024)  # type: ignore[arg-type]
-    sentence = [1] * ids
+    sentence = [int(i) for i in np.random.default_rng(0).integers(1, SYMBOLS, ids)]
+
+    def submit(sink=None):  # noqa: ANN001, ANN202 - as CudaTtsEngine.submit_sentences: ids checked, then queued
+        return scheduler.submit(phoneme_id_array(sentence, SYMBOLS), sink=sink)
     done = [0]
     stop = threading.Event()
     try:
@@ -106,11 +117,11 @@ def run_level(receive: str, clients: int, chunks_per_step: int, duration_s: floa
                     if getattr(outcome, "final", False):
                         done[0] += 1
                         if not stop.is_set():
-                            scheduler.submit(sentence, sink=sink)
+                            submit(sink)
 
             t0 = time.perf_counter()
             for _ in range(clients):
-                scheduler.submit(sentence, sink=sink)
+                submit(sink)
             time.sleep(duration_s)
             stop.set()
             elapsed, finished = time.perf_counter() - t0, done[0]
@@ -118,7 +129,7 @@ def run_level(receive: str, clients: int, chunks_per_step: int, duration_s: floa
 
             def client() -> None:
                 while not stop.is_set():
-                    for _ in scheduler.submit(sentence):
+                    for _ in submit():
                         pass
                     done[0] += 1
 

@@ -123,10 +123,34 @@ def test_bad_options_raise_at_call_time(engine, options, match):
         engine.synthesize("Hello.", options)
 
 
-@pytest.mark.parametrize("ids", [[], [1, 0, 999, 0, 2], [1, 0, -3, 0, 2], ["x"]])
-def test_bad_ids_are_invalid_input(engine, ids):
-    with pytest.raises(InvalidInput):
+@pytest.mark.parametrize(
+    ("ids", "match"),
+    [
+        ([], "phoneme_ids is empty"),
+        ([1, 0, 999, 0, 2], "phoneme id 999 out of range: the voice has"),
+        ([1, 0, -3, 0, 2], "phoneme id -3 out of range"),
+        (["x"], "must be integers"),
+        (["5"], "must be integers"),  # no silent int("5")
+        ([1.5, 2.0], "must be integers"),  # no silent truncation
+        ([True, False], "must be integers"),
+        ([[1, 2], [3, 4]], "must be integers"),
+        ([1, None], "must be integers"),
+    ],
+)
+def test_bad_ids_are_invalid_input(engine, ids, match):
+    with pytest.raises(InvalidInput, match=match):
         engine.synthesize_ids(ids)
+
+
+def test_phoneme_id_array_keeps_the_ids_as_int64():
+    from tts_engine.engine import check_phoneme_ids, phoneme_id_array
+
+    for given in ([1, 5, 9], (1, 5, 9), np.array([1, 5, 9], np.int32), np.array([1, 5, 9], np.uint8)):
+        ids = phoneme_id_array(given, 10)
+        assert ids.dtype == np.int64 and ids.tolist() == [1, 5, 9]
+        assert check_phoneme_ids(given, 10) == [1, 5, 9] and all(type(i) is int for i in check_phoneme_ids(given, 10))
+    with pytest.raises(InvalidInput, match="phoneme id 10 out of range: the voice has 10 symbols"):
+        phoneme_id_array([1, 10], 10)
 
 
 @pytest.mark.parametrize("text", ["", "   ", "?!...", "😀 🎉", "\x00\x07"])

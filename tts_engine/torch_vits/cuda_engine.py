@@ -19,9 +19,10 @@ import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from tts_engine.engine import AudioChunk, SynthesisOptions, check_phoneme_ids, engine_defaults, resolve_options
+from tts_engine.engine import AudioChunk, SynthesisOptions, engine_defaults, phoneme_id_array, resolve_options
 from tts_engine.resample import StreamResampler
 from tts_engine.torch_vits.buffers import HostBufferPool
 from tts_engine.torch_vits.gpu_memory import GpuMemory, configure_allocator
@@ -253,5 +254,5 @@ class CudaTtsEngine:
         r = resolve_options(options, self.defaults, self.voice)
         return Scales(r.noise_scale, r.length_scale, r.noise_w, r.speaker_id or 0), r.sample_rate
 
-    def _check_ids(self, phoneme_ids: Sequence[int]) -> list[int]:
-        return check_phoneme_ids(phoneme_ids, self.voice.config.num_symbols)
+    def _check_ids(self, phoneme_ids: Sequence[int]) -> np.ndarray:
+        return phoneme_id_array(phoneme_ids, self.voice.config.num_symbols)

@@ -117,7 +117,8 @@ class Scales:
 class SpeechRequest:
     """Handle of one submitted clause; iterate for its int16 chunks at ``sample_rate`` (the runner's)."""
 
-    ids: tuple[int, ...]
+    #: Phoneme ids, int64 (the scheduler's own copy).
+    ids: np.ndarray
     scales: Scales
     sample_rate: int
     clause_index: int = 0
@@ -229,13 +230,15 @@ class BatchScheduler:
         ``sink``: deliver its chunks in bulk there instead of through iteration."""
         if self._error is not None:
             raise ModelError(f"TTS scheduler stopped: {self._error}")
-        if not ids:
+        if not len(ids):
             raise InvalidInput("phoneme_ids is empty")
         longest = max(self.runner.options.phoneme_buckets)
         if len(ids) > longest:
             raise InvalidInput(f"clause of {len(ids)} phoneme ids exceeds the GPU engine's limit of {longest}")
-        request = SpeechRequest(tuple(map(int, ids)), scales or Scales(), self.sample_rate, clause_index,
-                                sink=sink)
+        array = np.array(ids, dtype=np.int64)  # a copy: the caller's list or array stays the caller's
+        if array.ndim != 1:
+            raise InvalidInput(f"phoneme_ids must be one sequence of ids, got shape {array.shape}")
+        request = SpeechRequest(array, scales or Scales(), self.sample_rate, clause_index, sink=sink)
         request.seq = next(self._seq)
         try:
             self._inbox.put_nowait(request)
