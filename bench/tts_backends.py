@@ -32,6 +32,7 @@ def cuda_variant(args: argparse.Namespace, timing_tag: bool) -> str:
             + (f"-inflight{getattr(args, 'main_in_flight', 1)}" if getattr(args, "main_in_flight", 1) != 1 else "")
             + ("-polyphase" if getattr(args, "polyphase", False) else "")
             + ("-fused" if getattr(args, "fused_blocks", False) else "")
+            + (f"-{args.fused_block_products}blocks" if getattr(args, "fused_block_products", "model") != "model" else "")
             + ("-fusedup" if getattr(args, "fused_upsampling", False) else "")
             + ("-fusedflow" if getattr(args, "fused_flow", False) else "")
             + ("-gemmenc" if getattr(args, "encoder_convs", "cudnn") == "gemm" else "")
@@ -71,6 +72,7 @@ class CudaBackend:
             fast_lane=fast_lane, fast_lanes=fast_lanes, speculate_frames=getattr(args, "speculate_frames", 0),
             speculate_below=getattr(args, "speculate_below", 2), polyphase=getattr(args, "polyphase", False),
             fused_blocks=getattr(args, "fused_blocks", False),
+            fused_block_products=getattr(args, "fused_block_products", "model"),
             fused_upsampling=getattr(args, "fused_upsampling", False), fused_flow=getattr(args, "fused_flow", False),
             chunks_per_step=getattr(args, "chunks_per_step", 1),
             main_in_flight=getattr(args, "main_in_flight", 1), encoder_convs=getattr(args, "encoder_convs", "cudnn"),
@@ -100,7 +102,7 @@ class CudaBackend:
             "cudnn_benchmark_limit": opts.cudnn_benchmark_limit,
             "cudnn_benchmark_stages": list(opts.cudnn_benchmark_stages), "allocator": args.allocator, "fast_lane": fast_lane,
             "fast_lanes": fast_lanes, "speculate_frames": opts.speculate_frames, "speculate_below": opts.speculate_below,
-            "polyphase": opts.polyphase, "fused_blocks": opts.fused_blocks,
+            "polyphase": opts.polyphase, "fused_blocks": opts.fused_blocks, "fused_block_products": opts.fused_block_products,
             "fused_upsampling": opts.fused_upsampling, "fused_flow": opts.fused_flow, "chunks_per_step": opts.chunks_per_step,
             "main_in_flight": opts.main_in_flight, "encoder_convs": opts.encoder_convs,
             "phoneme_buckets": list(opts.phoneme_buckets), "fused_duration_predictor": opts.fused_duration_predictor,

@@ -68,7 +68,7 @@ from bench.harness import (
 )  # fmt: skip
 from bench.gpu_timeline import profile_kernels
 from bench.tts_backends import CudaBackend, OnnxBackend, OnnxStreamBackend, scheduler_breakdown, scheduler_counters
-from voxloop.config import ENCODER_CONVS, TEXT_ENCODER_PRODUCTS
+from voxloop.config import ENCODER_CONVS, FUSED_BLOCK_PRODUCTS, TEXT_ENCODER_PRODUCTS
 
 #: Engine-mode rows: clients are threads in the bench process calling the engine; audio stays int16 at
 #: the engine's rate (the voice's, or ``--output-rate`` resampled on the GPU; no serialization, no socket).
@@ -300,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--speculate-below", type=int, default=2, help="tts.speculate_below: ... while at most this many run")
     p.add_argument("--polyphase", action="store_true", help="tts.polyphase_upsampling: upsampling as plain convolutions")
     p.add_argument("--fused-blocks", action="store_true", help="tts.fused_blocks: residual blocks as fused Triton kernels")
+    p.add_argument("--fused-block-products", choices=FUSED_BLOCK_PRODUCTS, default="model",
+                   help="tts.fused_block_products: with --fused-blocks, their products in the model's dtype or FP8 e4m3")
     p.add_argument("--fused-upsampling", action="store_true",
                    help="tts.fused_upsampling: the decoder's input, upsampling and output convolutions as fused Triton kernels")
     p.add_argument("--fused-flow", action="store_true", help="tts.fused_flow: the flow's WaveNet layers as fused Triton kernels")

@@ -39,6 +39,7 @@ class WsBackend:
                 f"--set=tts.speculate_frames={args.speculate_frames}", f"--set=tts.speculate_below={args.speculate_below}",
                 f"--set=tts.polyphase_upsampling={'true' if args.polyphase else 'false'}",
                 f"--set=tts.fused_blocks={'true' if args.fused_blocks else 'false'}",
+                f"--set=tts.fused_block_products={getattr(args, 'fused_block_products', 'model')}",
                 f"--set=tts.fused_upsampling={'true' if args.fused_upsampling else 'false'}",
                 f"--set=tts.fused_flow={'true' if args.fused_flow else 'false'}",
                 f"--set=tts.chunks_per_step={args.chunks_per_step}", f"--set=tts.main_in_flight={args.main_in_flight}",

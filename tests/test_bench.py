@@ -272,3 +272,17 @@ def test_load_clients_ceiling_runs_each_decoder_against_the_instant_server(tmp_p
         assert r["errors"] == 0 and r["requests"] > 0, r
         assert r["audio_s_per_request"] == pytest.approx(4.0)
     assert plot(rows, tmp_path / "c.json").stat().st_size > 0
+
+
+def test_precision_variants_name_the_decoder_kernels_and_their_products():
+    """``bench.tts_int8 --precisions``: fp16/bf16 take the decoder's Triton kernels with fp16 or e4m3
+    block products; int8 its activation-scale modes; nothing else."""
+    from bench.tts_int8 import parse_variant
+
+    assert parse_variant("fp16-e4m3") == ("fp16", "e4m3", False)
+    assert parse_variant("bf16-fused+compile") == ("bf16", "fused", True)
+    assert parse_variant("int8-static") == ("int8", "static", False)
+    assert parse_variant("fp32") == ("fp32", None, False)
+    for bad in ("fp32-e4m3", "int8-e4m3", "fp16-static", "fp8"):
+        with pytest.raises(SystemExit, match="unknown precision variant"):
+            parse_variant(bad)

@@ -127,6 +127,13 @@ def test_gpu_tts_start_up_settings_are_checked():
     cfg = load_config(None, ["tts.fused_text_encoder=true", "tts.text_encoder_products=tf32x3"], environ={})
     assert cfg.tts.text_encoder_products == "tf32x3"
     assert load_config(None, [], environ={}).tts.text_encoder_products == "cublas"
+    with pytest.raises(ConfigError, match=r"tts\.fused_block_products must be one of model, e4m3"):
+        load_config(None, ["tts.fused_blocks=true", "tts.fused_block_products=int4"], environ={})
+    with pytest.raises(ConfigError, match=r"needs tts\.fused_blocks = true"):
+        load_config(None, ["tts.fused_block_products=e4m3"], environ={})
+    cfg = load_config(None, ["tts.fused_blocks=true", "tts.fused_block_products=e4m3"], environ={})
+    assert cfg.tts.fused_block_products == "e4m3"
+    assert load_config(None, [], environ={}).tts.fused_block_products == "model"
     for bad in ("", "64,32", "0,32", "32,32", "1024,8192"):
         with pytest.raises(ConfigError, match=r"tts\.phoneme_buckets"):
             load_config(None, [f"tts.phoneme_buckets={bad}"], environ={})

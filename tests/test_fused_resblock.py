@@ -62,3 +62,72 @@ def test_fused_blocks_refuse_what_they_cannot_run():
 
     assert fused_resblock.supports(32) and fused_resblock.supports(128)
     assert not fused_resblock.supports(8) and not fused_resblock.supports(96)
+
+
+E4M3_SCRIPT = r"""
+import json
+import numpy as np
+import torch
+from tts_engine.torch_vits import fused_resblock
+from tts_engine.torch_vits.decoder import Generator
+
+def snr(ref, x):
+    return float(10 * np.log10((ref ** 2).sum() / max(((ref - x) ** 2).sum(), 1e-30)))
+
+torch.manual_seed(0)
+# the bundled voice's decoder shape: stages of 128, 64 and 32 channels
+g = Generator(48, "2", (3, 5, 7), ((1, 2), (2, 6), (3, 12)), (8, 8, 4), 256, (16, 16, 8)).eval()
+for p in g.parameters():
+    p.data.normal_(0, 0.05)
+z = torch.randn(2, 48, 6)
+mask = torch.ones(2, 1, 6)
+mask[1, :, 4:] = 0
+with torch.inference_mode():
+    want = g(z, mask)
+    g.use_fused_blocks(products="e4m3")
+    e4m3 = g(z, mask)
+    x = torch.randn(2, 32, 300)  # one step alone: 32 channels, 7 taps, dilation 3
+    w = torch.randn(7, 32, 32) * 0.1
+    b = torch.randn(32) * 0.1
+    ref = fused_resblock.conv_step(x, w, b, 3, None, x, torch.empty_like(x))
+    q, s = fused_resblock.quantize_e4m3(w)
+    got = fused_resblock.conv_step(x, q, b, 3, None, x, torch.empty_like(x), weight_scale=s)
+    snr_step = snr((ref - x).numpy(), (got - x).numpy())
+    x[0, :, 100:164] *= 1000  # a loud stretch: each tile's own scale keeps the quiet ones
+    loud_ref = fused_resblock.conv_step(x, w, b, 3, None, None, torch.empty_like(x))
+    loud = fused_resblock.conv_step(x, q, b, 3, None, None, torch.empty_like(x), weight_scale=s)
+refused = []
+for kwargs in ({"weight": q}, {"weight": w, "weight_scale": s}):
+    try:
+        fused_resblock.conv_step(x, kwargs["weight"], b, 3, None, None, torch.empty_like(x),
+                                 weight_scale=kwargs.get("weight_scale"))
+    except ValueError:
+        refused.append(True)
+print(json.dumps({"snr_generator": snr(want.numpy(), e4m3.numpy()), "snr_step": snr_step,
+                  "snr_quiet_after_loud": snr(loud_ref[..., 256:].numpy(), loud[..., 256:].numpy()),
+                  "refused": refused, "q_dtype": str(q.dtype), "scale_shape": list(s.shape),
+                  "dequant_err": float((q.float() * s[None, :, None] - w).abs().max() / w.abs().max())}))
+"""
+
+
+def test_fused_blocks_e4m3_products_stay_close_to_float32():
+    """FP8 products (``tts.fused_block_products = "e4m3"``) in Triton's interpreter, float32 model: the
+    voice-shaped decoder's output and one 7-tap step within the SNR an e4m3 operand allows (3
+    mantissa bits: ~22-23 dB here; the GPU converts by round-to-nearest, the interpreter's figure
+    is a floor), quiet tiles after a 1000x louder stretch as close as the rest, weights within half an e4m3 step of their largest, and unscaled e4m3 or scaled float weights refused."""
+    r = interpret(E4M3_SCRIPT, timeout=600)
+    assert r["q_dtype"] == "torch.float8_e4m3fn" and r["scale_shape"] == [32]
+    assert r["dequant_err"] <= 16 / 448 + 1e-6  # half an e4m3 step at the top of the range
+    assert r["snr_generator"] >= 18.0 and r["snr_step"] >= 18.0, r
+    assert r["snr_quiet_after_loud"] >= 18.0, r
+    assert r["refused"] == [True, True]
+
+
+def test_fused_blocks_e4m3_need_32_channels():
+    from tts_engine.torch_vits import fused_resblock
+    from voxloop.config import FUSED_BLOCK_PRODUCTS
+
+    assert fused_resblock.PRODUCTS == FUSED_BLOCK_PRODUCTS  # the config's copy (it loads no torch)
+
+    assert fused_resblock.supports(16) and not fused_resblock.supports(16, "e4m3")
+    assert fused_resblock.supports(32, "e4m3") and not fused_resblock.supports(96, "e4m3")

@@ -28,7 +28,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
 
-LOW_PRECISION_MIN_SNR_DB = {"bf16": 15.0, "fp16": 30.0}
+LOW_PRECISION_MIN_SNR_DB = {"bf16": 15.0, "fp16": 30.0, "e4m3": 15.0}
 
 
 def bench_ids(n: int) -> list[list[int]]:
@@ -409,6 +409,40 @@ def test_gpu_text_encoder_products_stay_close_and_speak_as_whole(model, voice_pa
 
     assert_speaks_as_whole(model, voice_path, encoder_convs="gemm", fused_duration_predictor=True,
                            fused_text_encoder=True, text_encoder_products=products, fused_prior=True)
+
+
+def test_gpu_e4m3_block_products_keep_the_audio_intelligible(model, voice_path):
+    """``tts.fused_block_products = "e4m3"`` (configs/gpu.toml's decoder otherwise, fp16): the residual
+    blocks' products in FP8 keep every sentence's length and its waveform within bf16's SNR floor of
+    fp32 (faster-whisper transcribes bf16's audio as the CPU's); each sentence's SNR and the fp16
+    engine's are printed. On a GPU without FP8 tensor cores the engine refuses it."""
+    from tts_engine.engine import SynthesisOptions
+
+    fused = dict(polyphase=True, fused_blocks=True, fused_upsampling=True, fused_flow=True)
+    if not runs_here(voice_path, "test_gpu_e4m3_block_products_keep_the_audio_intelligible", "fp16", **fused):
+        return
+    if torch.cuda.get_device_capability() < (8, 9):
+        with pytest.raises(ValueError, match="FP8 tensor cores"):
+            engine(voice_path, "fp16", fused_block_products="e4m3", **fused)
+        return
+    quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
+    inputs = bench_ids(8)
+    refs = [whole(model, ids) for ids in inputs]
+
+    def speak(**options: object) -> list[np.ndarray]:
+        eng = engine(voice_path, "fp16", **fused, **options)
+        try:
+            return [np.concatenate([c.pcm for c in eng.submit(ids, quiet)]) / 32767.0 for ids in inputs]
+        finally:
+            eng.close()
+
+    fp16, e4m3 = speak(), speak(fused_block_products="e4m3")
+    snrs = []
+    for a, b, ref in zip(fp16, e4m3, refs):
+        assert b.shape == ref.shape
+        snrs.append((snr_db(ref, a), snr_db(ref, b)))
+    print("SNR vs fp32 (fp16, e4m3 blocks): " + ", ".join(f"{a:.1f}/{b:.1f}" for a, b in snrs) + " dB")
+    assert min(b for _, b in snrs) >= LOW_PRECISION_MIN_SNR_DB["e4m3"]
 
 
 def test_gpu_fused_prior_writes_the_same_latents(model, voice_path):

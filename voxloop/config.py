@@ -34,6 +34,9 @@ ENCODER_CONVS = ("cudnn", "gemm")
 #: ``tts.text_encoder_products`` values: the fused feed-forward's products through cuBLAS (bit for bit
 #: ``encoder_convs = "gemm"``) or as Triton convolutions skipping padding, in ``tl.dot``'s precisions.
 TEXT_ENCODER_PRODUCTS = ("cublas", "ieee", "tf32x3", "tf32")
+#: ``tts.fused_block_products`` values: the fused residual blocks' products in the model's dtype or in FP8 e4m3
+#: (``tts_engine.torch_vits.fused_resblock.PRODUCTS``; not imported here: config loads no torch).
+FUSED_BLOCK_PRODUCTS = ("model", "e4m3")
 #: What ``server.allowed_origins`` entries look like (besides ``*``): no path, query or user.
 _ORIGIN = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[^\s/?#@:\[\]]+)(:\d{1,5})?", re.IGNORECASE)
 
@@ -395,6 +398,11 @@ class TtsConfig:
     #: GPU, fp16/bf16: the decoder's residual blocks as fused Triton kernels (activation, mask,
     #: dilated convolution, bias, residual and the mean over blocks in one pass per convolution).
     fused_blocks: bool = False
+    #: GPU, with ``fused_blocks``: their products, "model" (the model's fp16/bf16) or "e4m3" (FP8 on the
+    #: tensor cores of compute capability 8.9+: weights with one scale per output channel, each input tile
+    #: scaled by its own largest magnitude; ~22 dB SNR per layer in Triton's interpreter). Not measured on a
+    #: GPU yet: neither its speed nor its intelligibility (the GPU tests hold it to bf16's SNR floor).
+    fused_block_products: str = "model"
     #: GPU, fp16/bf16: the decoder's input convolution, upsampling layers (polyphase form, with the
     #: leaky ReLU and mask before each) and output convolution + tanh as fused Triton kernels: one
     #: pass per layer instead of cuDNN's transposes, bias adds and interleaving copies.
@@ -482,6 +490,12 @@ class TtsConfig:
         if self.text_encoder_products != "cublas" and not self.fused_text_encoder:
             raise ConfigError(f"tts.text_encoder_products = {self.text_encoder_products!r} is the fused feed-forward's: "
                               "it needs tts.fused_text_encoder = true")  # fmt: skip
+        if self.fused_block_products not in FUSED_BLOCK_PRODUCTS:
+            raise ConfigError(f"tts.fused_block_products must be one of {', '.join(FUSED_BLOCK_PRODUCTS)}, "
+                              f"got {self.fused_block_products!r}")  # fmt: skip
+        if self.fused_block_products != "model" and not self.fused_blocks:
+            raise ConfigError(f"tts.fused_block_products = {self.fused_block_products!r} is the fused residual blocks': "
+                              "it needs tts.fused_blocks = true")  # fmt: skip
         if not self.cudnn_benchmark_stages or not set(self.cudnn_benchmark_stages) <= {"encode", "decode"}:
             raise ConfigError("tts.cudnn_benchmark_stages must name one or both of 'encode', 'decode' (no timing: "
                               f"tts.cudnn_benchmark = false), got {list(self.cudnn_benchmark_stages)}")  # fmt: skip

@@ -141,6 +141,7 @@ class CudaTtsEngine:
             main_in_flight=tts.main_in_flight,
             polyphase=tts.polyphase_upsampling,
             fused_blocks=tts.fused_blocks,
+            fused_block_products=tts.fused_block_products,
             fused_upsampling=tts.fused_upsampling,
             fused_flow=tts.fused_flow,
             encoder_convs=tts.encoder_convs,

@@ -13,6 +13,14 @@ for its plain convolutions.
 Inputs are ``[B, C, T]`` contiguous (fp16 or bf16 as the model); accumulation is fp32.
 ``C`` must be a power of two >= 16 (``supports``); a stage with other channel counts keeps
 PyTorch's convolutions (``Generator.use_fused_blocks``).
+
+Products (``PRODUCTS``, ``tts.fused_block_products``): "model", the model's dtype on the tensor
+cores; or "e4m3", FP8 (Hopper and Ada tensor cores): each tap's weights ``[C_out, C_in]`` in
+float8 e4m3 with one scale per output channel (``quantize_e4m3``), and each loaded input tile,
+after the activation and the mask, scaled by its own largest magnitude into e4m3's range (448)
+and multiplied in e4m3, the product rescaled into the fp32 accumulator. Needs ``C`` >= 32 (FP8's
+products take 32 input channels at a time). Its error is that of 3 mantissa bits per operand:
+reported against fp32 (SNR) by the GPU tests, not bit for bit anything.
 """
 
 from __future__ import annotations
@@ -33,18 +41,33 @@ def available() -> bool:
     return triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
 
 
-def supports(channels: int) -> bool:
-    return channels >= 16 and channels & (channels - 1) == 0
+#: ``tts.fused_block_products``: the model's dtype, or FP8 e4m3 (see the module docstring).
+PRODUCTS = ("model", "e4m3")
+#: e4m3's largest finite magnitude.
+E4M3_MAX = 448.0
+
+
+def supports(channels: int, products: str = "model") -> bool:
+    return channels >= (32 if products == "e4m3" else 16) and channels & (channels - 1) == 0
+
+
+def quantize_e4m3(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tap-major weights ``[K, C_out, C_in]`` as float8 e4m3 and one float32 scale per output channel:
+    ``weight ~= q * scale[None, :, None]``, each channel's largest magnitude at e4m3's largest."""
+    w = weight.float()
+    scale = w.abs().amax(dim=(0, 2)).clamp_min(1e-12) / E4M3_MAX
+    return (w / scale[None, :, None]).to(torch.float8_e4m3fn).contiguous(), scale.contiguous()
 
 
 if triton is not None:
 
     @triton.jit
-    def _conv_step(x_ptr, w_ptr, b_ptr, m_ptr, r_ptr, y_ptr, T, scale,
+    def _conv_step(x_ptr, w_ptr, ws_ptr, b_ptr, m_ptr, r_ptr, y_ptr, T, scale,
                    C: tl.constexpr, K: tl.constexpr, DIL: tl.constexpr, SLOPE: tl.constexpr,
                    BLOCK_CO: tl.constexpr, BLOCK_T: tl.constexpr,
-                   HAS_MASK: tl.constexpr, RESIDUAL: tl.constexpr, ACCUM: tl.constexpr):  # fmt: skip
-        """y[b, co, t] (+)= scale * (sum_k W[k] @ act(x)[b, :, t + k*DIL - pad] + bias + r[b, co, t])."""
+                   HAS_MASK: tl.constexpr, RESIDUAL: tl.constexpr, ACCUM: tl.constexpr, FP8: tl.constexpr):  # fmt: skip
+        """y[b, co, t] (+)= scale * (sum_k W[k] @ act(x)[b, :, t + k*DIL - pad] + bias + r[b, co, t]).
+        FP8: W in e4m3 with per-output-channel scales ``ws``; each tap's input tile scaled into e4m3."""
         pid_t, pid_c, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
         t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
         ci = tl.arange(0, C)
@@ -59,7 +82,13 @@ if triton is not None:
             if HAS_MASK:
                 xv = xv * tl.load(m_ptr + b * T + ts, mask=inside, other=0.0).to(tl.float32)[None, :]
             w = tl.load(w_ptr + k * C * C + co[:, None] * C + ci[None, :])
-            acc += tl.dot(w, xv.to(w.dtype))
+            if FP8:
+                x_scale = tl.maximum(tl.max(tl.abs(xv)), 1e-12) / 448.0  # E4M3_MAX
+                acc += tl.dot(w, (xv / x_scale).to(tl.float8e4nv)) * x_scale
+            else:
+                acc += tl.dot(w, xv.to(w.dtype))
+        if FP8:
+            acc = acc * tl.load(ws_ptr + co)[:, None]
         acc += tl.load(b_ptr + co).to(tl.float32)[:, None]
         out = co[:, None] * T + t[None, :]
         keep = (t < T)[None, :]
@@ -77,16 +106,22 @@ TILES = {128: (128, 64, 8), 64: (64, 128, 4), 32: (32, 128, 4), 16: (16, 128, 4)
 
 def conv_step(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, dilation: int, mask: torch.Tensor | None,
               residual: torch.Tensor | None, out: torch.Tensor, scale: float = 1.0, accumulate: bool = False,
-              tiles: tuple[int, int, int] | None = None, slope: float = 0.1) -> torch.Tensor:  # fmt: skip
+              tiles: tuple[int, int, int] | None = None, slope: float = 0.1,
+              weight_scale: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """``out (+)= scale * (conv(mask * leaky_relu(x, slope)) + bias + residual)``; ``weight`` [K, C, C]
-    (tap-major); ``tiles``: (BLOCK_CO, BLOCK_T, num_warps), default ``TILES``."""
+    (tap-major; float8 e4m3 with ``weight_scale`` [C] from ``quantize_e4m3``: FP8 products);
+    ``tiles``: (BLOCK_CO, BLOCK_T, num_warps), default ``TILES``."""
     batch, channels, length = x.shape
+    fp8 = weight.dtype == torch.float8_e4m3fn
+    if fp8 != (weight_scale is not None):
+        raise ValueError("e4m3 weights need their weight_scale, and only they take one")
     block_co, block_t, warps = tiles or TILES.get(channels, (min(channels, 64), 128, 4))
     grid = (triton.cdiv(length, block_t), channels // block_co, batch)
-    _conv_step[grid](x, weight, bias, mask if mask is not None else x, residual if residual is not None else x, out,
-                     length, scale, C=channels, K=weight.shape[0], DIL=dilation, SLOPE=slope,
-                     BLOCK_CO=block_co, BLOCK_T=block_t, HAS_MASK=mask is not None,
-                     RESIDUAL=residual is not None, ACCUM=accumulate, num_warps=warps)  # fmt: skip
+    _conv_step[grid](x, weight, weight_scale if fp8 else bias, bias, mask if mask is not None else x,
+                     residual if residual is not None else x, out, length, scale,
+                     C=channels, K=weight.shape[0], DIL=dilation, SLOPE=slope, BLOCK_CO=block_co, BLOCK_T=block_t,
+                     HAS_MASK=mask is not None, RESIDUAL=residual is not None, ACCUM=accumulate, FP8=fp8,
+                     num_warps=warps)  # fmt: skip
     return out
 
 
@@ -98,24 +133,32 @@ def tap_major(conv: torch.nn.Conv1d) -> torch.Tensor:
 class FusedStage:
     """One decoder stage's blocks (``mean_j block_j(x)``) with fused kernels; weights taken from the modules:
     ``decoder.ResBlock2`` (``convs``) or ``decoder.ResBlock1`` (``convs1``, ``convs2``); ``slope``: their
-    leaky ReLU's."""
+    leaky ReLU's; ``products``: one of ``PRODUCTS``."""
 
-    def __init__(self, blocks: list[torch.nn.Module], slope: float) -> None:
+    def __init__(self, blocks: list[torch.nn.Module], slope: float, products: str = "model") -> None:
         self.slope = slope
         if triton is None:
             raise RuntimeError("fused residual blocks need triton (it comes with PyTorch's CUDA builds)")
+        if products not in PRODUCTS:
+            raise ValueError(f"fused block products must be one of {PRODUCTS}, got {products!r}")
+
+        def weights(conv: torch.nn.Conv1d) -> tuple[torch.Tensor, torch.Tensor | None]:
+            w = tap_major(conv)
+            return quantize_e4m3(w) if products == "e4m3" else (w, None)
+
         self.blocks = []
         for block in blocks:
             if hasattr(block, "convs"):  # ResBlock2
-                steps = [(tap_major(c), c.bias.detach(), c.dilation[0], None) for c in block.convs]
+                steps = [(*weights(c), c.bias.detach(), c.dilation[0], None) for c in block.convs]
             elif hasattr(block, "convs1"):  # ResBlock1
-                steps = [(tap_major(c1), c1.bias.detach(), c1.dilation[0], (tap_major(c2), c2.bias.detach()))
+                steps = [(*weights(c1), c1.bias.detach(), c1.dilation[0], (*weights(c2), c2.bias.detach()))
                          for c1, c2 in zip(block.convs1, block.convs2)]  # fmt: skip
             else:
                 raise TypeError(f"no fused kernel for {type(block).__name__}")
             channels = steps[0][0].shape[1]
-            if not supports(channels):
-                raise ValueError(f"fused residual blocks need a power-of-two channel count >= 16, got {channels}")
+            if not supports(channels, products):
+                raise ValueError(f"fused residual blocks with {products!r} products need a power-of-two channel count "
+                                 f">= {32 if products == 'e4m3' else 16}, got {channels}")  # fmt: skip
             self.blocks.append(steps)
 
     def __call__(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -125,13 +168,14 @@ class FusedStage:
         scale = 1.0 / len(self.blocks)
         for j, steps in enumerate(self.blocks):
             h = x
-            for i, (w, b, d, pair) in enumerate(steps):
+            for i, (w, ws, b, d, pair) in enumerate(steps):
                 last = i == len(steps) - 1
                 src = h  # ResBlock2: h = conv(act(h)) + h
                 if pair is not None:  # ResBlock1: h = conv2(act(conv1(act(h)))) + h
-                    src = conv_step(h, w, b, d, m, None, torch.empty_like(x), slope=self.slope)
-                    (w, b), d = pair, 1
+                    src = conv_step(h, w, b, d, m, None, torch.empty_like(x), slope=self.slope, weight_scale=ws)
+                    (w, ws, b), d = pair, 1
                 dst = out if last else torch.empty_like(x)
-                conv_step(src, w, b, d, m, h, dst, scale if last else 1.0, last and j > 0, slope=self.slope)
+                conv_step(src, w, b, d, m, h, dst, scale if last else 1.0, last and j > 0, slope=self.slope,
+                          weight_scale=ws)  # fmt: skip
                 h = dst
         return out

@@ -138,6 +138,9 @@ class RunnerOptions:
     polyphase: bool = False
     #: CUDA, fp16/bf16: the decoder's residual blocks as fused Triton kernels (``fused_resblock``).
     fused_blocks: bool = False
+    #: With ``fused_blocks``: their products, ``fused_resblock.PRODUCTS`` ("model": the model's dtype;
+    #: "e4m3": FP8, per-channel weight scales and per-tile input scales; GPUs of compute capability 8.9+).
+    fused_block_products: str = "model"
     #: CUDA, fp16/bf16: the decoder's input, upsampling and output convolutions as fused Triton
     #: kernels (``fused_upsample``).
     fused_upsampling: bool = False
@@ -330,8 +333,17 @@ class StepRunner:
             if not cuda or options.precision not in ("fp16", "bf16") or not fused_resblock.available():
                 raise ValueError(f"{fused[0]} needs CUDA, triton and precision fp16 or bf16; got "
                                  f"{self.device} and {options.precision!r}")  # fmt: skip
+        if options.fused_block_products != "model":
+            from tts_engine.torch_vits import fused_resblock
+
+            if options.fused_block_products not in fused_resblock.PRODUCTS or not options.fused_blocks:
+                raise ValueError(f"fused_block_products must be one of {fused_resblock.PRODUCTS} and needs fused_blocks; "
+                                 f"got {options.fused_block_products!r} with fused_blocks={options.fused_blocks}")  # fmt: skip
+            if torch.cuda.get_device_capability(self.device) < (8, 9):
+                raise ValueError(f"e4m3 products need FP8 tensor cores (compute capability 8.9+), not "
+                                 f"{torch.cuda.get_device_name(self.device)}")  # fmt: skip
         if options.fused_blocks:
-            self.synth_model.dec.use_fused_blocks()
+            self.synth_model.dec.use_fused_blocks(products=options.fused_block_products)
         if options.fused_upsampling:
             if not self.synth_model.dec.use_fused_upsampling():
                 log.warning("fused upsampling: this decoder has a layer the kernels do not take; left as is")
