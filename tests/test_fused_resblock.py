@@ -113,8 +113,8 @@ print(json.dumps({"snr_generator": snr(want.numpy(), e4m3.numpy()), "snr_step": 
 def test_fused_blocks_e4m3_products_stay_close_to_float32():
     """FP8 products (``tts.fused_block_products = "e4m3"``) in Triton's interpreter, float32 model: the
     voice-shaped decoder's output and one 7-tap step within the SNR an e4m3 operand allows (3
-    mantissa bits: ~22-23 dB here; the GPU converts by round-to-nearest, the interpreter's figure
-    is a floor), quiet tiles after a 1000x louder stretch as close as the rest, weights within half an e4m3 step of their largest, and unscaled e4m3 or scaled float weights refused."""
+    mantissa bits: ~22-23 dB here, where the interpreter converts to e4m3 more coarsely than the
+    round-to-nearest of PyTorch and the GPU), quiet tiles after a 1000x louder stretch as close as the rest, weights within half an e4m3 step of their largest, and unscaled e4m3 or scaled float weights refused."""
     r = interpret(E4M3_SCRIPT, timeout=600)
     assert r["q_dtype"] == "torch.float8_e4m3fn" and r["scale_shape"] == [32]
     assert r["dequant_err"] <= 16 / 448 + 1e-6  # half an e4m3 step at the top of the range
