@@ -83,7 +83,9 @@ def kernel_profile(fn, reps: int = 5, top: int = 30) -> list[dict]:
 def tile_rows(synth, batch: int = 48, frames: int = 278) -> list[dict]:
     """One residual step (kernel 7, dilation 12, masked) per decoder stage's channel count, at a
     256-frame chunk's decoder window for ``batch`` rows: cuDNN + pointwise ops (graph), the same
-    compiled, and the fused kernel in each tile shape (graph)."""
+    compiled, and the fused kernel in each tile shape (graph); then in the shipped tile's channel block
+    with ``time_rows`` tiles and with e4m3 products (``fused_resblock.quantize_e4m3``), each in
+    three time blocks and two warp counts: keys ``fused_<CO>x<T>w<W>[t][_e4m3]_ms`` (``t``: time rows)."""
     from torch.nn import functional as F
 
     from tts_engine.torch_vits import fused_resblock as fr
@@ -107,14 +109,23 @@ def tile_rows(synth, batch: int = 48, frames: int = 278) -> list[dict]:
         g, _ = graphed(step_c)
         row["compiled_graph_ms"] = round(timed(g.replay, 20), 3)
         w, b = fr.tap_major(conv), conv.bias.detach()
+        q, scale = fr.quantize_e4m3(w)
         out = torch.empty_like(x)
-        for tiles in [(bc, bt, nw) for bc in (16, 32, 64, 128) for bt in (64, 128, 256) for nw in (4, 8) if bc <= c]:
+        shipped_co = fr.TILES[c][0]
+        variants = [((bc, bt, nw, False), False) for bc in (16, 32, 64, 128) for bt in (64, 128, 256) for nw in (4, 8)
+                    if bc <= c]
+        variants += [((shipped_co, bt, nw, rows), fp8) for rows, fp8 in ((True, False), (False, True), (True, True))
+                     for bt in (64, 128, 256) for nw in (4, 8) if not fp8 or fr.supports(c, "e4m3")]  # fmt: skip
+        for tiles, fp8 in variants:
+            key = f"fused_{tiles[0]}x{tiles[1]}w{tiles[2]}{'t' if tiles[3] else ''}{'_e4m3' if fp8 else ''}"
+            weights = (q, scale) if fp8 else (w, None)
             try:
-                g, _ = graphed(lambda tiles=tiles: fr.conv_step(x, w, b, conv.dilation[0], m, x, out, tiles=tiles))
-                row[f"fused_{tiles[0]}x{tiles[1]}w{tiles[2]}_ms"] = round(timed(g.replay, 20), 3)
-                row[f"fused_{tiles[0]}x{tiles[1]}w{tiles[2]}_diff"] = float((out.float() - ref.float()).abs().max())
+                g, _ = graphed(lambda tiles=tiles, weights=weights: fr.conv_step(
+                    x, weights[0], b, conv.dilation[0], m, x, out, tiles=tiles, weight_scale=weights[1]))
+                row[f"{key}_ms"] = round(timed(g.replay, 20), 3)
+                row[f"{key}_diff"] = float((out.float() - ref.float()).abs().max())
             except Exception as exc:  # a tile shape out of the GPU's resources
-                row[f"fused_{tiles[0]}x{tiles[1]}w{tiles[2]}_error"] = str(exc)[:120]
+                row[f"{key}_error"] = str(exc)[:120]
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
@@ -270,10 +281,17 @@ def plot(path: Path) -> Path:
         ax.legend(fontsize=8)
     if "residual step" in panels:
         ax, steps = panels["residual step"], kinds["residual step"]
+        kinds_of_tile = {"fused, fp16 (best tile)": lambda k: "t_" not in k and "_e4m3" not in k,
+                         "fused, fp16, time rows": lambda k: "t_" in k and "_e4m3" not in k,
+                         "fused, e4m3 (best tile)": lambda k: "_e4m3" in k}  # fmt: skip
+        width = 0.8 / (2 + len(kinds_of_tile))
         for j, r in enumerate(steps):
-            fused = min(v for k, v in r.items() if k.startswith("fused_") and k.endswith("_ms"))
-            ax.bar([j - 0.25, j, j + 0.25], [r["cudnn_graph_ms"], r["compiled_graph_ms"], fused], width=0.25,
-                   color=["C0", "C1", "C2"], label=["cuDNN + pointwise", "compiled", "fused (best tile)"] if j == 0 else None)  # fmt: skip
+            best = [min([v for k, v in r.items() if k.startswith("fused_") and k.endswith("_ms") and keep(k)] or [float("nan")])
+                    for keep in kinds_of_tile.values()]  # fmt: skip
+            heights = [r["cudnn_graph_ms"], r["compiled_graph_ms"], *best]
+            ax.bar([j - 0.4 + width * (i + 0.5) for i in range(len(heights))], heights, width=width,
+                   color=[f"C{i}" for i in range(len(heights))],
+                   label=["cuDNN + pointwise", "compiled", *kinds_of_tile] if j == 0 else None)  # fmt: skip
         ax.set_xticks(range(len(steps)), [f"{r['channels']} ch x {r['samples']} x {r['batch']}" for r in steps])
         ax.set_ylabel("one residual step (kernel 7, dilation 12), ms")
         ax.legend(fontsize=8)

@@ -131,3 +131,40 @@ def test_fused_blocks_e4m3_need_32_channels():
 
     assert fused_resblock.supports(16) and not fused_resblock.supports(16, "e4m3")
     assert fused_resblock.supports(32, "e4m3") and not fused_resblock.supports(96, "e4m3")
+
+
+TIME_ROWS_SCRIPT = r"""
+import json
+import torch
+from tts_engine.torch_vits import fused_resblock
+from tts_engine.torch_vits.decoder import Generator
+
+torch.manual_seed(0)
+g = Generator(48, "2", (3, 5, 7), ((1, 2), (2, 6), (3, 12)), (8, 8, 4), 256, (16, 16, 8)).eval()
+for p in g.parameters():
+    p.data.normal_(0, 0.05)
+z = torch.randn(2, 48, 6)
+mask = torch.ones(2, 1, 6)
+mask[1, :, 4:] = 0
+out = {}
+with torch.inference_mode():
+    for products in ("model", "e4m3"):
+        g.use_fused_blocks(products=products)
+        fused_resblock.TILES = {c: t[:3] for c, t in fused_resblock.TILES.items()}
+        channel_rows = g(z, mask)
+        fused_resblock.TILES = {c: (*t[:3], True) for c, t in fused_resblock.TILES.items()}
+        time_rows = g(z, mask)
+        out[products] = float((time_rows - channel_rows).abs().max())
+    out["peak"] = float(channel_rows.abs().max())
+print(json.dumps(out))
+"""
+
+
+def test_time_rows_tiles_compute_what_channel_rows_tiles_compute():
+    """``TILES`` entries with ``time_rows`` (the product as activations^T @ weights^T, so 32-channel
+    stages fill 64-row tensor-core products): the voice-shaped decoder's output within float32
+    rounding of the channel-rows kernel's, with model and with e4m3 products (a tile's e4m3 scale is
+    the same either way)."""
+    r = interpret(TIME_ROWS_SCRIPT, timeout=600)
+    assert r["peak"] > 0.01
+    assert r["model"] < 1e-5 * max(1.0, r["peak"]) and r["e4m3"] < 1e-4 * max(1.0, r["peak"]), r

@@ -64,34 +64,63 @@ if triton is not None:
     @triton.jit
     def _conv_step(x_ptr, w_ptr, ws_ptr, b_ptr, m_ptr, r_ptr, y_ptr, T, scale,
                    C: tl.constexpr, K: tl.constexpr, DIL: tl.constexpr, SLOPE: tl.constexpr,
-                   BLOCK_CO: tl.constexpr, BLOCK_T: tl.constexpr,
-                   HAS_MASK: tl.constexpr, RESIDUAL: tl.constexpr, ACCUM: tl.constexpr, FP8: tl.constexpr):  # fmt: skip
+                   BLOCK_CO: tl.constexpr, BLOCK_T: tl.constexpr, HAS_MASK: tl.constexpr, RESIDUAL: tl.constexpr,
+                   ACCUM: tl.constexpr, FP8: tl.constexpr, TIME_ROWS: tl.constexpr):  # fmt: skip
         """y[b, co, t] (+)= scale * (sum_k W[k] @ act(x)[b, :, t + k*DIL - pad] + bias + r[b, co, t]).
-        FP8: W in e4m3 with per-output-channel scales ``ws``; each tap's input tile scaled into e4m3."""
+        FP8: W in e4m3 with per-output-channel scales ``ws``; each tap's input tile scaled into e4m3.
+        TIME_ROWS: the tile's product as ``act(x)^T @ W[k]^T`` ([time, channels]: the time steps are
+        the product's rows, so a stage of 32 channels still fills Hopper's 64-row products)."""
         pid_t, pid_c, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
         t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
         ci = tl.arange(0, C)
         co = pid_c * BLOCK_CO + tl.arange(0, BLOCK_CO)
         x_row = x_ptr + b * C * T
-        acc = tl.zeros((BLOCK_CO, BLOCK_T), dtype=tl.float32)
+        if TIME_ROWS:
+            acc = tl.zeros((BLOCK_T, BLOCK_CO), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_CO, BLOCK_T), dtype=tl.float32)
         for k in tl.static_range(K):
             ts = t + (k * DIL - (K - 1) * DIL // 2)
             inside = (ts >= 0) & (ts < T)
-            xv = tl.load(x_row + ci[:, None] * T + ts[None, :], mask=inside[None, :], other=0.0).to(tl.float32)
+            if TIME_ROWS:
+                xv = tl.load(x_row + ci[None, :] * T + ts[:, None], mask=inside[:, None], other=0.0).to(tl.float32)
+            else:
+                xv = tl.load(x_row + ci[:, None] * T + ts[None, :], mask=inside[None, :], other=0.0).to(tl.float32)
             xv = tl.where(xv >= 0, xv, xv * SLOPE)
             if HAS_MASK:
-                xv = xv * tl.load(m_ptr + b * T + ts, mask=inside, other=0.0).to(tl.float32)[None, :]
-            w = tl.load(w_ptr + k * C * C + co[:, None] * C + ci[None, :])
-            if FP8:
+                mv = tl.load(m_ptr + b * T + ts, mask=inside, other=0.0).to(tl.float32)
+                if TIME_ROWS:
+                    xv = xv * mv[:, None]
+                else:
+                    xv = xv * mv[None, :]
+            if TIME_ROWS:
+                w = tl.load(w_ptr + k * C * C + co[None, :] * C + ci[:, None])  # W[k]^T: [C_in, BLOCK_CO]
+            else:
+                w = tl.load(w_ptr + k * C * C + co[:, None] * C + ci[None, :])  # W[k]: [BLOCK_CO, C_in]
+            if FP8:  # the tile into e4m3 by its own peak; the product back by the same factor
                 x_scale = tl.maximum(tl.max(tl.abs(xv)), 1e-12) / 448.0  # E4M3_MAX
-                acc += tl.dot(w, (xv / x_scale).to(tl.float8e4nv)) * x_scale
+                xq = (xv / x_scale).to(tl.float8e4nv)
+                if TIME_ROWS:
+                    acc += tl.dot(xq, w) * x_scale
+                else:
+                    acc += tl.dot(w, xq) * x_scale
+            elif TIME_ROWS:
+                acc += tl.dot(xv.to(w.dtype), w)
             else:
                 acc += tl.dot(w, xv.to(w.dtype))
-        if FP8:
-            acc = acc * tl.load(ws_ptr + co)[:, None]
-        acc += tl.load(b_ptr + co).to(tl.float32)[:, None]
-        out = co[:, None] * T + t[None, :]
-        keep = (t < T)[None, :]
+        bias = tl.load(b_ptr + co).to(tl.float32)
+        if TIME_ROWS:
+            if FP8:
+                acc = acc * tl.load(ws_ptr + co)[None, :]
+            acc += bias[None, :]
+            out = co[None, :] * T + t[:, None]
+            keep = (t < T)[:, None]
+        else:
+            if FP8:
+                acc = acc * tl.load(ws_ptr + co)[:, None]
+            acc += bias[:, None]
+            out = co[:, None] * T + t[None, :]
+            keep = (t < T)[None, :]
         if RESIDUAL:
             acc += tl.load(r_ptr + b * C * T + out, mask=keep, other=0.0).to(tl.float32)
         acc = acc * scale
@@ -100,7 +129,8 @@ if triton is not None:
         tl.store(y_ptr + b * C * T + out, acc.to(y_ptr.dtype.element_ty), mask=keep)
 
 
-#: (BLOCK_CO, BLOCK_T, num_warps) per channel count, chosen on the H200 (``bench/tts_gpu_experiments.py --tiles``).
+#: (BLOCK_CO, BLOCK_T, num_warps[, time_rows]) per channel count, chosen on the H200
+#: (``bench/tts_gpu_experiments.py --tiles``); ``time_rows`` (default False): see ``_conv_step``.
 TILES = {128: (128, 64, 8), 64: (64, 128, 4), 32: (32, 128, 4), 16: (16, 128, 4)}
 
 
@@ -110,18 +140,18 @@ def conv_step(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, dilatio
               weight_scale: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """``out (+)= scale * (conv(mask * leaky_relu(x, slope)) + bias + residual)``; ``weight`` [K, C, C]
     (tap-major; float8 e4m3 with ``weight_scale`` [C] from ``quantize_e4m3``: FP8 products);
-    ``tiles``: (BLOCK_CO, BLOCK_T, num_warps), default ``TILES``."""
+    ``tiles``: (BLOCK_CO, BLOCK_T, num_warps[, time_rows]), default ``TILES``."""
     batch, channels, length = x.shape
     fp8 = weight.dtype == torch.float8_e4m3fn
     if fp8 != (weight_scale is not None):
         raise ValueError("e4m3 weights need their weight_scale, and only they take one")
-    block_co, block_t, warps = tiles or TILES.get(channels, (min(channels, 64), 128, 4))
+    block_co, block_t, warps, *rest = tiles or TILES.get(channels, (min(channels, 64), 128, 4))
     grid = (triton.cdiv(length, block_t), channels // block_co, batch)
     _conv_step[grid](x, weight, weight_scale if fp8 else bias, bias, mask if mask is not None else x,
                      residual if residual is not None else x, out, length, scale,
                      C=channels, K=weight.shape[0], DIL=dilation, SLOPE=slope, BLOCK_CO=block_co, BLOCK_T=block_t,
                      HAS_MASK=mask is not None, RESIDUAL=residual is not None, ACCUM=accumulate, FP8=fp8,
-                     num_warps=warps)  # fmt: skip
+                     TIME_ROWS=bool(rest and rest[0]), num_warps=warps)  # fmt: skip
     return out
 
 
