@@ -64,24 +64,29 @@ def test_fused_blocks_refuse_what_they_cannot_run():
     assert not fused_resblock.supports(8) and not fused_resblock.supports(96)
 
 
-E4M3_SCRIPT = r"""
-import json
-import numpy as np
+#: A float32 decoder of the bundled voice's shape (stages of 128, 64 and 32 channels), random weights,
+#: two rows with the second's tail masked: ``g``, ``z``, ``mask``.
+VOICE_SHAPED = r"""
 import torch
 from tts_engine.torch_vits import fused_resblock
 from tts_engine.torch_vits.decoder import Generator
 
-def snr(ref, x):
-    return float(10 * np.log10((ref ** 2).sum() / max(((ref - x) ** 2).sum(), 1e-30)))
-
 torch.manual_seed(0)
-# the bundled voice's decoder shape: stages of 128, 64 and 32 channels
 g = Generator(48, "2", (3, 5, 7), ((1, 2), (2, 6), (3, 12)), (8, 8, 4), 256, (16, 16, 8)).eval()
 for p in g.parameters():
     p.data.normal_(0, 0.05)
 z = torch.randn(2, 48, 6)
 mask = torch.ones(2, 1, 6)
 mask[1, :, 4:] = 0
+"""
+
+E4M3_SCRIPT = r"""
+import json
+import numpy as np
+""" + VOICE_SHAPED + r"""
+def snr(ref, x):
+    return float(10 * np.log10((ref ** 2).sum() / max(((ref - x) ** 2).sum(), 1e-30)))
+
 with torch.inference_mode():
     want = g(z, mask)
     g.use_fused_blocks(products="e4m3")
@@ -135,17 +140,7 @@ def test_fused_blocks_e4m3_need_32_channels():
 
 TIME_ROWS_SCRIPT = r"""
 import json
-import torch
-from tts_engine.torch_vits import fused_resblock
-from tts_engine.torch_vits.decoder import Generator
-
-torch.manual_seed(0)
-g = Generator(48, "2", (3, 5, 7), ((1, 2), (2, 6), (3, 12)), (8, 8, 4), 256, (16, 16, 8)).eval()
-for p in g.parameters():
-    p.data.normal_(0, 0.05)
-z = torch.randn(2, 48, 6)
-mask = torch.ones(2, 1, 6)
-mask[1, :, 4:] = 0
+""" + VOICE_SHAPED + r"""
 out = {}
 with torch.inference_mode():
     for products in ("model", "e4m3"):
