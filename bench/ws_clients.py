@@ -4,8 +4,8 @@ What a user's clients do: each session connects as browsers and the ``openai``/`
 clients do (permessage-deflate offered), asks for audio at ``--rate`` Hz, sends ``x.tts.speak``
 with a ``request_id`` and the next sentence as soon as the previous one's ``x.tts.done``
 arrives, and decodes every audio delta (JSON: parse + base64, with orjson and pybase64 as the
-server does, ~9 instead of ~47 µs per 200 ms delta with the standard library here; binary: the
-fast path negotiated with ``session.x_binary_audio``). Sessions are spread over ``--processes``
+server writes them: one client process takes over twice the sentences it takes with the standard
+library, ``--instant-server`` below; binary: the fast path negotiated with ``session.x_binary_audio``). Sessions are spread over ``--processes``
 processes (spawned, so the client's own CPU does not share the server's event loop or one client
 GIL). Each session stands for one user whose device decodes only its own audio: the sessions of
 one process share its loop, so a burst of audio for many of them waits in that loop; fewer
@@ -42,6 +42,7 @@ import orjson
 import pybase64
 
 from bench.harness import add_common_arguments, pyplot, result_path, write_json
+
 
 def _orjson_pybase64(text: str) -> tuple[dict, bytes]:
     m = orjson.loads(text)
