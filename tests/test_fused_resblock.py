@@ -163,3 +163,41 @@ def test_time_rows_tiles_compute_what_channel_rows_tiles_compute():
     r = interpret(TIME_ROWS_SCRIPT, timeout=600)
     assert r["peak"] > 0.01
     assert r["model"] < 1e-5 * max(1.0, r["peak"]) and r["e4m3"] < 1e-4 * max(1.0, r["peak"]), r
+
+
+def test_fused_block_kernels_compile_for_hopper():
+    """Without a GPU, Triton (with its own ptxas) compiles the residual-step kernel for sm_90 in every
+    form: the shipped channel-rows tiles in fp16; with time rows the 32-channel stage's products become
+    Hopper's 64-row ``wgmma`` (channel rows leave it on ``mma.sync``, where e4m3 is widened to fp16);
+    e4m3 products are ``wgmma`` e4m3 wherever they reach it."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from tts_engine.torch_vits import fused_resblock as fr
+
+    def mma(channels: int, fp8: bool, time_rows: bool) -> set[str]:
+        block_co, block_t, warps = fr.TILES[channels]
+        signature = {"x_ptr": "*fp16", "w_ptr": "*fp8e4nv" if fp8 else "*fp16", "ws_ptr": "*fp32", "b_ptr": "*fp16",
+                     "m_ptr": "*fp16", "r_ptr": "*fp16", "y_ptr": "*fp16", "T": "i32", "scale": "fp32"}  # fmt: skip
+        constants = {"C": channels, "K": 7, "DIL": 3, "SLOPE": 0.1, "BLOCK_CO": block_co, "BLOCK_T": block_t,
+                     "HAS_MASK": True, "RESIDUAL": True, "ACCUM": True, "FP8": fp8, "TIME_ROWS": time_rows}  # fmt: skip
+        signature.update(dict.fromkeys(constants, "constexpr"))
+        kernel = triton.compile(ASTSource(fn=fr._conv_step, signature=signature, constexprs=constants),
+                                target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})  # fmt: skip
+        found = set(re.findall(r"\b(wgmma\.mma_async\S*|mma\.sync\S*)", kernel.asm["ptx"]))
+        assert found, "no tensor-core product in the PTX"
+        return found
+
+    def only(found: set[str], kind: str, operands: str) -> bool:
+        return all(i.startswith(kind) and operands in i for i in found)
+
+    assert only(mma(32, False, False), "mma.sync", ".f16.f16")
+    assert only(mma(32, False, True), "wgmma", ".f16.f16")
+    assert only(mma(32, True, False), "mma.sync", ".f16.f16")  # e4m3 widened to fp16
+    assert only(mma(32, True, True), "wgmma", ".e4m3.e4m3")
+    for channels in (64, 128):
+        assert only(mma(channels, False, False), "wgmma", ".f16.f16")
+        assert only(mma(channels, True, False), "wgmma", ".e4m3.e4m3")
