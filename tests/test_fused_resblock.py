@@ -101,6 +101,14 @@ with torch.inference_mode():
     x[0, :, 100:164] *= 1000  # a loud stretch: each tile's own scale keeps the quiet ones
     loud_ref = fused_resblock.conv_step(x, w, b, 3, None, None, torch.empty_like(x))
     loud = fused_resblock.conv_step(x, q, b, 3, None, None, torch.empty_like(x), weight_scale=s)
+    # "high" voices' ResBlock1 (pairs of convolutions); its 16-channel stage keeps PyTorch's
+    g1 = Generator(48, "1", (3, 7), ((1, 3, 5), (1, 3, 5)), (4, 4), 64, (8, 8)).eval()
+    for p in g1.parameters():
+        p.data.normal_(0, 0.05)
+    want1 = g1(z, mask)
+    g1.use_fused_blocks(products="e4m3")
+    e4m3_1 = g1(z, mask)
+    stages1 = [st is not None for st in g1.fused]
 refused = []
 for kwargs in ({"weight": q}, {"weight": w, "weight_scale": s}):
     try:
@@ -110,6 +118,7 @@ for kwargs in ({"weight": q}, {"weight": w, "weight_scale": s}):
         refused.append(True)
 print(json.dumps({"snr_generator": snr(want.numpy(), e4m3.numpy()), "snr_step": snr_step,
                   "snr_quiet_after_loud": snr(loud_ref[..., 256:].numpy(), loud[..., 256:].numpy()),
+                  "snr_resblock1": snr(want1.numpy(), e4m3_1.numpy()), "stages_resblock1": stages1,
                   "refused": refused, "q_dtype": str(q.dtype), "scale_shape": list(s.shape),
                   "dequant_err": float((q.float() * s[None, :, None] - w).abs().max() / w.abs().max())}))
 """
@@ -119,12 +128,14 @@ def test_fused_blocks_e4m3_products_stay_close_to_float32():
     """FP8 products (``tts.fused_block_products = "e4m3"``) in Triton's interpreter, float32 model: the
     voice-shaped decoder's output and one 7-tap step within the SNR an e4m3 operand allows (3
     mantissa bits: ~22-23 dB here, where the interpreter converts to e4m3 more coarsely than the
-    round-to-nearest of PyTorch and the GPU), quiet tiles after a 1000x louder stretch as close as the rest, weights within half an e4m3 step of their largest, and unscaled e4m3 or scaled float weights refused."""
+    round-to-nearest of PyTorch and the GPU), a ResBlock1 decoder's paired convolutions too (its
+    16-channel stage left to PyTorch), quiet tiles after a 1000x louder stretch as close as the rest, weights within half an e4m3 step of their largest, and unscaled e4m3 or scaled float weights refused."""
     r = interpret(E4M3_SCRIPT, timeout=600)
     assert r["q_dtype"] == "torch.float8_e4m3fn" and r["scale_shape"] == [32]
     assert r["dequant_err"] <= 16 / 448 + 1e-6  # half an e4m3 step at the top of the range
     assert r["snr_generator"] >= 18.0 and r["snr_step"] >= 18.0, r
     assert r["snr_quiet_after_loud"] >= 18.0, r
+    assert r["stages_resblock1"] == [True, False] and r["snr_resblock1"] >= 18.0, r
     assert r["refused"] == [True, True]
 
 
