@@ -68,6 +68,7 @@ from bench.harness import (
 )  # fmt: skip
 from bench.gpu_timeline import profile_kernels
 from bench.tts_backends import CudaBackend, OnnxBackend, OnnxStreamBackend, scheduler_breakdown, scheduler_counters
+from bench.ws_clients import SESSIONS_PER_PROCESS
 from voxloop.config import ENCODER_CONVS, FUSED_BLOCK_PRODUCTS, TEXT_ENCODER_PRODUCTS
 
 #: Engine-mode rows: clients are threads in the bench process calling the engine; audio stays int16 at
@@ -269,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="ws: audio formats, rows in this order: json (base64 in JSON, what OpenAI-style clients use), binary")
     p.add_argument("--rate", type=int, nargs="+", default=[24000],
                    help="ws: output sample rate(s) the clients ask for, Hz (22050, the voice's own, needs no resampling)")
-    p.add_argument("--ws-sessions-per-process", type=int, default=16,
+    p.add_argument("--ws-sessions-per-process", type=int, default=SESSIONS_PER_PROCESS,
                    help="ws: client sessions per client process (each process one asyncio loop; a user's client holds one)")
     p.add_argument("--ws-workers", type=int, help="ws: the server's tts.onnx_workers (default: CPU count)")
     p.add_argument("--server-arg", action="append", default=[], help="ws: extra server args, e.g. --server-arg=--set=x.y=z")

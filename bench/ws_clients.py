@@ -60,6 +60,9 @@ def _json_base64(text: str) -> tuple[dict, bytes]:
 DECODERS = {"orjson+pybase64": _orjson_pybase64, "json+base64": _json_base64}
 CLIENT_DECODER = "orjson+pybase64"
 
+#: Client sessions per client process unless told otherwise (each process one asyncio loop).
+SESSIONS_PER_PROCESS = 16
+
 SENTENCES = Path(__file__).resolve().parent / "tts_sentences.json"
 
 
@@ -137,7 +140,7 @@ def run_load(url: str, clients: int, duration_s: float, warmup_s: float, fmt: st
     ``client_decoder`` (``DECODERS``)."""
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
-    processes = processes or max(1, -(-clients // 16))  # at least one process per 16 sessions
+    processes = processes or max(1, -(-clients // SESSIONS_PER_PROCESS))
     processes = min(processes, clients)
     t_start = time.time() + connect_s  # sessions connect first; the clock starts together
     t_measure, t_end = t_start + warmup_s, t_start + warmup_s + duration_s

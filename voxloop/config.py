@@ -484,18 +484,17 @@ class TtsConfig:
                               f"grows with the square of the length), got {list(self.phoneme_buckets)}")  # fmt: skip
         if self.encoder_convs not in ENCODER_CONVS:
             raise ConfigError(f"tts.encoder_convs must be one of {', '.join(ENCODER_CONVS)}, got {self.encoder_convs!r}")
-        if self.text_encoder_products not in TEXT_ENCODER_PRODUCTS:
-            raise ConfigError(f"tts.text_encoder_products must be one of {', '.join(TEXT_ENCODER_PRODUCTS)}, "
-                              f"got {self.text_encoder_products!r}")  # fmt: skip
-        if self.text_encoder_products != "cublas" and not self.fused_text_encoder:
-            raise ConfigError(f"tts.text_encoder_products = {self.text_encoder_products!r} is the fused feed-forward's: "
-                              "it needs tts.fused_text_encoder = true")  # fmt: skip
-        if self.fused_block_products not in FUSED_BLOCK_PRODUCTS:
-            raise ConfigError(f"tts.fused_block_products must be one of {', '.join(FUSED_BLOCK_PRODUCTS)}, "
-                              f"got {self.fused_block_products!r}")  # fmt: skip
-        if self.fused_block_products != "model" and not self.fused_blocks:
-            raise ConfigError(f"tts.fused_block_products = {self.fused_block_products!r} is the fused residual blocks': "
-                              "it needs tts.fused_blocks = true")  # fmt: skip
+        # A fused kernel's products: one of its values (the first is the default), any other than the
+        # default only with that kernel on.
+        for name, values, kernel, whose in (
+            ("text_encoder_products", TEXT_ENCODER_PRODUCTS, "fused_text_encoder", "the fused feed-forward's"),
+            ("fused_block_products", FUSED_BLOCK_PRODUCTS, "fused_blocks", "the fused residual blocks'"),
+        ):
+            value = getattr(self, name)
+            if value not in values:
+                raise ConfigError(f"tts.{name} must be one of {', '.join(values)}, got {value!r}")
+            if value != values[0] and not getattr(self, kernel):
+                raise ConfigError(f"tts.{name} = {value!r} is {whose}: it needs tts.{kernel} = true")
         if not self.cudnn_benchmark_stages or not set(self.cudnn_benchmark_stages) <= {"encode", "decode"}:
             raise ConfigError("tts.cudnn_benchmark_stages must name one or both of 'encode', 'decode' (no timing: "
                               f"tts.cudnn_benchmark = false), got {list(self.cudnn_benchmark_stages)}")  # fmt: skip
