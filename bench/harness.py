@@ -25,6 +25,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -398,15 +399,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(port: int, extra: list[str], timeout_s: float = 120.0) -> subprocess.Popen:
-    """``python -m voxloop [extra] --set trace.path=none serve --port PORT``, returned once /ready is 200.
+def start_server(port: int, extra: list[str], timeout_s: float = 120.0, entry: Sequence[str] = ("-m", "voxloop"),
+                 env: dict[str, str] | None = None) -> subprocess.Popen:  # fmt: skip
+    """``python -m voxloop [extra] --set trace.path=none serve --port PORT``, returned once /ready is 200
+    (``entry``: what follows ``python`` instead of ``-m voxloop``, an entry taking voxloop's arguments;
+    ``env``: variables added to this process's environment for the server).
 
     The server's log goes to a temporary file (a pipe nobody reads would fill and stall it);
     its tail is in the error when the server exits or is not ready within ``timeout_s``.
     """
-    cmd = [sys.executable, "-m", "voxloop", *extra, "--set", "trace.path=none", "serve", "--port", str(port)]
+    cmd = [sys.executable, *entry, *extra, "--set", "trace.path=none", "serve", "--port", str(port)]
     log = tempfile.TemporaryFile()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log,
+                            env=None if env is None else {**os.environ, **env})  # fmt: skip
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -31,70 +31,11 @@ from pathlib import Path
 import numpy as np
 
 from bench.harness import add_common_arguments, pyplot, result_path, write_json
+from bench.instant_runner import SYMBOLS, InstantRunner
 from tts_engine.engine import phoneme_id_array
-from tts_engine.torch_vits.chunked import ChunkGeometry
 from tts_engine.torch_vits.cuda_engine import batch_buckets
-from tts_engine.torch_vits.resample import ChunkResampler
-from tts_engine.torch_vits.runner import RunnerOptions, fast_lane_names
+from tts_engine.torch_vits.runner import RunnerOptions
 from tts_engine.torch_vits.scheduler import BatchScheduler
-
-HOP = 256
-#: Phoneme-id symbols of the sentences' ids (the bundled voice has 256).
-SYMBOLS = 256
-
-
-class InstantRunner:
-    """Stands in for ``StepRunner``: every encoder launch says ``frames`` frames, every decode
-    returns silence at once; nothing is ever busy."""
-
-    def __init__(self, options: RunnerOptions, frames: int) -> None:
-        self.options = options
-        self.fast_lanes = fast_lane_names(options.fast_lanes)
-        self.lanes = (*self.fast_lanes, "main")
-        self.geometry = ChunkGeometry(options.chunk_frames, 0, 0, HOP)
-        self.resampler = ChunkResampler(1, 1, HOP)  # the voice's rate: no resampling
-        self.frames = frames
-        self._audio = {c: np.zeros((options.max_slots, c * HOP), np.int16) for c in options.chunk_sizes}
-
-    def max_encode_batch(self, phonemes: int) -> int:
-        return max(self.options.encode_batches)
-
-    def encode(self, items, lane: str = "fast") -> np.ndarray:
-        """The host side of ``StepRunner.encode``: each item's ids copied into a padded row."""
-        ids = np.zeros((len(items), max(len(it.ids) for it in items)), np.int64)
-        for row, it in zip(ids, items):
-            row[: len(it.ids)] = it.ids
-        return np.full(len(items), self.frames)
-
-    def decode(self, slots, starts, chunk=None, lane: str = "main", after=()) -> np.ndarray:
-        return self._audio[chunk or self.options.chunk_frames][: len(slots)]
-
-    def fetch_async(self, *arrays, lane: str = "main") -> list:
-        return list(arrays)
-
-    def busy(self, lane: str) -> bool:
-        return False
-
-    def wait(self, lane: str) -> None:
-        pass
-
-    def mark(self, lane: str) -> None:
-        return None
-
-    def done(self, event: None) -> bool:
-        return True
-
-    def wait_event(self, event: None) -> None:
-        pass
-
-    def take_staged(self, lane: str) -> list:
-        return []
-
-    def give_staged(self, blocks: list) -> None:
-        pass
-
-    def release_staged(self, lane: str | None = None) -> None:
-        pass
 
 
 def run_level(receive: str, clients: int, chunks_per_step: int, duration_s: float, frames: int, ids: int) -> dict:

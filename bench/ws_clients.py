@@ -35,6 +35,7 @@ import json
 import multiprocessing as mp
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -135,9 +136,11 @@ def _process(url: str, indices: list[int], fmt: str, rate: int, t_measure: float
 
 
 def run_load(url: str, clients: int, duration_s: float, warmup_s: float, fmt: str = "json", rate: int = 24000,
-             processes: int | None = None, connect_s: float = 10.0, decoder: str = CLIENT_DECODER) -> dict:
+             processes: int | None = None, connect_s: float = 10.0, decoder: str = CLIENT_DECODER,
+             on_window: Callable[[float, float], None] | None = None) -> dict:
     """Run the load; returns a row of figures (ms, QPS) with ``client_processes``, ``audio_format`` and
-    ``client_decoder`` (``DECODERS``)."""
+    ``client_decoder`` (``DECODERS``). ``on_window(t_measure, t_end)`` (``time.time()`` seconds) is
+    called once the client processes are started, before the measured window opens."""
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
     processes = processes or max(1, -(-clients // SESSIONS_PER_PROCESS))
@@ -150,6 +153,8 @@ def run_load(url: str, clients: int, duration_s: float, warmup_s: float, fmt: st
                                                 t_measure, t_end, out, decoder), daemon=True) for p in range(processes)]
     for p in procs:
         p.start()
+    if on_window is not None:
+        on_window(t_measure, t_end)
     records, errors = [], []
     for _ in procs:
         status, payload = out.get(timeout=connect_s + warmup_s + duration_s + 300)

@@ -23,10 +23,12 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 #: Library modules of the package; every other module is a benchmark (it has a ``main``).
 LIBRARIES = {"bench.harness", "bench.tts_backends", "bench.gpu_steps", "bench.gpu_timeline", "bench.zh_evaluation", "bench.scaleout.topology",
-             "bench.turn_set", "bench.llm_engine"}
+             "bench.turn_set", "bench.llm_engine", "bench.instant_runner"}
 #: A benchmark may use another's code only when it is that benchmark's own mode (WebSocket mode:
-#: the server process, and the client processes, which also run alone).
-MODES = {("bench.tts_load", "bench.tts_load_ws"), ("bench.tts_load", "bench.ws_clients")}
+#: the server process, and the client processes, which also run alone; the served host path's
+#: load is the same client processes).
+MODES = {("bench.tts_load", "bench.tts_load_ws"), ("bench.tts_load", "bench.ws_clients"),
+         ("bench.served_host", "bench.ws_clients")}
 
 
 def module_name(path: Path) -> str:
@@ -134,7 +136,7 @@ def test_closed_loop_sinks_drives_the_real_scheduler_from_its_own_thread():
     client's sink on its own thread; every finished sentence is recorded with all its audio and
     the client's next one queued there, no client thread; a failing engine fails the run."""
     from bench.harness import closed_loop_sinks, load_sentences, summarize
-    from bench.tts_scheduler_host import HOP, InstantRunner
+    from bench.instant_runner import HOP, InstantRunner
     from tts_engine.torch_vits.cuda_engine import batch_buckets
     from tts_engine.torch_vits.runner import RunnerOptions
     from tts_engine.torch_vits.scheduler import BatchScheduler
@@ -161,6 +163,55 @@ def test_closed_loop_sinks_drives_the_real_scheduler_from_its_own_thread():
 
     with pytest.raises(RuntimeError, match="5 client"):
         closed_loop_sinks(refuse, 22050, load_sentences(), clients=5, duration_s=0.1, warmup_s=0.0)
+
+
+def test_instant_runner_lanes_take_their_launch_time_and_rows_come_resampled():
+    """The stand-in runner: with ``launch_s`` each launch keeps its own lane busy that long after the
+    lane's previous one (lanes side by side); its rows are the real runner's shape at the output
+    rate, so the real scheduler hands out every sentence's whole audio at 24 kHz."""
+    from bench.harness import closed_loop_sinks, load_sentences
+    from bench.instant_runner import HOP, InstantRunner
+    from tts_engine.torch_vits.cuda_engine import batch_buckets
+    from tts_engine.torch_vits.runner import RunnerOptions
+    from tts_engine.torch_vits.scheduler import BatchScheduler
+
+    options = RunnerOptions(chunk_frames=32, tail_chunk_frames=256, decode_batches=batch_buckets(16),
+                            encode_batches=batch_buckets(16, fine=False), fast_lanes=2, chunks_per_step=0,
+                            voice_rate=22050, output_rate=24000)  # fmt: skip
+    runner = InstantRunner(options, 349, launch_s=0.05)
+    t0 = time.perf_counter()
+    assert runner.decode([0, 1], [0, 0], 256).shape == (2, runner.resampler.row_samples(256))
+    runner.decode([2], [0], 64)  # queued behind the first on the main lane
+    event = runner.mark("main")
+    assert event - t0 >= 0.1 and runner.busy("main") and not runner.done(event)
+    assert not runner.busy("fast") and runner.done(runner.mark("fast"))  # another lane: free
+    runner.wait("main")
+    assert time.perf_counter() - t0 >= 0.1 and runner.done(event) and not runner.busy("main")
+    scheduler = BatchScheduler(InstantRunner(options, 349, launch_s=0.002), 24000, queue_size=64)
+    try:
+        records = closed_loop_sinks(lambda ids, sink: scheduler.submit(ids, sink=sink), 24000, load_sentences(),
+                                    clients=5, duration_s=0.3, warmup_s=0.05)
+    finally:
+        scheduler.close()
+    assert records and {round(r["audio_s"] * 24000) for r in records} == {runner.resampler.out_samples(349 * HOP)}
+
+
+@pytest.mark.slow
+def test_served_host_bench_measures_each_process_role(tmp_path):
+    """``bench.served_host``: ``voxloop serve`` (two front ends, one engine process) with the stand-in
+    runner, load clients in their own processes: every sentence answered with its 349 frames of
+    audio at 24 kHz, and CPU time per sentence found for the engine process, the front ends and
+    the clients; JSON and PNG written."""
+    from bench import served_host
+
+    served_host.main(["--clients", "2", "--duration", "1.5", "--warmup", "0.5", "--front-ends", "2",
+                      "--launch-ms", "1", "--out", str(tmp_path), "--hardware", "box", "--date", "d"])  # fmt: skip
+    doc = json.loads((tmp_path / "served_host-box-d.json").read_text())
+    (row,) = doc["rows"]
+    assert row["errors"] == 0 and row["qps"] > 0 and row["launch_ms"] == 1.0, row
+    assert row["audio_s_per_request"] == pytest.approx(349 * 256 / 22050, abs=0.01)
+    assert all(row["cpu_ms_per_sentence"][role] > 0 for role in served_host.ROLES), row
+    assert (tmp_path / "served_host-box-d.png").stat().st_size > 0
 
 
 def test_result_files_say_date_hardware_and_command(tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -62,10 +62,14 @@ class CudaTtsEngine:
         weights_path: str | Path | None = None,
         oom_retry_after_ms: int = 2000,
         gpu: GpuConfig | None = None,
+        runner: Callable[[RunnerOptions], StepRunner] | None = None,
     ) -> None:
         """``weights_path``: a PyTorch checkpoint to use instead of ``voice.model_path`` (.onnx);
         ``oom_retry_after_ms``: retry hint, ms, for requests dropped on GPU out-of-memory;
-        ``gpu``: allocator, memory limit and host buffer pools (default ``GpuConfig()``)."""
+        ``gpu``: allocator, memory limit and host buffer pools (default ``GpuConfig()``);
+        ``runner``: builds the step runner from the final options (the voice's rate filled in)
+        instead of loading the voice's weights into a ``StepRunner``: the host-path benches drive
+        the real scheduler and server with a stand-in whose launches take no time."""
         on_cuda = device.startswith("cuda")
         if on_cuda and not torch.cuda.is_available():
             raise ModelError("tts.backend = 'cuda' but PyTorch sees no CUDA device; set tts.backend = 'onnx'")
@@ -90,10 +94,13 @@ class CudaTtsEngine:
         self.defaults = engine_defaults(defaults or SynthesisOptions(), options.output_rate)
         self._max_text_chars = max_text_chars
         self._frontend = None
-        model = load_vits(weights_path or voice.model_path)
         pool_bytes = gpu.host_pool_mb * 2**20
-        host_pool = HostBufferPool(pinned=on_cuda, max_cached_bytes=pool_bytes)
-        self.runner = StepRunner(model, options, device, host_pool=host_pool, memory=self.memory)
+        if runner is not None:
+            self.runner = runner(options)
+        else:
+            model = load_vits(weights_path or voice.model_path)
+            host_pool = HostBufferPool(pinned=on_cuda, max_cached_bytes=pool_bytes)
+            self.runner = StepRunner(model, options, device, host_pool=host_pool, memory=self.memory)
         if not self.runner.resampler.identity:
             log.info("TTS audio leaves the decoder steps at %d Hz (the voice's %d Hz resampled on the device; "
                      "%d more decoder frame(s) each side of a chunk)", self.sample_rate, voice.sample_rate,
@@ -104,8 +111,9 @@ class CudaTtsEngine:
         )  # fmt: skip
 
     @classmethod
-    def from_config(cls, cfg: Config) -> CudaTtsEngine:
-        """Voice, precision, chunking and batching from ``cfg.tts`` (models via ``voxloop.models``)."""
+    def from_config(cls, cfg: Config, runner: Callable[[RunnerOptions], StepRunner] | None = None) -> CudaTtsEngine:
+        """Voice, precision, chunking and batching from ``cfg.tts`` (models via ``voxloop.models``);
+        ``runner`` as in the constructor."""
         from voxloop import models
 
         tts = cfg.tts
@@ -173,6 +181,7 @@ class CudaTtsEngine:
             max_text_chars=cfg.limits.max_text_chars,
             oom_retry_after_ms=tts.oom_retry_after_ms,
             gpu=cfg.gpu,
+            runner=runner,
         )
 
     @property
