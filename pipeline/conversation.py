@@ -42,7 +42,9 @@ class Conversation:
     """History and turns of one session; ``send`` queues a server event, ``settings()`` is the session."""
 
     def __init__(self, session_id: str, cfg: Config, engines: Engines, send: Callable[[Any], None],
-                 metrics: Metrics, traces: TraceSink, settings: Callable[[], Any]) -> None:
+                 metrics: Metrics, traces: TraceSink, settings: Callable[[], Any],
+                 room: Callable[[], Awaitable[bool]] | None = None) -> None:
+        """``room``: awaited before each audio delta of a committed reply (``Session.audio_room``)."""
         self.id = session_id
         self.cfg = cfg
         self.metrics = metrics
@@ -50,7 +52,7 @@ class Conversation:
         self._send = send
         self._settings = settings
         self.turns = TurnControl(send)
-        self.responder = Responder(cfg, engines, self.turns, session_id)
+        self.responder = Responder(cfg, engines, self.turns, session_id, room=room)
         self.history = History(max_chars=int((cfg.llm.n_ctx - cfg.llm.max_tokens) * 3))
         self.last_turn: Turn | None = None
         #: Called when a reply the user may be hearing is stopped (turn taking forgets a paused reply).

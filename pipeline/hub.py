@@ -39,6 +39,7 @@ from pipeline.deflate import AudioPassthroughDeflateFactory
 from pipeline.engines import Engines
 from pipeline.loadwatch import LoopLagMonitor, QueueDepthCollector, SendCounters
 from pipeline.origin import CONFIG_KEY as ORIGINS_KEY, refused_origin
+from pipeline.outbox import Outbox
 from pipeline.conversation import AfterSent
 from pipeline.session import Session
 from pipeline.trace import Metrics, TraceSink
@@ -292,7 +293,7 @@ class Hub:
         self._conn_tasks.add(task)
         session_id = "sess_" + uuid.uuid4().hex[:20]
         protocol = RealtimeProtocol.from_limits(self.cfg.limits)
-        outbox: asyncio.Queue = asyncio.Queue(maxsize=self.cfg.limits.send_queue_messages)
+        outbox = Outbox(self.cfg.limits.send_queue_messages, self.cfg.limits.send_stall_s)
         session = Session(session_id, self.cfg, self.engines, outbox, self.metrics, self.traces,
                           close=lambda code, reason: ws.close(code, reason))
         self.sessions[session_id] = session

@@ -9,6 +9,7 @@ nothing and a speculative one holds its events until committed.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,11 +96,15 @@ def split_pcm(pcm: np.ndarray, rate: int, max_ms: int) -> list[np.ndarray]:
 class Responder:
     """Runs replies for one session (stateless between replies)."""
 
-    def __init__(self, cfg: Config, engines: Engines, turns: TurnControl, session_id: str = "") -> None:
+    def __init__(self, cfg: Config, engines: Engines, turns: TurnControl, session_id: str = "",
+                 room: Callable[[], Awaitable[bool]] | None = None) -> None:
+        """``room``: awaited before each audio delta of a committed turn; False stops the speech
+        (the session is closing). None: deltas never wait."""
         self.cfg = cfg
         self.engines = engines
         self.turns = turns
         self.session_id = session_id  # the session's conversation in the LLM (its KV sequence)
+        self._room = room
 
     def _emit(self, turn: Turn, event: object) -> bool:
         return self.turns.emit(turn, event)
@@ -186,6 +191,8 @@ class Responder:
             async for chunk in self.engines.speech.stream(clause, options, turn.cancel, priority):
                 turn.trace.mark("tts_first_audio")
                 for piece in split_pcm(chunk.pcm, chunk.sample_rate, self.cfg.server.audio_delta_ms):
+                    if self._room is not None and turn.committed and not await self._room():
+                        return  # the client stopped reading: the session is closing
                     self._emit(turn, ev.ResponseOutputAudioDelta(**ids, pcm=piece))
                     turn.audio_sent_ms += 1000 * len(piece) / chunk.sample_rate
             turn.clauses.append(SpokenClause(clause, start_ms, turn.audio_sent_ms))

@@ -49,10 +49,11 @@ class Session:
         self._close = close
         self.closed = False
         self.protocol: Any = None
-        self.conversation = Conversation(session_id, cfg, engines, self._send, metrics, traces, self._settings)
+        self.conversation = Conversation(session_id, cfg, engines, self._send, metrics, traces, self._settings,
+                                         room=self.audio_room)
         self.history = self.conversation.history
         self.voice = VoiceInput(cfg, engines, self.conversation, self._send, self._error, self._settings)
-        self.tts_requests = TtsRequests(engines, self._send, metrics)
+        self.tts_requests = TtsRequests(engines, self._send, metrics, room=self.audio_room)
         # Audio of a cancelled response or x.tts request still in the outbox is not sent: a client
         # would otherwise receive (and a naive one play) seconds of it after its cancel.
         self._stopped_audio: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -77,9 +78,23 @@ class Session:
         try:
             self.outbox.put_nowait(event)
         except asyncio.QueueFull:
-            self.closed = True
-            log.warning("%s: client is not reading (%d queued); closing", self.id, self.outbox.qsize())
-            asyncio.get_running_loop().create_task(self._close(1008, "client is not reading its messages"))
+            self._not_reading()
+
+    async def audio_room(self) -> bool:
+        """Wait until the outbox takes audio (``Outbox.wait_room``): the speech stream pauses while a
+        slow client catches up. False when the session is closing (the client stopped reading)."""
+        if self.closed:
+            return False
+        if not await self.outbox.wait_room():
+            self._not_reading()
+        return not self.closed
+
+    def _not_reading(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        log.warning("%s: client is not reading (%d queued); closing", self.id, self.outbox.qsize())
+        asyncio.get_running_loop().create_task(self._close(1008, "client is not reading its messages"))
 
     def _error(self, exc: BaseException, event_id: str | None = None) -> None:
         if not isinstance(exc, VoxloopError):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pipeline.respond import split_pcm
@@ -35,9 +35,13 @@ def synthesis_options(event: ev.XTtsSpeak, sample_rate: int | None = None) -> Sy
 
 
 class TtsRequests:
-    def __init__(self, engines: Any, send: Callable[[Any], None], metrics: Metrics) -> None:
+    def __init__(self, engines: Any, send: Callable[[Any], None], metrics: Metrics,
+                 room: Callable[[], Awaitable[bool]] | None = None) -> None:
+        """``room``: awaited before each audio delta (``Session.audio_room``); False stops the
+        request (the session is closing). None: deltas never wait."""
         self.engines = engines
         self._send = send
+        self._room = room
         self.metrics = metrics
         self._active: dict[str, tuple[threading.Event, asyncio.Task]] = {}
         #: Called with a request id whose audio not yet on the socket must not be sent.
@@ -62,6 +66,8 @@ class TtsRequests:
         try:
             async for chunk in self.engines.speech.stream(event.text, options, cancel, NORMAL, timing):
                 for piece in split_pcm(chunk.pcm, chunk.sample_rate, self.engines.cfg.server.audio_delta_ms):
+                    if self._room is not None and not await self._room():
+                        return  # the client stopped reading: the session is closing
                     self._send(ev.XTtsAudioDelta(request_id=rid, pcm=piece))
                     sent += len(piece)
                 if first_ms is None and sent:

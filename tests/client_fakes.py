@@ -63,6 +63,25 @@ async def start_hub(tts_engines, *overrides: str, asr=None, llm=None) -> Hub:
     return hub
 
 
+def slow_link(monkeypatch, take) -> None:  # noqa: ANN001 - pytest's monkeypatch; an async callable
+    """Hubs started after this send each client event only once ``await take()`` returns: a client
+    on a link slower than its speech (``take`` sleeps) or one that reads nothing (``take`` never
+    returns), without depending on how much the kernel's socket buffers hold."""
+    write = Hub._write
+
+    async def gated(self, ws, protocol, outbox, on_sent, sendable):  # noqa: ANN001, ANN202
+        get = outbox.get
+
+        async def taken():  # noqa: ANN202
+            await take()
+            return await get()
+
+        outbox.get = taken
+        await write(self, ws, protocol, outbox, on_sent, sendable)
+
+    monkeypatch.setattr(Hub, "_write", gated)
+
+
 def ws_url(hub: Hub) -> str:
     return f"ws://127.0.0.1:{hub.port}/v1/realtime"
 

@@ -10,6 +10,7 @@ the real CPU engine; the conversation history is read from what the fake LLM is 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import math
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 import websockets
 
-from client_fakes import FakeASR, FakeLLM, real_tts_engines, start_hub
+from client_fakes import FakeASR, FakeLLM, real_tts_engines, slow_link, start_hub
 from conftest import scaled
 from llm.replies import GenerationStats
 from rt import append, recv, speech_24k, until, url, user_text
@@ -537,22 +538,72 @@ async def test_drain_closes_sessions_with_turns_in_flight_when_the_grace_period_
     assert "response.done" not in types(seen)  # closed with the reply in flight
 
 
-async def test_client_that_stops_reading_is_closed_with_1008(tts_engines):
-    async with serving(tts_engines, "limits.send_queue_messages=8") as hub:
-        ws = await websockets.connect(url(hub), max_queue=1)
-        ws.transport.pause_reading()
-        for i in range(4):
-            await ws.send(json.dumps({"type": "x.tts.speak", "request_id": f"r{i}", "text": " ".join(CLAUSES)}))
-        deadline = time.monotonic() + scaled(30)
-        while hub.sessions and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        assert not hub.sessions
-        ws.transport.resume_reading()
+async def audio_until(ws, delta: str, done: str) -> tuple[dict, int, list[str]]:  # noqa: ANN001
+    """Read until a ``done`` event: (it, samples in the ``delta`` events, every event's type)."""
+    samples, seen = 0, []
+    while True:
+        event = await recv(ws, 30)
+        seen.append(event["type"])
+        if event["type"] == delta:
+            samples += len(base64.b64decode(event["delta"])) // 2
+        elif event["type"] == done:
+            return event, samples, seen
+
+
+async def test_client_that_stops_reading_is_closed_with_1008(tts_engines, monkeypatch):
+    """Audio waits for room while nothing reaches the client; after ``limits.send_stall_s`` without
+    an event taken the session is closed with 1008."""
+    slow_link(monkeypatch, asyncio.Event().wait)  # nothing is ever sent
+    async with serving(tts_engines, "limits.send_queue_messages=32", "limits.send_stall_s=1") as hub:
+        ws = await websockets.connect(url(hub))
+        t0 = time.monotonic()
+        await ws.send(json.dumps({"type": "x.tts.speak", "request_id": "r", "text": " ".join(CLAUSES)}))
         with pytest.raises(websockets.ConnectionClosed) as info:
             while True:
-                await asyncio.wait_for(ws.recv(), scaled(10))
+                await asyncio.wait_for(ws.recv(), scaled(30))
         assert info.value.rcvd is not None, info.value
         assert (info.value.rcvd.code, info.value.rcvd.reason) == (1008, "client is not reading its messages")
+        assert time.monotonic() - t0 >= 1.0  # the stall, not the first burst of audio
+
+
+async def test_a_client_slower_than_its_speech_gets_all_of_it(tts_engines, monkeypatch):
+    """A client that takes its events more slowly than speech is made (a slow link, or one that
+    reads as it plays) is not a client that stopped reading: audio waits for room in the
+    outbox, the request completes with every sample, and other events keep their place."""
+    slow_link(monkeypatch, lambda: asyncio.sleep(0.02))  # 50 events/s: 5 s of audio per second
+    async with serving(tts_engines, "limits.send_queue_messages=32", "limits.send_stall_s=5") as hub:
+        ws = await websockets.connect(url(hub))
+        await recv(ws)
+        await ws.send(json.dumps({"type": "x.tts.speak", "request_id": "long", "text": " ".join(CLAUSES)}))
+        (session,) = hub.sessions.values()
+        deadline = time.monotonic() + scaled(30)
+        while session.outbox.qsize() < session.outbox.audio_limit and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert session.outbox.qsize() >= session.outbox.audio_limit, "the speech never outran the client"
+        await ws.send(json.dumps({"type": "x.tts.cancel", "request_id": "no-such-request"}))
+        event, samples, seen = await audio_until(ws, "x.tts.audio.delta", "x.tts.done")
+        assert event["status"] == "completed", event
+        assert round(1000 * samples / 24000) == event["audio_ms"] > 8_000
+        assert "error" in seen and hub.sessions  # the cancel's answer came; the session is open
+        assert seen.index("error") < len(seen) - 10  # ahead of the audio that waited
+        await ws.close()
+
+
+async def test_a_reply_to_a_slow_client_is_spoken_whole(tts_engines, monkeypatch):
+    """The conversation's replies wait for room too: a long answer to a slow client completes and
+    every delta arrives (``response.output_audio.delta``), the session stays open."""
+    slow_link(monkeypatch, lambda: asyncio.sleep(0.02))
+    reply = " ".join(CLAUSES)
+    async with serving(tts_engines, "limits.send_queue_messages=32", "limits.send_stall_s=5",
+                       llm=FakeLLM(reply)) as hub:
+        ws = await websockets.connect(url(hub))
+        await recv(ws)
+        for m in user_text("What is the weather like?"):
+            await ws.send(m)
+        event, samples, _ = await audio_until(ws, "response.output_audio.delta", "response.done")
+        assert event["response"]["status"] == "completed", event
+        assert samples / 24000 > 8.0 and hub.sessions
+        await ws.close()
 
 
 async def test_partial_transcripts_while_the_user_speaks(tts_engines):

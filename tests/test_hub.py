@@ -16,6 +16,7 @@ import time
 import numpy as np
 import pytest
 import websockets
+from client_fakes import slow_link
 from conftest import scaled
 from rt import append, http_get, recv, speech_24k, until, url, user_text
 
@@ -338,11 +339,11 @@ async def test_binary_fast_path(tts_engines):
         await hub.stop()
 
 
-async def test_client_that_never_reads_is_closed(tts_engines):
-    hub = await start_hub(tts_engines, "limits.send_queue_messages=8")
+async def test_client_that_never_reads_is_closed(tts_engines, monkeypatch):
+    slow_link(monkeypatch, asyncio.Event().wait)  # nothing reaches the client
+    hub = await start_hub(tts_engines, "limits.send_queue_messages=32", "limits.send_stall_s=1")
     try:
         ws = await websockets.connect(url(hub), max_queue=1)
-        ws.transport.pause_reading()  # a client that stops reading
         for i in range(4):
             await ws.send(json.dumps({"type": "x.tts.speak", "request_id": f"r{i}",
                                       "text": "This client will never read its audio, not a single frame."}))
@@ -351,6 +352,7 @@ async def test_client_that_never_reads_is_closed(tts_engines):
             await asyncio.sleep(0.1)
         assert not hub.sessions
         ws.transport.abort()
+        monkeypatch.undo()
         async with websockets.connect(url(hub)) as ok:  # the server still serves others
             assert (await recv(ok))["type"] == "session.created"
     finally:

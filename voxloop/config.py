@@ -140,10 +140,20 @@ class LimitsConfig:
     max_utterance_s: float = 30.0
     #: A session is closed (1008) after this many minutes.
     max_session_minutes: float = 60.0
-    #: Outgoing messages buffered per client before it is treated as not reading and closed.
+    #: Outgoing messages buffered per client (the last quarter, at most 64, kept for events other
+    #: than audio, which waits for room: a slow client slows its speech down); full: closed (1008).
     send_queue_messages: int = 512
+    #: A client that takes no message for this long while its audio waits for room is not reading:
+    #: closed (1008), seconds.
+    send_stall_s: float = 30.0
     #: Characters accepted in one text input / x.tts.speak request.
     max_text_chars: int = 20_000
+
+    def __post_init__(self) -> None:
+        if self.send_queue_messages < 32:  # a reply's closing events (up to 8) must fit in the reserve
+            raise ConfigError(f"limits.send_queue_messages must be at least 32, got {self.send_queue_messages}")
+        if not self.send_stall_s > 0:
+            raise ConfigError(f"limits.send_stall_s must be positive seconds, got {self.send_stall_s}")
 
 
 @dataclass(frozen=True)
