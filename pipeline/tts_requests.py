@@ -68,6 +68,8 @@ class TtsRequests:
                 for piece in split_pcm(chunk.pcm, chunk.sample_rate, self.engines.cfg.server.audio_delta_ms):
                     if self._room is not None and not await self._room():
                         return  # the client stopped reading: the session is closing
+                    if cancel.is_set():  # perhaps while its audio waited for room: the stream ends soon
+                        break
                     self._send(ev.XTtsAudioDelta(request_id=rid, pcm=piece))
                     sent += len(piece)
                 if first_ms is None and sent:

@@ -589,6 +589,28 @@ async def test_a_client_slower_than_its_speech_gets_all_of_it(tts_engines, monke
         await ws.close()
 
 
+async def test_cancelling_speech_that_waits_for_a_slow_client_ends_it_at_once(tts_engines, monkeypatch):
+    """``x.tts.cancel`` while the request's audio waits for room: its waiting audio is dropped and
+    ``x.tts.done`` (cancelled) comes right behind what was already queued, no delta after it."""
+    slow_link(monkeypatch, lambda: asyncio.sleep(0.02))
+    async with serving(tts_engines, "limits.send_queue_messages=32", "limits.send_stall_s=5") as hub:
+        ws = await websockets.connect(url(hub))
+        await recv(ws)
+        await ws.send(json.dumps({"type": "x.tts.speak", "request_id": "long", "text": " ".join(CLAUSES)}))
+        (session,) = hub.sessions.values()
+        deadline = time.monotonic() + scaled(30)
+        while session.outbox.qsize() < session.outbox.audio_limit and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        await ws.send(json.dumps({"type": "x.tts.cancel", "request_id": "long"}))
+        t0 = time.monotonic()
+        event, samples, seen = await audio_until(ws, "x.tts.audio.delta", "x.tts.done")
+        assert event["status"] == "cancelled" and samples / 24000 < 5.0, (event, samples)
+        assert time.monotonic() - t0 < 32 * 0.02 + scaled(1.0)  # the queue's worth of events, no more
+        with pytest.raises(TimeoutError):
+            await recv(ws, 0.5)  # nothing after x.tts.done
+        await ws.close()
+
+
 async def test_a_reply_to_a_slow_client_is_spoken_whole(tts_engines, monkeypatch):
     """The conversation's replies wait for room too: a long answer to a slow client completes and
     every delta arrives (``response.output_audio.delta``), the session stays open."""
