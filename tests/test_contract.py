@@ -550,6 +550,20 @@ async def audio_until(ws, delta: str, done: str) -> tuple[dict, int, list[str]]:
             return event, samples, seen
 
 
+async def speech_backed_up(hub):  # noqa: ANN001, ANN201 - a websockets ClientConnection
+    """A session asking for the long ``x.tts.speak`` "long", returned once its audio waits for room
+    (the outbox at its audio limit: the speech outran the client)."""
+    ws = await websockets.connect(url(hub))
+    await recv(ws)
+    await ws.send(json.dumps({"type": "x.tts.speak", "request_id": "long", "text": " ".join(CLAUSES)}))
+    (session,) = hub.sessions.values()
+    deadline = time.monotonic() + scaled(30)
+    while session.outbox.qsize() < session.outbox.audio_limit and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert session.outbox.qsize() >= session.outbox.audio_limit, "the speech never outran the client"
+    return ws
+
+
 async def test_client_that_stops_reading_is_closed_with_1008(tts_engines, monkeypatch):
     """Audio waits for room while nothing reaches the client; after ``limits.send_stall_s`` without
     an event taken the session is closed with 1008."""
@@ -572,14 +586,7 @@ async def test_a_client_slower_than_its_speech_gets_all_of_it(tts_engines, monke
     outbox, the request completes with every sample, and other events keep their place."""
     slow_link(monkeypatch, lambda: asyncio.sleep(0.02))  # 50 events/s: 5 s of audio per second
     async with serving(tts_engines, "limits.send_queue_messages=32", "limits.send_stall_s=5") as hub:
-        ws = await websockets.connect(url(hub))
-        await recv(ws)
-        await ws.send(json.dumps({"type": "x.tts.speak", "request_id": "long", "text": " ".join(CLAUSES)}))
-        (session,) = hub.sessions.values()
-        deadline = time.monotonic() + scaled(30)
-        while session.outbox.qsize() < session.outbox.audio_limit and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        assert session.outbox.qsize() >= session.outbox.audio_limit, "the speech never outran the client"
+        ws = await speech_backed_up(hub)
         await ws.send(json.dumps({"type": "x.tts.cancel", "request_id": "no-such-request"}))
         event, samples, seen = await audio_until(ws, "x.tts.audio.delta", "x.tts.done")
         assert event["status"] == "completed", event
@@ -594,13 +601,7 @@ async def test_cancelling_speech_that_waits_for_a_slow_client_ends_it_at_once(tt
     ``x.tts.done`` (cancelled) comes right behind what was already queued, no delta after it."""
     slow_link(monkeypatch, lambda: asyncio.sleep(0.02))
     async with serving(tts_engines, "limits.send_queue_messages=32", "limits.send_stall_s=5") as hub:
-        ws = await websockets.connect(url(hub))
-        await recv(ws)
-        await ws.send(json.dumps({"type": "x.tts.speak", "request_id": "long", "text": " ".join(CLAUSES)}))
-        (session,) = hub.sessions.values()
-        deadline = time.monotonic() + scaled(30)
-        while session.outbox.qsize() < session.outbox.audio_limit and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        ws = await speech_backed_up(hub)
         await ws.send(json.dumps({"type": "x.tts.cancel", "request_id": "long"}))
         t0 = time.monotonic()
         event, samples, seen = await audio_until(ws, "x.tts.audio.delta", "x.tts.done")
