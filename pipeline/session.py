@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -85,8 +86,12 @@ class Session:
         slow client catches up. False when the session is closing (the client stopped reading)."""
         if self.closed:
             return False
+        if self.outbox.qsize() < self.outbox.audio_limit:
+            return True
+        t0 = time.monotonic()
         if not await self.outbox.wait_room():
             self._not_reading()
+        self.metrics.audio_waits_s.inc(time.monotonic() - t0)
         return not self.closed
 
     def _not_reading(self) -> None:

@@ -90,6 +90,9 @@ class Metrics:
                                ("last", "pipeline.speech.LAST_AUDIO_PARTS; they add up to the request's start to "
                                         "its last delta queued")))
         self.audio_sent_s = Counter("voxloop_audio_sent_seconds", "Reply audio sent, seconds", registry=r)
+        self.audio_waits_s = Counter("voxloop_audio_wait_seconds",
+                                     "Time audio deltas waited for a slow client's outbox to have room, seconds "
+                                     "(summed over waiting streams)", registry=r)  # fmt: skip
 
     def watch_tts_memory(self, report: Callable[[], dict[str, Any] | None]) -> None:
         """Export the GPU TTS engine's memory figures (``CudaTtsEngine.memory_report``), read at each scrape."""

@@ -23,7 +23,7 @@ import websockets
 from client_fakes import FakeASR, FakeLLM, real_tts_engines, slow_link, start_hub
 from conftest import scaled
 from llm.replies import GenerationStats
-from rt import append, recv, speech_24k, until, url, user_text
+from rt import append, http_get, recv, speech_24k, until, url, user_text
 from voxloop.errors import ModelError
 
 pytestmark = pytest.mark.timeout(scaled(120))
@@ -593,6 +593,9 @@ async def test_a_client_slower_than_its_speech_gets_all_of_it(tts_engines, monke
         assert round(1000 * samples / 24000) == event["audio_ms"] > 8_000
         assert "error" in seen and hub.sessions  # the cancel's answer came; the session is open
         assert seen.index("error") < len(seen) - 10  # ahead of the audio that waited
+        _, metrics, _ = await asyncio.to_thread(http_get, hub, "/metrics")
+        waited = [line for line in metrics.splitlines() if line.startswith("voxloop_audio_wait_seconds_total ")]
+        assert waited and float(waited[0].split()[1]) > 0.1, waited
         await ws.close()
 
 
