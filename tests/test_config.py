@@ -175,3 +175,12 @@ def test_output_rate_is_the_gpu_engines_and_the_default_rate_of_its_front_ends()
     assert text.output_rate(SynthesisOptions()) == 24000 and text.output_rate(SynthesisOptions(sample_rate=16000)) == 16000
     native = SpeechText(load_config(None, ["tts.backend=cuda"], environ={}))
     assert native.sample_rate == 22050 and native.output_rate(SynthesisOptions()) == 22050
+
+
+def test_outbox_limits_are_checked():
+    """The outbox keeps up to 8 closing events of a reply beside waiting audio, and a stall needs a time."""
+    assert load_config(None, [], environ={}).limits.send_stall_s == 30.0
+    with pytest.raises(ConfigError, match="send_queue_messages must be at least 32, got 8"):
+        load_config(None, ["limits.send_queue_messages=8"], environ={})
+    with pytest.raises(ConfigError, match="send_stall_s must be positive"):
+        load_config(None, ["limits.send_stall_s=0"], environ={})
