@@ -494,6 +494,19 @@ def histogram_delta(before: Samples, after: Samples, name: str) -> dict[str, flo
             "p99_le": None if p99 == float("inf") else p99}
 
 
+def first_audio_parts(before: dict, after: dict, name: str = "voxloop_tts_first_audio_part_seconds") -> dict[str, float] | None:
+    """Mean ms of each part of the first audio (``voxloop_tts_first_audio_part_seconds``; or of the
+    last audio, ``name="voxloop_tts_last_audio_part_seconds"``) between two scrapes (warm-up
+    included); None when the server exported none (CPU engines)."""
+    out = {}
+    for labels, count in after.get(f"{name}_count", {}).items():
+        n = count - before.get(f"{name}_count", {}).get(labels, 0.0)
+        total = after[f"{name}_sum"][labels] - before.get(f"{name}_sum", {}).get(labels, 0.0)
+        if n > 0:
+            out[dict(labels)["part"]] = round(1000 * total / n, 2)
+    return out or None
+
+
 def _tail(log, chars: int = 2000) -> str:
     log.seek(0)
     return log.read().decode(errors="replace")[-chars:]

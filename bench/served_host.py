@@ -1,17 +1,21 @@
-"""Host-side ceiling of the served GPU TTS path: ``voxloop serve`` with ``configs/gpu.toml`` (front-end
-processes sharing one engine process) and a GPU that takes no time.
+"""Host side of the served GPU TTS path: ``voxloop serve`` with ``configs/gpu.toml`` (front-end
+processes sharing one engine process) and a GPU that takes no time (the ceiling) or a fixed time
+per launch (``--launch-ms``).
 
 The server runs as configured, TTS only, with one thing replaced: its engine's step runner is
-``bench.tts_scheduler_host.InstantRunner`` (an orchestration stand-in: every launch returns at once,
-every sentence ``--frames`` frames of silence at the configured output rate, rows shaped as the
+``bench.instant_runner.InstantRunner`` (an orchestration stand-in: launches that return at once or
+keep their lane busy ``--launch-ms``, every sentence ``--frames`` frames of silence at the configured output rate, rows shaped as the
 real runner's). Everything else a served sentence costs is the product's own: the WebSocket and its
 JSON/base64 audio deltas, the front end's text front end (espeak-ng phonemes), the link to the
 engine process, the engine's ``BatchScheduler`` thread and the hand-out to the front ends. Clients
 are ``bench.ws_clients`` (``x.tts.speak`` from separate processes, JSON/base64 at 24 kHz,
 permessage-deflate offered), the load bench's own.
 
-Per level: sentences per second and latencies as the clients see them, and each role's CPU time per
-sentence, ms (user + system over the measured window, psutil): the engine process, the front ends
+Per level, first the reference: the same engine and stand-in in this process, driven as
+``bench.tts_load``'s engine mode drives the GPU engine (``mode: engine``); then served (``mode: ws``):
+sentences per second and latencies as the clients see them, served as a share of the reference
+(``served_of_engine_pct``: how close served comes to the engine alone, the GPU's time taken out),
+and each role's CPU time per sentence, ms (user + system over the measured window, psutil): the engine process, the front ends
 together, the client processes together. On a machine with fewer cores than the roles keep busy the
 sentences per second are this machine's; the CPU per sentence is what carries over to a larger host:
 a role whose CPU per sentence is ``c`` ms on one core (the engine process's scheduler and link
@@ -30,9 +34,13 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 
-from bench.harness import ROOT, add_common_arguments, free_port, pyplot, report, save_png, start_server, stop_server
+from bench.harness import (ROOT, add_common_arguments, closed_loop, first_audio_parts, free_port, load_sentences,
+                           metrics_url, pyplot, report, save_png, scrape_metrics, start_server, stop_server,
+                           summarize)
+from bench.tts_backends import consume
 from bench.ws_clients import run_load
 from voxloop.config import load_config
 
@@ -59,6 +67,37 @@ def serve(argv: list[str]) -> int:
 
     factory.create_engines = create_engines
     return main(argv)
+
+
+class StandInEngine:
+    """The engine-mode reference: the same ``CudaTtsEngine`` and stand-in runner in this process,
+    driven as ``bench.tts_load``'s engine mode drives the GPU engine (a thread per client, phoneme
+    ids ready: no WebSocket, no text front end, no link)."""
+
+    name = "engine-stand-in"
+    info: dict = {}
+
+    def __init__(self, overrides: list[str], frames: int, launch_s: float) -> None:
+        from bench.instant_runner import InstantRunner
+        from tts_engine.torch_vits.cuda_engine import CudaTtsEngine
+
+        cfg = load_config(ROOT / "configs" / "gpu.toml", overrides, environ={})
+        self.engine = CudaTtsEngine.from_config(cfg, runner=lambda options: InstantRunner(options, frames, launch_s))
+        self.sample_rate = self.engine.sample_rate
+
+    def speak(self, ids: list[int]) -> tuple[float, int, float]:
+        return consume(self.engine.submit(ids), self.sample_rate)
+
+    def peak_vram_mb(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def engine_level(backend: StandInEngine, clients: int, duration_s: float, warmup_s: float) -> dict:
+    records = closed_loop(backend, load_sentences(), clients, duration_s, warmup_s)
+    return {**summarize(records, backend, clients, "-"), "mode": "engine"}
 
 
 class CpuWindow:
@@ -118,8 +157,13 @@ def _spawned(p: psutil.Process) -> bool:
 
 def run_level(url: str, server_pid: int, clients: int, duration_s: float, warmup_s: float) -> dict:
     window = CpuWindow(server_pid)
+    before = scrape_metrics(metrics_url(url))
     row = run_load(url, clients, duration_s, warmup_s, on_window=window.start)
+    after = scrape_metrics(metrics_url(url))
     seconds = window.join()
+    # where the server's share of each sentence went, by part (text, to_engine, engine, from_engine, out)
+    row["server_first_audio_parts_mean_ms"] = first_audio_parts(before, after)
+    row["server_last_audio_parts_mean_ms"] = first_audio_parts(before, after, "voxloop_tts_last_audio_part_seconds")
     sentences = row["qps"] * row.get("elapsed_s", duration_s)
     row["cpu_ms_per_sentence"] = {r: round(1000 * s / max(1.0, sentences), 3) for r, s in seconds.items()}
     row["cpu_cores_busy"] = {r: round(s / max(1e-9, row.get("elapsed_s", duration_s)), 2) for r, s in seconds.items()}
@@ -128,18 +172,23 @@ def run_level(url: str, server_pid: int, clients: int, duration_s: float, warmup
 
 def plot(rows: list[dict], path: Path) -> Path:
     plt = pyplot()
-    fig, (a, b) = plt.subplots(1, 2, figsize=(4 + 1.4 * len(rows), 4))
-    x = range(len(rows))
-    labels = [f"{r['concurrency']} clients\nlaunch {r['launch_ms']:g} ms" for r in rows]
-    a.bar(x, [r["qps"] for r in rows], color="tab:blue")
+    served = [r for r in rows if r["mode"] == "ws"]
+    engine = {(r["launch_ms"], r["concurrency"]): r for r in rows if r["mode"] == "engine"}
+    fig, (a, b) = plt.subplots(1, 2, figsize=(4 + 1.4 * len(served), 4))
+    x = np.arange(len(served))
+    labels = [f"{r['concurrency']} clients\nlaunch {r['launch_ms']:g} ms" for r in served]
+    ref = [engine.get((r["launch_ms"], r["concurrency"]), {}).get("qps", 0) for r in served]
+    a.bar(x - 0.2, ref, 0.4, color="tab:green", label="engine alone (in process)")
+    a.bar(x + 0.2, [r["qps"] for r in served], 0.4, color="tab:blue", label="served (WebSocket)")
     a.set_xticks(x, labels, fontsize=7)
     a.set_ylabel("sentences / s (this machine)")
-    a.set_title("served, stand-in GPU", fontsize=10)
-    bottom = [0.0] * len(rows)
+    a.legend(fontsize=8)
+    a.set_title("stand-in GPU: engine alone and served", fontsize=10)
+    bottom = np.zeros(len(served))
     for role, color in zip(ROLES, ("tab:red", "tab:orange", "tab:gray")):
-        v = [r["cpu_ms_per_sentence"][role] for r in rows]
+        v = np.array([r["cpu_ms_per_sentence"][role] for r in served])
         b.bar(x, v, bottom=bottom, color=color, label=role.replace("_", " "))
-        bottom = [s + t for s, t in zip(bottom, v)]
+        bottom += v
     b.set_xticks(x, labels, fontsize=7)
     b.set_ylabel("CPU ms per sentence")
     b.legend(fontsize=8)
@@ -166,14 +215,24 @@ def main(argv: list[str] | None = None) -> int:
                    "--set=server.host=127.0.0.1", f"--set=limits.max_sessions={max(16, *args.clients)}",
                    *([f"--set=tts.voice_path={args.voice}"] if args.voice else []),
                    *([f"--set=server.front_ends={args.front_ends}"] if args.front_ends else []), *args.server_arg]  # fmt: skip
+    overrides = [a.removeprefix("--set=") for a in server_args if a.startswith("--set=")]
     rows = []
     for launch_ms in args.launch_ms:
+        reference = StandInEngine(overrides, args.frames, launch_ms / 1000)
+        try:
+            engine = {c: engine_level(reference, c, args.duration, args.warmup) for c in args.clients}
+        finally:
+            reference.close()
+        for c in args.clients:
+            rows.append({**engine[c], "frames": args.frames, "launch_ms": launch_ms})
+            print(rows[-1], flush=True)
         port = free_port()
         env = {"VOXLOOP_BENCH_FRAMES": str(args.frames), "VOXLOOP_BENCH_LAUNCH_MS": str(launch_ms)}
         server = start_server(port, server_args, entry=("-m", "bench.served_host", "--serve"), env=env)
         try:
             for clients in args.clients:
                 row = run_level(f"ws://127.0.0.1:{port}/v1/realtime", server.pid, clients, args.duration, args.warmup)
+                row["served_of_engine_pct"] = round(100 * row["qps"] / engine[clients]["qps"], 1)
                 rows.append({**row, "frames": args.frames, "launch_ms": launch_ms})
                 print(rows[-1], flush=True)
         finally:

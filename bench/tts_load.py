@@ -64,7 +64,7 @@ import numpy as np
 
 from bench.harness import (
     ROOT, SENTENCES, add_common_arguments, closed_loop, closed_loop_sinks, command_line, common_arguments, cpu_name, gpu_name,
-    load_sentences, summarize,
+    first_audio_parts, load_sentences, summarize,
 )  # fmt: skip
 from bench.gpu_timeline import profile_kernels
 from bench.tts_backends import CudaBackend, OnnxBackend, OnnxStreamBackend, scheduler_breakdown, scheduler_counters
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> Path:
 
     for name in args.backends:
         if args.mode == "ws":
-            from bench.tts_load_ws import WsBackend, first_audio_parts, gc_pauses
+            from bench.tts_load_ws import WsBackend, gc_pauses
             from bench.ws_clients import run_load
 
             backend = WsBackend(args, name, max(levels))

@@ -104,19 +104,6 @@ class WsBackend:
         stop_server(self.server)
 
 
-def first_audio_parts(before: dict, after: dict, name: str = "voxloop_tts_first_audio_part_seconds") -> dict[str, float] | None:
-    """Mean ms of each part of the first audio (``voxloop_tts_first_audio_part_seconds``; or of the
-    last audio, ``name="voxloop_tts_last_audio_part_seconds"``) between two scrapes (warm-up
-    included); None when the server exported none (CPU engines)."""
-    out = {}
-    for labels, count in after.get(f"{name}_count", {}).items():
-        n = count - before.get(f"{name}_count", {}).get(labels, 0.0)
-        total = after[f"{name}_sum"][labels] - before.get(f"{name}_sum", {}).get(labels, 0.0)
-        if n > 0:
-            out[dict(labels)["part"]] = round(1000 * total / n, 2)
-    return out or None
-
-
 def gc_pauses(before: dict, after: dict) -> dict[str, dict] | None:
     """Garbage collections between two scrapes (``voxloop_gc_pause_seconds``), per "process/generation":
     count, total ms, how many took over 5 ms and the objects they freed (the scraped front end's and the

@@ -198,19 +198,24 @@ def test_instant_runner_lanes_take_their_launch_time_and_rows_come_resampled():
 
 @pytest.mark.slow
 def test_served_host_bench_measures_each_process_role(tmp_path):
-    """``bench.served_host``: ``voxloop serve`` (two front ends, one engine process) with the stand-in
-    runner, load clients in their own processes: every sentence answered with its 349 frames of
-    audio at 24 kHz, and CPU time per sentence found for the engine process, the front ends and
-    the clients; JSON and PNG written."""
+    """``bench.served_host``: the stand-in engine alone in process (the reference), then ``voxloop
+    serve`` (two front ends, one engine process) with the same stand-in runner and load clients in
+    their own processes: every sentence answered with its 349 frames of audio at 24 kHz, served as
+    a share of the engine's sentences/s, CPU time per sentence found for the engine process, the
+    front ends and the clients; JSON and PNG written."""
     from bench import served_host
 
     served_host.main(["--clients", "2", "--duration", "1.5", "--warmup", "0.5", "--front-ends", "2",
                       "--launch-ms", "1", "--out", str(tmp_path), "--hardware", "box", "--date", "d"])  # fmt: skip
     doc = json.loads((tmp_path / "served_host-box-d.json").read_text())
-    (row,) = doc["rows"]
+    engine, row = doc["rows"]
+    assert (engine["mode"], row["mode"]) == ("engine", "ws")  # the in-process reference first
+    assert engine["requests"] > 0 and engine["audio_s_per_request"] == pytest.approx(349 * 256 / 22050, abs=0.01)
+    assert row["served_of_engine_pct"] == round(100 * row["qps"] / engine["qps"], 1)
     assert row["errors"] == 0 and row["qps"] > 0 and row["launch_ms"] == 1.0, row
     assert row["audio_s_per_request"] == pytest.approx(349 * 256 / 22050, abs=0.01)
     assert all(row["cpu_ms_per_sentence"][role] > 0 for role in served_host.ROLES), row
+    assert {"text", "to_engine", "engine", "from_engine"} <= set(row["server_first_audio_parts_mean_ms"]), row
     assert (tmp_path / "served_host-box-d.png").stat().st_size > 0
 
 
@@ -245,7 +250,7 @@ def test_turn_taking_burst_outcomes(reply_done, received_ms, started, paused, re
 
 
 def test_first_audio_parts_are_means_between_two_scrapes():
-    from bench.tts_load_ws import first_audio_parts
+    from bench.harness import first_audio_parts
 
     name = "voxloop_tts_first_audio_part_seconds"
     before = {f"{name}_count": {(("part", "engine"),): 2.0}, f"{name}_sum": {(("part", "engine"),): 0.010}}
