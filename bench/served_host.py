@@ -55,18 +55,21 @@ def serve(argv: list[str]) -> int:
     ``VOXLOOP_BENCH_FRAMES`` frames per sentence (default ``FRAMES``) whose launches take
     ``VOXLOOP_BENCH_LAUNCH_MS`` ms each (default 0), from the environment."""
     import tts_engine.factory as factory
-    from bench.instant_runner import InstantRunner
-    from tts_engine.torch_vits.cuda_engine import CudaTtsEngine
     from voxloop.cli import main
 
     frames = int(os.environ.get("VOXLOOP_BENCH_FRAMES", FRAMES))
     launch_s = float(os.environ.get("VOXLOOP_BENCH_LAUNCH_MS", 0)) / 1000
-
-    def create_engines(cfg):  # noqa: ANN001, ANN202 - tts_engine.factory.create_engines with the stand-in
-        return [CudaTtsEngine.from_config(cfg, runner=lambda options: InstantRunner(options, frames, launch_s))]
-
-    factory.create_engines = create_engines
+    factory.create_engines = lambda cfg: [stand_in_engine(cfg, frames, launch_s)]
     return main(argv)
+
+
+def stand_in_engine(cfg, frames: int, launch_s: float):  # noqa: ANN001, ANN201 - Config -> CudaTtsEngine
+    """``cfg``'s ``CudaTtsEngine`` driving an ``InstantRunner`` of ``frames`` frames per sentence and
+    ``launch_s`` per launch: the served engine (``serve``) and the in-process reference alike."""
+    from bench.instant_runner import InstantRunner
+    from tts_engine.torch_vits.cuda_engine import CudaTtsEngine
+
+    return CudaTtsEngine.from_config(cfg, runner=lambda options: InstantRunner(options, frames, launch_s))
 
 
 class StandInEngine:
@@ -78,11 +81,8 @@ class StandInEngine:
     info: dict = {}
 
     def __init__(self, overrides: list[str], frames: int, launch_s: float) -> None:
-        from bench.instant_runner import InstantRunner
-        from tts_engine.torch_vits.cuda_engine import CudaTtsEngine
-
         cfg = load_config(ROOT / "configs" / "gpu.toml", overrides, environ={})
-        self.engine = CudaTtsEngine.from_config(cfg, runner=lambda options: InstantRunner(options, frames, launch_s))
+        self.engine = stand_in_engine(cfg, frames, launch_s)
         self.sample_rate = self.engine.sample_rate
 
     def speak(self, ids: list[int]) -> tuple[float, int, float]:
@@ -164,8 +164,7 @@ def run_level(url: str, server_pid: int, clients: int, duration_s: float, warmup
     # where the server's share of each sentence went, by part (text, to_engine, engine, from_engine, out)
     row["server_first_audio_parts_mean_ms"] = first_audio_parts(before, after)
     row["server_last_audio_parts_mean_ms"] = first_audio_parts(before, after, "voxloop_tts_last_audio_part_seconds")
-    sentences = row["qps"] * row.get("elapsed_s", duration_s)
-    row["cpu_ms_per_sentence"] = {r: round(1000 * s / max(1.0, sentences), 3) for r, s in seconds.items()}
+    row["cpu_ms_per_sentence"] = {r: round(1000 * s / max(1, row["requests"]), 3) for r, s in seconds.items()}
     row["cpu_cores_busy"] = {r: round(s / max(1e-9, row.get("elapsed_s", duration_s)), 2) for r, s in seconds.items()}
     return row
 
