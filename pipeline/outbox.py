@@ -36,14 +36,18 @@ class Outbox(asyncio.Queue):
 
     def _get(self) -> Any:  # asyncio.Queue's hook, under every get / get_nowait
         item = super()._get()
-        if self.qsize() < self.audio_limit:
+        if self.has_room():
             self._room.set()
         return item
+
+    def has_room(self) -> bool:
+        """An audio event may be queued now (fewer than ``audio_limit`` events queued)."""
+        return self.qsize() < self.audio_limit
 
     async def wait_room(self) -> bool:
         """Return True once an audio event may be queued; False if the client took nothing for
         ``stall_s`` seconds while the queue stayed at its audio limit."""
-        while self.qsize() >= self.audio_limit:
+        while not self.has_room():
             self._room.clear()
             try:
                 await asyncio.wait_for(self._room.wait(), self.stall_s)

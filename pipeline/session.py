@@ -86,7 +86,7 @@ class Session:
         slow client catches up. False when the session is closing (the client stopped reading)."""
         if self.closed:
             return False
-        if self.outbox.qsize() < self.outbox.audio_limit:
+        if self.outbox.has_room():
             return True
         t0 = time.monotonic()
         if not await self.outbox.wait_room():
