@@ -120,20 +120,20 @@ def test_gpu_tts_start_up_settings_are_checked():
     with pytest.raises(ConfigError, match=r"tts\.encoder_convs"):
         load_config(None, ["tts.encoder_convs=cublas"], environ={})
     assert load_config(None, ["tts.encoder_convs=gemm"], environ={}).tts.encoder_convs == "gemm"
-    with pytest.raises(ConfigError, match=r"tts\.text_encoder_products must be one of"):
-        load_config(None, ["tts.fused_text_encoder=true", "tts.text_encoder_products=fp16"], environ={})
-    with pytest.raises(ConfigError, match=r"needs tts\.fused_text_encoder = true"):
-        load_config(None, ["tts.text_encoder_products=tf32x3"], environ={})
-    cfg = load_config(None, ["tts.fused_text_encoder=true", "tts.text_encoder_products=tf32x3"], environ={})
-    assert cfg.tts.text_encoder_products == "tf32x3"
-    assert load_config(None, [], environ={}).tts.text_encoder_products == "cublas"
-    with pytest.raises(ConfigError, match=r"tts\.fused_block_products must be one of model, e4m3"):
-        load_config(None, ["tts.fused_blocks=true", "tts.fused_block_products=int4"], environ={})
-    with pytest.raises(ConfigError, match=r"needs tts\.fused_blocks = true"):
-        load_config(None, ["tts.fused_block_products=e4m3"], environ={})
-    cfg = load_config(None, ["tts.fused_blocks=true", "tts.fused_block_products=e4m3"], environ={})
-    assert cfg.tts.fused_block_products == "e4m3"
-    assert load_config(None, [], environ={}).tts.fused_block_products == "model"
+    # A fused kernel's products: (option, its kernel, a value it refuses, the refusal, one it takes, its default)
+    for option, kernel, bad, refusal, good, default in (
+        ("text_encoder_products", "fused_text_encoder", "fp16", r"tts\.text_encoder_products must be one of",
+         "tf32x3", "cublas"),
+        ("fused_block_products", "fused_blocks", "int4", r"tts\.fused_block_products must be one of model, e4m3",
+         "e4m3", "model"),
+    ):  # fmt: skip
+        with pytest.raises(ConfigError, match=refusal):
+            load_config(None, [f"tts.{kernel}=true", f"tts.{option}={bad}"], environ={})
+        with pytest.raises(ConfigError, match=rf"needs tts\.{kernel} = true"):
+            load_config(None, [f"tts.{option}={good}"], environ={})
+        cfg = load_config(None, [f"tts.{kernel}=true", f"tts.{option}={good}"], environ={})
+        assert getattr(cfg.tts, option) == good
+        assert getattr(load_config(None, [], environ={}).tts, option) == default
     for bad in ("", "64,32", "0,32", "32,32", "1024,8192"):
         with pytest.raises(ConfigError, match=r"tts\.phoneme_buckets"):
             load_config(None, [f"tts.phoneme_buckets={bad}"], environ={})
