@@ -42,10 +42,12 @@ from tts_engine.resample import StreamResampler
 #: resumes with it (link, event-loop wake-up); ``out`` -> the first audio event is queued
 #: (resampling, base64/JSON framing happen here or in the connection's writer).
 FIRST_AUDIO_PARTS = ("text", "to_engine", "engine", "from_engine", "out")
-#: From the request to its last audio queued: until the engine handed out the last chunk; on to
-#: this process (the engine link, or the loop's wake-up); resampling, cutting into deltas and
-#: queuing them (with ``x.tts.done``) here.
-LAST_AUDIO_PARTS = ("engine", "from_engine", "out")
+#: From the request to its last audio queued, the same way in: ``text`` and ``to_engine`` are the
+#: first audio's (one request); ``engine`` -> the scheduler hands out the last chunk (from when the
+#: engine had the request, as for the first audio); ``from_engine`` -> it reaches this process (the
+#: engine link, or the loop's wake-up); ``out`` -> resampled, cut into deltas and queued (with
+#: ``x.tts.done``) here.
+LAST_AUDIO_PARTS = ("text", "to_engine", "engine", "from_engine", "out")
 
 
 class FirstAudioTiming:
@@ -56,11 +58,15 @@ class FirstAudioTiming:
         self._last = time.monotonic()
         #: part -> seconds since the previous mark.
         self.parts: dict[str, float] = {}
+        #: When the engine had the request: the mark before ``engine`` (``time.monotonic``).
+        self._to_engine_at: float | None = None
         #: (handed out by the engine, arrived here) of the last chunk, once streamed.
         self.last: tuple[float, float] | None = None
 
     def mark(self, part: str, at: float | None = None) -> None:
         at = time.monotonic() if at is None else at
+        if part == "engine":
+            self._to_engine_at = self._last
         self.parts[part] = max(0.0, at - self._last)
         self._last = at
 
@@ -68,14 +74,16 @@ class FirstAudioTiming:
         """The stream's last chunk: handed out by the engine at ``handed_out``, here now."""
         self.last = (handed_out, time.monotonic())
 
-    def last_parts(self, started: float, queued: float) -> dict[str, float] | None:
-        """``LAST_AUDIO_PARTS`` in seconds for a request begun at ``started`` whose last audio was
-        queued at ``queued``; None when the stream stamped no last chunk (cancelled, CPU engines)."""
-        if self.last is None:
+    def last_parts(self, queued: float) -> dict[str, float] | None:
+        """``LAST_AUDIO_PARTS`` in seconds (those this stream passed: no ``to_engine`` in one
+        process) for a stream whose last audio was queued at ``queued``; None when it stamped no
+        last chunk (cancelled, CPU engines) or no first audio's way to the engine."""
+        if self.last is None or self._to_engine_at is None:
             return None
         handed_out, arrived = self.last
-        return {"engine": max(0.0, handed_out - started), "from_engine": max(0.0, arrived - handed_out),
-                "out": max(0.0, queued - arrived)}
+        way_in = {part: self.parts[part] for part in ("text", "to_engine") if part in self.parts}
+        return {**way_in, "engine": max(0.0, handed_out - self._to_engine_at),
+                "from_engine": max(0.0, arrived - handed_out), "out": max(0.0, queued - arrived)}
 
 
 class SpeechStage(Protocol):

@@ -87,8 +87,9 @@ class Metrics:
                       f"x.tts.speak on a batching engine: where the time to its {which} audio goes in the server, "
                       f"by part ({doc})", ["part"], buckets=_PART_BUCKETS_S, registry=r)
             for which, doc in (("first", "pipeline.speech.FIRST_AUDIO_PARTS; they add up to x.tts.done's first_audio_ms"),
-                               ("last", "pipeline.speech.LAST_AUDIO_PARTS; they add up to the request's start to "
-                                        "its last delta queued")))
+                               ("last", "pipeline.speech.LAST_AUDIO_PARTS: the first audio's way in, then the "
+                                        "engine to the last chunk and on; they add up to the request's start to its "
+                                        "last delta queued")))
         self.audio_sent_s = Counter("voxloop_audio_sent_seconds", "Reply audio sent, seconds", registry=r)
         self.audio_waits_s = Counter("voxloop_audio_wait_seconds",
                                      "Time audio deltas waited for a slow client's outbox to have room, seconds "

@@ -80,7 +80,7 @@ class TtsRequests:
                             self.metrics.tts_first_audio_parts.labels(part).observe(seconds)
             if cancel.is_set():
                 status = "cancelled"
-            elif (last := timing.last_parts(start, time.monotonic())) is not None:
+            elif (last := timing.last_parts(time.monotonic())) is not None:
                 for part, seconds in last.items():
                     self.metrics.tts_last_audio_parts.labels(part).observe(seconds)
         except asyncio.CancelledError:

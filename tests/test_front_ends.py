@@ -148,12 +148,10 @@ async def test_two_front_ends_share_one_engine_limits_metrics_and_drain(server):
             metrics = (await asyncio.to_thread(http_get, port, "/metrics"))[1]
         for pattern in patterns:
             assert re.search(pattern, metrics, re.M), pattern
-        for part in ("engine", "from_engine", "out"):  # both speaks' last audio, by part
-            count = re.search(rf'^voxloop_tts_last_audio_part_seconds_count\{{part="{part}"\}} (\S+)$', metrics, re.M)
-            assert count and float(count.group(1)) == len(samples), part
-        for part in ("text", "to_engine", "engine", "from_engine", "out"):  # both speaks' first audio, by part
-            count = re.search(rf'^voxloop_tts_first_audio_part_seconds_count\{{part="{part}"\}} (\S+)$', metrics, re.M)
-            assert count and float(count.group(1)) == len(samples), part
+        for which in ("first", "last"):  # both speaks' first and last audio, by part
+            for part in ("text", "to_engine", "engine", "from_engine", "out"):
+                count = re.search(rf'^voxloop_tts_{which}_audio_part_seconds_count\{{part="{part}"\}} (\S+)$', metrics, re.M)
+                assert count and float(count.group(1)) == len(samples), (which, part)
         # SIGTERM: the front ends drain and close sessions with 1001, the engine process exits 0.
         proc.send_signal(signal.SIGTERM)
         for ws in conns:

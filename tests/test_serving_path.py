@@ -34,6 +34,41 @@ SENTENCES = "The quick brown fox jumps over the lazy dog. It was not amused at a
 
 
 # --------------------------------------------------------------------------- pure parts
+def test_last_audio_parts_share_the_first_audios_way_in(monkeypatch):
+    """The last audio's parts: the first audio's way in (text, to the engine), the engine from when
+    it had the request to its last chunk, back to the front end and out; they add up to the request's
+    start to its last delta queued. Without a last chunk (cancelled) there are none."""
+    from pipeline import speech
+
+    clock = iter([100.0, 100.001, 100.0045, 100.005, 100.0106])  # init, text, from_engine, out, last arrives
+    monkeypatch.setattr(speech.time, "monotonic", lambda: next(clock))
+    timing = speech.FirstAudioTiming()
+    timing.mark("text")
+    timing.mark("to_engine", 100.0015)  # the engine process's stamp
+    timing.mark("engine", 100.004)
+    timing.mark("from_engine")
+    timing.mark("out")
+    assert timing.last_parts(100.006) is None  # no last chunk stamped
+    timing.last_chunk(100.010)
+    last = timing.last_parts(100.011)
+    assert list(last) == list(speech.LAST_AUDIO_PARTS)
+    expected = {"text": 0.001, "to_engine": 0.0005, "engine": 0.0085, "from_engine": 0.0006, "out": 0.0004}
+    assert last == pytest.approx(expected)
+    assert sum(last.values()) == pytest.approx(100.011 - 100.0)
+    assert {p: last[p] for p in ("text", "to_engine")} == {p: timing.parts[p] for p in ("text", "to_engine")}
+
+    # one process: no link, the engine's part runs from the text's mark
+    clock = iter([200.0, 200.002, 200.0061, 200.0062])
+    monkeypatch.setattr(speech.time, "monotonic", lambda: next(clock))
+    timing = speech.FirstAudioTiming()
+    timing.mark("text")
+    timing.mark("engine", 200.005)
+    timing.mark("from_engine")
+    timing.last_chunk(200.006)
+    assert timing.last_parts(200.007) == pytest.approx({"text": 0.002, "engine": 0.004, "from_engine": 0.0002,
+                                                        "out": 0.0008})
+
+
 def test_event_ids_are_unique_and_shaped_like_before():
     ids = [new_id("event") for _ in range(100_000)]
     assert len(set(ids)) == len(ids)
@@ -231,13 +266,15 @@ async def test_batched_engine_serves_sessions_with_one_handoff_per_gpu_launch(ba
             total = re.search(rf'voxloop_tts_first_audio_part_seconds_sum\{{part="{part}"\}} (\S+)', metrics)
             assert count and float(count.group(1)) == 3, part
             parts[part] = 1000 * float(total.group(1))
-        # The time to the last audio by part: one observation per request, and later than the first.
+        # The time to the last audio by part: one observation per request, the same way in (text),
+        # the engine's part and the whole later than the first audio's.
         last = {}
-        for part in ("engine", "from_engine", "out"):
+        for part in ("text", "engine", "from_engine", "out"):
             count = re.search(rf'voxloop_tts_last_audio_part_seconds_count\{{part="{part}"\}} (\S+)', metrics)
             total = re.search(rf'voxloop_tts_last_audio_part_seconds_sum\{{part="{part}"\}} (\S+)', metrics)
             assert count and float(count.group(1)) == 3, part
             last[part] = 1000 * float(total.group(1))
+        assert last["text"] == pytest.approx(parts["text"])
         assert last["engine"] >= parts["engine"] and sum(last.values()) > sum(parts.values())
         assert "to_engine" not in metrics  # one process: no link to the engine
         assert parts["engine"] > 0
