@@ -59,14 +59,14 @@ class FirstAudioTiming:
         #: part -> seconds since the previous mark.
         self.parts: dict[str, float] = {}
         #: When the engine had the request: the mark before ``engine`` (``time.monotonic``).
-        self._to_engine_at: float | None = None
+        self._engine_start: float | None = None
         #: (handed out by the engine, arrived here) of the last chunk, once streamed.
         self.last: tuple[float, float] | None = None
 
     def mark(self, part: str, at: float | None = None) -> None:
         at = time.monotonic() if at is None else at
         if part == "engine":
-            self._to_engine_at = self._last
+            self._engine_start = self._last
         self.parts[part] = max(0.0, at - self._last)
         self._last = at
 
@@ -78,11 +78,11 @@ class FirstAudioTiming:
         """``LAST_AUDIO_PARTS`` in seconds (those this stream passed: no ``to_engine`` in one
         process) for a stream whose last audio was queued at ``queued``; None when it stamped no
         last chunk (cancelled, CPU engines) or no first audio's way to the engine."""
-        if self.last is None or self._to_engine_at is None:
+        if self.last is None or self._engine_start is None:
             return None
         handed_out, arrived = self.last
         way_in = {part: self.parts[part] for part in ("text", "to_engine") if part in self.parts}
-        return {**way_in, "engine": max(0.0, handed_out - self._to_engine_at),
+        return {**way_in, "engine": max(0.0, handed_out - self._engine_start),
                 "from_engine": max(0.0, arrived - handed_out), "out": max(0.0, queued - arrived)}
 
 
