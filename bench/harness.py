@@ -494,10 +494,11 @@ def histogram_delta(before: Samples, after: Samples, name: str) -> dict[str, flo
             "p99_le": None if p99 == float("inf") else p99}
 
 
-def first_audio_parts(before: dict, after: dict, name: str = "voxloop_tts_first_audio_part_seconds") -> dict[str, float] | None:
-    """Mean ms of each part of the first audio (``voxloop_tts_first_audio_part_seconds``; or of the
-    last audio, ``name="voxloop_tts_last_audio_part_seconds"``) between two scrapes (warm-up
-    included); None when the server exported none (CPU engines)."""
+def audio_parts(before: dict, after: dict, which: str = "first") -> dict[str, float] | None:
+    """Mean ms of each part of the ``which`` ("first" or "last") audio of ``x.tts.speak``
+    (``voxloop_tts_{which}_audio_part_seconds``) between two scrapes (warm-up included); None when
+    the server exported none (CPU engines)."""
+    name = f"voxloop_tts_{which}_audio_part_seconds"
     out = {}
     for labels, count in after.get(f"{name}_count", {}).items():
         n = count - before.get(f"{name}_count", {}).get(labels, 0.0)
@@ -505,6 +506,12 @@ def first_audio_parts(before: dict, after: dict, name: str = "voxloop_tts_first_
         if n > 0:
             out[dict(labels)["part"]] = round(1000 * total / n, 2)
     return out or None
+
+
+def server_audio_parts(before: dict, after: dict) -> dict[str, dict[str, float] | None]:
+    """A load row's ``server_{first,last}_audio_parts_mean_ms``: where the server's share of each
+    sentence went, by part (``audio_parts``)."""
+    return {f"server_{which}_audio_parts_mean_ms": audio_parts(before, after, which) for which in ("first", "last")}
 
 
 def _tail(log, chars: int = 2000) -> str:

@@ -37,9 +37,9 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from bench.harness import (ROOT, add_common_arguments, closed_loop, first_audio_parts, free_port, load_sentences,
-                           metrics_url, pyplot, report, save_png, scrape_metrics, start_server, stop_server,
-                           summarize)
+from bench.harness import (ROOT, add_common_arguments, closed_loop, free_port, load_sentences,
+                           metrics_url, pyplot, report, save_png, scrape_metrics, server_audio_parts, start_server,
+                           stop_server, summarize)
 from bench.tts_backends import consume
 from bench.ws_clients import run_load
 from voxloop.config import load_config
@@ -161,9 +161,7 @@ def run_level(url: str, server_pid: int, clients: int, duration_s: float, warmup
     row = run_load(url, clients, duration_s, warmup_s, on_window=window.start)
     after = scrape_metrics(metrics_url(url))
     seconds = window.join()
-    # where the server's share of each sentence went, by part (text, to_engine, engine, from_engine, out)
-    row["server_first_audio_parts_mean_ms"] = first_audio_parts(before, after)
-    row["server_last_audio_parts_mean_ms"] = first_audio_parts(before, after, "voxloop_tts_last_audio_part_seconds")
+    row.update(server_audio_parts(before, after))
     row["cpu_ms_per_sentence"] = {r: round(1000 * s / max(1, row["requests"]), 3) for r, s in seconds.items()}
     row["cpu_cores_busy"] = {r: round(s / max(1e-9, row.get("elapsed_s", duration_s)), 2) for r, s in seconds.items()}
     return row

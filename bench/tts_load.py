@@ -64,7 +64,7 @@ import numpy as np
 
 from bench.harness import (
     ROOT, SENTENCES, add_common_arguments, closed_loop, closed_loop_sinks, command_line, common_arguments, cpu_name, gpu_name,
-    first_audio_parts, load_sentences, summarize,
+    load_sentences, server_audio_parts, summarize,
 )  # fmt: skip
 from bench.gpu_timeline import profile_kernels
 from bench.tts_backends import CudaBackend, OnnxBackend, OnnxStreamBackend, scheduler_breakdown, scheduler_counters
@@ -136,12 +136,9 @@ def run(args: argparse.Namespace) -> Path:
                         row = run_load(backend.url, clients, duration, warmup, fmt, rate,
                                        processes=-(-clients // args.ws_sessions_per_process))
                         after = backend.scrape()
-                        parts = first_audio_parts(before, after)
                         peak = backend.peak_vram_mb()
                         record({"backend": backend.name, "hardware": args.hardware, **row,
-                                "server_first_audio_parts_mean_ms": parts,
-                                "server_last_audio_parts_mean_ms": first_audio_parts(
-                                    before, after, "voxloop_tts_last_audio_part_seconds"),
+                                **server_audio_parts(before, after),
                                 "server_gc_pauses": gc_pauses(before, after),
                                 "peak_vram_mb": None if peak is None else round(peak, 1), **backend.info})
             finally:

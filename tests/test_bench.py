@@ -249,15 +249,17 @@ def test_turn_taking_burst_outcomes(reply_done, received_ms, started, paused, re
     assert burst_outcome(reply_done, received_ms, 1800, started, paused, resumed, cut) == outcome
 
 
-def test_first_audio_parts_are_means_between_two_scrapes():
-    from bench.harness import first_audio_parts
+def test_audio_parts_are_means_between_two_scrapes():
+    from bench.harness import audio_parts, server_audio_parts
 
     name = "voxloop_tts_first_audio_part_seconds"
     before = {f"{name}_count": {(("part", "engine"),): 2.0}, f"{name}_sum": {(("part", "engine"),): 0.010}}
     after = {f"{name}_count": {(("part", "engine"),): 6.0, (("part", "text"),): 4.0},
              f"{name}_sum": {(("part", "engine"),): 0.090, (("part", "text"),): 0.004}}
-    assert first_audio_parts(before, after) == {"engine": 20.0, "text": 1.0}
-    assert first_audio_parts({}, {}) is None  # a CPU engine exports no parts
+    assert audio_parts(before, after) == {"engine": 20.0, "text": 1.0}
+    assert audio_parts({}, {}) is None  # a CPU engine exports no parts
+    assert server_audio_parts(before, after) == {"server_first_audio_parts_mean_ms": {"engine": 20.0, "text": 1.0},
+                                                 "server_last_audio_parts_mean_ms": None}  # only first parts scraped
 
 
 def test_turn_taking_server_counts():
