@@ -1,34 +1,161 @@
 """An orchestration stand-in for the GPU TTS engine's ``StepRunner``: the real ``BatchScheduler``
-(and through ``CudaTtsEngine(runner=...)`` the real server) driven by launches that take no time, or
-a fixed time per lane, on no device. Used by ``bench.tts_scheduler_host`` and ``bench.served_host``
-to measure the host side alone."""
+(and through ``CudaTtsEngine(runner=...)`` the real server) driven by launches that take no time, a
+fixed time per lane, or the time each launch's CUDA graph took on a GPU (``GpuTimes``), on no
+device. Used by ``bench.tts_scheduler_host`` and ``bench.served_host`` to measure the host side
+alone, and by ``bench.tts_gpu_model`` to run the scheduler against a model of a GPU."""
 
 from __future__ import annotations
 
+import collections
 import time
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 
+from bench.harness import ROOT
+from bench.tts_backends import consume
 from tts_engine.torch_vits.buffers import HostBufferPool
 from tts_engine.torch_vits.chunked import ChunkGeometry
 from tts_engine.torch_vits.resample import ChunkResampler
-from tts_engine.torch_vits.runner import RunnerOptions, fast_lane_names
+from tts_engine.torch_vits.runner import RunnerOptions, bucket_for, fast_lane_names
+from voxloop.config import load_config
 
 HOP = 256
 #: Phoneme-id symbols of the sentences' ids (the bundled voice has 256).
 SYMBOLS = 256
 
 
-class InstantRunner:
-    """Stands in for ``StepRunner``: every encoder launch says ``frames`` frames, every decode
-    returns silence, in rows shaped as the real runner's (resampled rows when
-    ``options.output_rate`` differs from ``options.voice_rate``). ``launch_s`` = 0: nothing is ever
-    busy; else each launch keeps its lane busy ``launch_s`` seconds after the lane's previous one
-    ends (a lane's launches run one after another, lanes side by side, as CUDA streams), so steps
-    gather as many rows as a GPU of that launch time lets them."""
+class GpuTimes:
+    """Milliseconds of one launch of each CUDA graph as measured on a GPU (``bench.tts_load
+    --graph-times``: a result row's ``graph_ms``, keys ``encode <rows> x <phoneme bucket>``,
+    ``first <rows> x <frames>`` (a fast lane's first chunks), ``decode <rows> x <frames>`` (the
+    main lane's chunks)), for any padded batch: piecewise linear in rows between the rows
+    measured, the last piece extended beyond them. A phoneme bucket or chunk size not measured
+    takes the next larger measured one's times (the largest's when none is larger); a fast
+    lane's chunks larger than every ``first`` key take ``decode``'s. ``scale``: a factor per kind
+    (``encode``, ``decode``; ``decode`` also scales ``first``), for what-if runs (0.5: twice as
+    fast)."""
 
-    def __init__(self, options: RunnerOptions, frames: int, launch_s: float = 0.0) -> None:
+    def __init__(self, graph_ms: Mapping[str, float], scale: Mapping[str, float] | None = None) -> None:
+        self.graph_ms = dict(graph_ms)
+        self.scale = {"encode": 1.0, "decode": 1.0, **(scale or {})}
+        self._points: dict[str, dict[int, list[tuple[int, float]]]] = {}
+        for key, ms in graph_ms.items():
+            try:
+                kind, rows, x, size = key.split()
+                if x != "x" or kind not in ("encode", "first", "decode"):
+                    raise ValueError
+                self._points.setdefault(kind, {}).setdefault(int(size), []).append((int(rows), float(ms)))
+            except ValueError:
+                raise ValueError(f"graph time key {key!r} is not '<encode|first|decode> <rows> x <size>'") from None
+        for kind in ("encode", "decode"):
+            if kind not in self._points:
+                raise ValueError(f"graph times have no {kind!r} keys: {sorted(graph_ms)}")
+        for sizes in self._points.values():
+            for points in sizes.values():
+                points.sort()
+
+    def seconds(self, kind: str, rows: int, size: int) -> float:
+        """Seconds of one ``kind`` launch (``encode``, ``first``, ``decode``) of ``rows`` padded rows
+        of ``size`` (phoneme bucket, or chunk frames)."""
+        sizes = self._points.get(kind)
+        if not sizes or size > max(sizes):  # a fast lane's chunk size with no "first" keys: the main lane's
+            sizes = self._points["decode"] if kind == "first" else sizes
+        measured = min((s for s in sizes if s >= size), default=max(sizes))
+        points = sizes[measured]
+        if len(points) == 1:
+            ms = points[0][1]
+        else:
+            i = next((i for i in range(1, len(points) - 1) if rows <= points[i][0]), len(points) - 1)
+            (r0, m0), (r1, m1) = points[i - 1], points[i]
+            ms = m0 + (max(rows, points[0][0]) - r0) * (m1 - m0) / (r1 - r0)
+        return ms / 1000 * self.scale["encode" if kind == "encode" else "decode"]
+
+
+class SharedGpu:
+    """Launches of several lanes (CUDA streams) on one modeled GPU, in ``perf_counter()`` time.
+
+    Each lane runs its launches in order; a launch starts once the one before it on its lane and
+    the launches it waits for (``after``) are done. The launches running at once share the GPU:
+    with ``k`` of them each goes at ``min(1, capacity / k)`` of its own speed (``capacity`` 1: they
+    take turns, the GPU's work takes as long as one launch after another; ``capacity`` >= the
+    lanes: each at full speed, as if alone). Times advance on each query, so an end that later
+    launches slow down is seen as it happens."""
+
+    def __init__(self, lanes: Sequence[str], capacity: float) -> None:
+        if not capacity > 0:
+            raise ValueError(f"capacity must be > 0, got {capacity}")
+        self.capacity = capacity
+        # per lane: [lane, launch number, seconds of work left, marks it waits for], oldest first
+        self._queued: dict[str, collections.deque[list]] = {lane: collections.deque() for lane in lanes}
+        self._numbered = dict.fromkeys(lanes, 0)  # launches queued per lane so far
+        self._finished = dict.fromkeys(lanes, 0)  # of them, done
+        self._now = time.perf_counter()
+
+    def launch(self, lane: str, seconds: float, after: Sequence[tuple[str, int]] = ()) -> None:
+        self._advance(time.perf_counter())
+        self._numbered[lane] += 1
+        self._queued[lane].append([lane, self._numbered[lane], seconds, list(after)])
+
+    def mark(self, lane: str) -> tuple[str, int]:
+        return lane, self._numbered[lane]
+
+    def done(self, mark: tuple[str, int]) -> bool:
+        self._advance(time.perf_counter())
+        lane, number = mark
+        return self._finished[lane] >= number
+
+    def end(self, mark: tuple[str, int]) -> float:
+        """When the launches up to ``mark`` are done if nothing more is queued (``perf_counter()``)."""
+        self._advance(time.perf_counter())
+        lane, number = mark
+        saved = ({k: collections.deque([list(x) for x in q]) for k, q in self._queued.items()}, dict(self._finished),
+                 self._now)  # fmt: skip
+        try:
+            while self._finished[lane] < number:
+                if not self._step(float("inf")):
+                    raise RuntimeError(f"launch {mark} can never run")  # it waits for nothing queued
+            return self._now
+        finally:
+            self._queued, self._finished, self._now = saved
+
+    def _advance(self, to: float) -> None:
+        while self._now < to and self._step(to):
+            pass
+        self._now = max(self._now, to)
+
+    def _step(self, to: float) -> bool:
+        """Run the GPU until ``to`` or the next launch ends, whichever is first; False if none runs."""
+        heads = (q[0] for q in self._queued.values() if q)
+        running = [h for h in heads if all(self._finished[lane] >= n for lane, n in h[3])]
+        if not running:
+            return False
+        rate = min(1.0, self.capacity / len(running))
+        step = min(min(h[2] for h in running) / rate, to - self._now)
+        self._now += step
+        for h in running:
+            h[2] -= step * rate
+            if h[2] <= 1e-12:
+                self._queued[h[0]].popleft()
+                self._finished[h[0]] = h[1]
+        return True
+
+
+class InstantRunner:
+    """Stands in for ``StepRunner``: every encoder launch says each sentence's ``frames`` frames
+    (a number, or a function of its phoneme ids), every decode returns silence, in rows shaped
+    as the real runner's (resampled rows when ``options.output_rate`` differs from
+    ``options.voice_rate``). ``launch_s`` = 0 and no ``gpu_times``: nothing is ever busy; else
+    each launch keeps its lane busy ``launch_s`` seconds, or the time ``gpu_times`` gives its
+    padded batch, after the lane's previous one ends (a lane's launches run one after another,
+    lanes side by side, as CUDA streams), so steps gather as many rows as a GPU of those launch
+    times lets them. ``gpu_capacity``: the lanes share one GPU (``SharedGpu``) that does at most
+    that many launches' work at once (1: no overlap; lanes side by side is the bound above what a
+    GPU's streams overlap). ``gpu_s``: modeled GPU seconds queued so far."""
+
+    def __init__(self, options: RunnerOptions, frames: int | Callable[[np.ndarray], int], launch_s: float = 0.0,
+                 gpu_times: GpuTimes | None = None, gpu_capacity: float | None = None) -> None:
         self.options = options
         self.device = torch.device("cpu")
         self.fast_lanes = fast_lane_names(options.fast_lanes)
@@ -40,47 +167,78 @@ class InstantRunner:
         self.stage_bytes: dict[str, int] = {}
         self.frames = frames
         self.launch_s = launch_s
+        self.gpu_times = gpu_times
+        self.gpu_s = 0.0
         self._free_at = dict.fromkeys(self.lanes, 0.0)  # perf_counter() when each lane's last launch ends
+        self._gpu = None if gpu_capacity is None else SharedGpu(self.lanes, gpu_capacity)
+        #: The encoder's batch buckets captured per phoneme bucket (``RunnerOptions.encode_buckets``).
+        self._encode_batches: dict[int, list[int]] = {}
+        for b, t in options.encode_buckets():
+            self._encode_batches.setdefault(t, []).append(b)
         self._audio = {c: np.zeros((options.max_slots, self.resampler.row_samples(c)), np.int16)
                        for c in options.chunk_sizes}  # fmt: skip
 
-    def _launch(self, lane: str) -> None:
-        if self.launch_s:
-            self._free_at[lane] = max(time.perf_counter(), self._free_at[lane]) + self.launch_s
+    def _launch(self, lane: str, kind: str, rows: int, size: int, after: Sequence[float | None] = ()) -> None:
+        """Keep ``lane`` busy for a launch of ``rows`` rows of ``size`` (phoneme ids or frames),
+        started once the lane and the work before ``after`` (``mark``s of other lanes) are done."""
+        if self.gpu_times is not None:
+            seconds = self.gpu_times.seconds(kind, rows, size)
+        elif self.launch_s:
+            seconds = self.launch_s
+        else:
+            return
+        self.gpu_s += seconds
+        if self._gpu is not None:
+            self._gpu.launch(lane, seconds, [e for e in after if e is not None])
+            return
+        self._free_at[lane] = max(time.perf_counter(), self._free_at[lane], *(e for e in after if e is not None)) + seconds
+
+    def _frames(self, ids: np.ndarray) -> int:
+        return self.frames if isinstance(self.frames, int) else self.frames(ids)
 
     def max_encode_batch(self, phonemes: int) -> int:
-        return max(self.options.encode_batches)
+        return max(self._encode_batches[bucket_for(phonemes, self.options.phoneme_buckets)])
 
     def encode(self, items, lane: str = "fast") -> np.ndarray:
         """The host side of ``StepRunner.encode``: each item's ids copied into a padded row."""
         ids = np.zeros((len(items), max(len(it.ids) for it in items)), np.int64)
         for row, it in zip(ids, items):
             row[: len(it.ids)] = it.ids
-        self._launch(lane)
-        return np.full(len(items), self.frames)
+        bucket = bucket_for(ids.shape[1], self.options.phoneme_buckets)
+        self._launch(lane, "encode", bucket_for(len(items), self._encode_batches[bucket]), bucket)
+        return np.array([self._frames(it.ids) for it in items])
 
     def decode(self, slots, starts, chunk=None, lane: str = "main", after=()) -> np.ndarray:
-        self._launch(lane)
-        return self._audio[chunk or self.options.chunk_frames][: len(slots)]
+        """Silence, once the lane and the work before ``after`` are done."""
+        chunk = chunk or self.options.chunk_frames
+        self._launch(lane, "decode" if lane == "main" else "first", bucket_for(len(slots), self.options.decode_batches),
+                     chunk, after)  # fmt: skip
+        return self._audio[chunk][: len(slots)]
 
     def fetch_async(self, *arrays, lane: str = "main") -> list:
         return list(arrays)
 
     def busy(self, lane: str) -> bool:
+        if self._gpu is not None:
+            return not self._gpu.done(self._gpu.mark(lane))
         return time.perf_counter() < self._free_at[lane]
 
     def wait(self, lane: str) -> None:
-        self.wait_event(self._free_at[lane])
+        self.wait_event(self.mark(lane))
 
-    def mark(self, lane: str) -> float:
-        """The lane's work so far ends at this ``perf_counter()`` time."""
-        return self._free_at[lane]
+    def mark(self, lane: str) -> float | tuple[str, int]:
+        """The lane's work so far: it ends at this ``perf_counter()`` time (lanes side by side), or
+        with the lane's launch so numbered (a shared GPU)."""
+        return self._free_at[lane] if self._gpu is None else self._gpu.mark(lane)
 
-    def done(self, event: float) -> bool:
+    def done(self, event) -> bool:  # noqa: ANN001 - a mark
+        if self._gpu is not None:
+            return self._gpu.done(event)
         return time.perf_counter() >= event
 
-    def wait_event(self, event: float) -> None:
-        if (left := event - time.perf_counter()) > 0:
+    def wait_event(self, event) -> None:  # noqa: ANN001 - a mark
+        end = event if self._gpu is None else self._gpu.end(event)
+        if (left := end - time.perf_counter()) > 0:
             time.sleep(left)
 
     def take_staged(self, lane: str) -> list:
@@ -91,3 +249,36 @@ class InstantRunner:
 
     def release_staged(self, lane: str | None = None) -> None:
         pass
+
+
+def stand_in_engine(cfg, frames, launch_s: float, **runner):  # noqa: ANN001, ANN003, ANN201 - Config -> CudaTtsEngine
+    """``cfg``'s ``CudaTtsEngine`` driving an ``InstantRunner`` of ``frames`` frames per sentence and
+    ``launch_s`` per launch (``runner``: its other arguments): ``bench.served_host``'s served engine
+    and in-process reference alike."""
+    from tts_engine.torch_vits.cuda_engine import CudaTtsEngine
+
+    return CudaTtsEngine.from_config(cfg, runner=lambda options: InstantRunner(options, frames, launch_s, **runner))
+
+
+class StandInEngine:
+    """An engine-mode backend (``bench.harness.closed_loop``): ``configs/gpu.toml``'s
+    ``CudaTtsEngine`` (with ``overrides``) and a stand-in runner in this process, driven as
+    ``bench.tts_load``'s engine mode drives the GPU engine (a thread per client, phoneme ids ready:
+    no WebSocket, no text front end, no link)."""
+
+    name = "engine-stand-in"
+    info: dict = {}
+
+    def __init__(self, overrides: list[str], frames, launch_s: float, **runner) -> None:  # noqa: ANN001, ANN003
+        cfg = load_config(ROOT / "configs" / "gpu.toml", overrides, environ={})
+        self.engine = stand_in_engine(cfg, frames, launch_s, **runner)
+        self.sample_rate = self.engine.sample_rate
+
+    def speak(self, ids: list[int]) -> tuple[float, int, float]:
+        return consume(self.engine.submit(ids), self.sample_rate)
+
+    def peak_vram_mb(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.engine.close()

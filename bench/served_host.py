@@ -40,7 +40,7 @@ import psutil
 from bench.harness import (ROOT, add_common_arguments, closed_loop, free_port, load_sentences,
                            metrics_url, pyplot, report, save_png, scrape_metrics, server_audio_parts, start_server,
                            stop_server, summarize)
-from bench.tts_backends import consume
+from bench.instant_runner import StandInEngine, stand_in_engine
 from bench.ws_clients import run_load
 from voxloop.config import load_config
 
@@ -61,38 +61,6 @@ def serve(argv: list[str]) -> int:
     launch_s = float(os.environ.get("VOXLOOP_BENCH_LAUNCH_MS", 0)) / 1000
     factory.create_engines = lambda cfg: [stand_in_engine(cfg, frames, launch_s)]
     return main(argv)
-
-
-def stand_in_engine(cfg, frames: int, launch_s: float):  # noqa: ANN001, ANN201 - Config -> CudaTtsEngine
-    """``cfg``'s ``CudaTtsEngine`` driving an ``InstantRunner`` of ``frames`` frames per sentence and
-    ``launch_s`` per launch: the served engine (``serve``) and the in-process reference alike."""
-    from bench.instant_runner import InstantRunner
-    from tts_engine.torch_vits.cuda_engine import CudaTtsEngine
-
-    return CudaTtsEngine.from_config(cfg, runner=lambda options: InstantRunner(options, frames, launch_s))
-
-
-class StandInEngine:
-    """The engine-mode reference: the same ``CudaTtsEngine`` and stand-in runner in this process,
-    driven as ``bench.tts_load``'s engine mode drives the GPU engine (a thread per client, phoneme
-    ids ready: no WebSocket, no text front end, no link)."""
-
-    name = "engine-stand-in"
-    info: dict = {}
-
-    def __init__(self, overrides: list[str], frames: int, launch_s: float) -> None:
-        cfg = load_config(ROOT / "configs" / "gpu.toml", overrides, environ={})
-        self.engine = stand_in_engine(cfg, frames, launch_s)
-        self.sample_rate = self.engine.sample_rate
-
-    def speak(self, ids: list[int]) -> tuple[float, int, float]:
-        return consume(self.engine.submit(ids), self.sample_rate)
-
-    def peak_vram_mb(self) -> None:
-        return None
-
-    def close(self) -> None:
-        self.engine.close()
 
 
 def engine_level(backend: StandInEngine, clients: int, duration_s: float, warmup_s: float) -> dict:

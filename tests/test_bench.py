@@ -196,6 +196,89 @@ def test_instant_runner_lanes_take_their_launch_time_and_rows_come_resampled():
     assert records and {round(r["audio_s"] * 24000) for r in records} == {runner.resampler.out_samples(349 * HOP)}
 
 
+def test_gpu_times_interpolate_in_rows_and_take_the_next_measured_size():
+    """A launch's modeled time: linear in padded rows between the rows measured (and beyond the
+    last), a size not measured takes the next larger one's, a fast lane's first chunk larger
+    than every ``first`` key the main lane's; scales per kind; bad keys are refused."""
+    from bench.instant_runner import GpuTimes
+
+    times = GpuTimes({"encode 1 x 256": 1.0, "encode 16 x 256": 4.0, "first 1 x 32": 0.6, "decode 1 x 32": 0.5,
+                      "decode 16 x 32": 2.0, "decode 16 x 256": 8.0})  # fmt: skip
+    assert times.seconds("encode", 8, 256) == pytest.approx((1.0 + 7 * 3.0 / 15) / 1000)
+    assert times.seconds("encode", 32, 256) == pytest.approx((4.0 + 16 * 3.0 / 15) / 1000)  # extended
+    assert times.seconds("encode", 1, 128) == pytest.approx(1.0 / 1000)  # bucket 128 not measured: 256's
+    assert times.seconds("first", 1, 32) == pytest.approx(0.6 / 1000)  # one point: its time at any rows
+    assert times.seconds("first", 16, 64) == pytest.approx(8.0 / 1000)  # no first x 64: decode's next size, 256
+    assert times.seconds("decode", 16, 512) == pytest.approx(8.0 / 1000)  # larger than measured: the largest
+    half = GpuTimes(times.graph_ms, {"encode": 0.5})
+    assert half.seconds("encode", 16, 256) == pytest.approx(2.0 / 1000)
+    assert half.seconds("decode", 16, 32) == times.seconds("decode", 16, 32)
+    with pytest.raises(ValueError, match="not '<encode"):
+        GpuTimes({"encode 16 256": 1.0, "decode 1 x 32": 1.0})
+    with pytest.raises(ValueError, match="no 'encode' keys"):
+        GpuTimes({"decode 1 x 32": 1.0})
+
+
+def test_shared_gpu_runs_lanes_in_order_and_shares_its_capacity():
+    """Launches on one modeled GPU: with capacity 1 two lanes' launches take turns (each ends
+    when both works are done); with capacity 2 they run as if alone; a launch that waits for
+    another lane's mark starts when it ends; ``done`` follows the clock."""
+    from bench.instant_runner import SharedGpu
+
+    def ends(capacity, second_after=()):
+        gpu = SharedGpu(("fast", "main"), capacity)
+        t0 = time.perf_counter()
+        gpu.launch("fast", 0.2)
+        gpu.launch("main", 0.2, second_after)
+        gpu.launch("main", 0.1)  # behind the first on its lane
+        return gpu, t0, [gpu.end(("fast", 1)) - t0, gpu.end(("main", 1)) - t0, gpu.end(("main", 2)) - t0]
+
+    _, _, (fast, main1, main2) = ends(1.0)
+    assert fast == pytest.approx(0.4, abs=0.01) and main1 == pytest.approx(0.4, abs=0.01)
+    assert main2 == pytest.approx(0.5, abs=0.01)
+    _, _, (fast, main1, main2) = ends(2.0)
+    assert fast == pytest.approx(0.2, abs=0.01) and main1 == pytest.approx(0.2, abs=0.01)
+    assert main2 == pytest.approx(0.3, abs=0.01)
+    gpu, t0, (fast, main1, main2) = ends(2.0, second_after=[("fast", 1)])
+    assert fast == pytest.approx(0.2, abs=0.01) and main1 == pytest.approx(0.4, abs=0.01)
+    assert not gpu.done(("fast", 1)) and not gpu.done(gpu.mark("main"))
+    time.sleep(max(0.0, t0 + 0.25 - time.perf_counter()))
+    assert gpu.done(("fast", 1)) and not gpu.done(("main", 1))
+    with pytest.raises(ValueError, match="capacity"):
+        SharedGpu(("main",), 0)
+
+
+@pytest.mark.slow
+def test_gpu_model_bench_binds_the_real_scheduler_to_graph_times(tmp_path):
+    """``bench.tts_gpu_model``: the real engine and scheduler (configs/gpu.toml) against graph
+    times; GPU time that doubles halves the sentences a GPU that takes turns serves (it stays
+    about fully busy); measured rows of the same clients and settings check an unscaled row, a
+    row of other settings does not, and a scaled row has no check."""
+    from bench.tts_gpu_model import main
+
+    graph_ms = {"encode 1 x 256": 1.3, "encode 16 x 256": 3.1, "encode 64 x 256": 9.1, "first 1 x 32": 0.7,
+                "first 16 x 32": 1.2, "decode 1 x 32": 0.7, "decode 16 x 32": 1.2, "decode 1 x 256": 0.9,
+                "decode 16 x 256": 3.5, "decode 64 x 256": 11.1}  # fmt: skip
+    times = tmp_path / "times.json"
+    times.write_text(json.dumps([{"backend": "gpu", "mode": "engine", "concurrency": 1, "qps": 1.0},
+                                 {"backend": "gpu", "graph_ms": graph_ms}]))  # fmt: skip
+    measured = tmp_path / "measured.json"
+    measured.write_text(json.dumps([{"mode": "engine", "concurrency": 8, "qps": 100.0},
+                                    {"mode": "engine", "concurrency": 8, "qps": 900.0, "fast_lanes": 99}]))  # fmt: skip
+    assert main(["--gpu-times", str(times), "--measured", str(measured), "--clients", "8", "--duration", "1.5",
+                 "--warmup", "0.3", "--gpu-capacity", "1", "--scale", "1", "1", "--scale", "2", "2",
+                 "--out", str(tmp_path), "--hardware", "test", "--date", "d"]) == 0  # fmt: skip
+    doc = json.loads((tmp_path / "tts_gpu_model-test-d.json").read_text())
+    assert doc["gpu_times"]["row"] == 1 and doc["graph_ms"] == graph_ms
+    plain, slow = doc["rows"]
+    assert plain["variant"] == "shipped" and plain["measured_qps"] == {"mean": 100.0, "min": 100.0, "max": 100.0, "n": 1}
+    assert plain["model_of_measured_pct"] == pytest.approx(plain["qps"], rel=0.01)
+    assert slow["variant"] == "shipped encode x2 decode x2" and slow["measured_qps"] is None
+    assert 85 <= plain["gpu_busy_pct"] <= 110 and 85 <= slow["gpu_busy_pct"] <= 110
+    assert slow["qps"] == pytest.approx(plain["qps"] / 2, rel=0.25)
+    assert (tmp_path / "tts_gpu_model-test-d.png").exists()
+
+
 @pytest.mark.slow
 def test_served_host_bench_measures_each_process_role(tmp_path):
     """``bench.served_host``: the stand-in engine alone in process (the reference), then ``voxloop
