@@ -17,6 +17,15 @@ if TYPE_CHECKING:
     from voxloop.config import GpuConfig
 
 
+def bucket_levels(args: argparse.Namespace) -> tuple[str, str]:
+    """(decoder, encoder) batch bucket levels (``voxloop.config.BATCH_BUCKET_LEVELS``) of ``bench.tts_load``'s
+    ``--batch-buckets`` / ``--encode-batch-buckets``, or of a namespace that says ``coarse`` /
+    ``encode_fine`` (other benches'); default fine and coarse, as ``configs/gpu.toml``."""
+    decode = getattr(args, "batch_buckets", None) or ("coarse" if getattr(args, "coarse", False) else "fine")
+    encode = getattr(args, "encode_batch_buckets", None) or ("fine" if getattr(args, "encode_fine", False) else "coarse")
+    return decode, encode
+
+
 def cuda_variant(args: argparse.Namespace, timing_tag: bool) -> str:
     """The backend-name suffix for the GPU engine's start-up options, e.g. ``-compiled-encoder-limit3``
     (``timing_tag``: ``-cudnnbench`` when cuDNN times its algorithms, before the limit)."""
@@ -25,7 +34,8 @@ def cuda_variant(args: argparse.Namespace, timing_tag: bool) -> str:
     return (("-compiled" if args.compile else "") + ("-encoder" if getattr(args, "compile_encoder", False) else "")
             + ("-cudnnbench" if timing_tag and timing else "") + (f"-limit{limit}" if timing and limit != 10 else "")
             + ("".join(f"-timed-{s}" for s in stages) if timing and set(stages) != {"encode", "decode"} else "")
-            + ("-coarse" if args.coarse else "") + ("-encfine" if getattr(args, "encode_fine", False) else "")
+            + ("" if (levels := bucket_levels(args))[0] == "fine" else f"-{levels[0]}")
+            + ("" if levels[1] == "coarse" else f"-enc{levels[1]}")
             + (f"-maxframes{args.max_frames}" if getattr(args, "max_frames", 3072) != 3072 else "")
             + (f"-ahead{args.speculate_frames}" if getattr(args, "speculate_frames", 0) else "")
             + (f"-steps{getattr(args, 'chunks_per_step', 1)}" if getattr(args, "chunks_per_step", 1) != 1 else "")
@@ -63,8 +73,8 @@ class CudaBackend:
         fast_lanes = getattr(args, "fast_lanes", 1)
         opts = RunnerOptions(
             chunk_frames=args.chunk_frames, max_frames=args.max_frames, precision=args.precision,
-            tail_chunk_frames=args.tail_chunk_frames, decode_batches=batch_buckets(args.max_batch, fine=not args.coarse),
-            encode_batches=batch_buckets(args.max_batch, fine=getattr(args, "encode_fine", False)),
+            tail_chunk_frames=args.tail_chunk_frames, decode_batches=batch_buckets(args.max_batch, bucket_levels(args)[0]),
+            encode_batches=batch_buckets(args.max_batch, bucket_levels(args)[1]),
             compile=args.compile,
             compile_encoder=getattr(args, "compile_encoder", False),
             cudnn_benchmark=args.cudnn_benchmark, cudnn_benchmark_limit=getattr(args, "cudnn_benchmark_limit", 10),

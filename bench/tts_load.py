@@ -69,7 +69,7 @@ from bench.harness import (
 from bench.gpu_timeline import profile_kernels
 from bench.tts_backends import CudaBackend, OnnxBackend, OnnxStreamBackend, scheduler_breakdown, scheduler_counters
 from bench.ws_clients import SESSIONS_PER_PROCESS
-from voxloop.config import ENCODER_CONVS, FUSED_BLOCK_PRODUCTS, TEXT_ENCODER_PRODUCTS
+from voxloop.config import BATCH_BUCKET_LEVELS, ENCODER_CONVS, FUSED_BLOCK_PRODUCTS, TEXT_ENCODER_PRODUCTS
 
 #: Engine-mode rows: clients are threads in the bench process calling the engine; audio stays int16 at
 #: the engine's rate (the voice's, or ``--output-rate`` resampled on the GPU; no serialization, no socket).
@@ -283,9 +283,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cudnn-benchmark-stages", nargs="+", choices=("encode", "decode"), default=["encode", "decode"],
                    help="tts.cudnn_benchmark_stages: with --cudnn-benchmark, the stages whose convolutions are timed")
     p.add_argument("--allocator", default="async", choices=["async", "native"], help="gpu.allocator")
-    p.add_argument("--coarse", action="store_true", help="power-of-two decode batch buckets only (tts.batch_buckets = coarse: faster start-up)")
-    p.add_argument("--encode-fine", action="store_true",
-                   help="fine encoder batch buckets too (tts.encode_batch_buckets = fine: less row padding, more graphs)")
+    p.add_argument("--batch-buckets", choices=BATCH_BUCKET_LEVELS, default="fine",
+                   help="decoder batch buckets (tts.batch_buckets; default: %(default)s)")
+    p.add_argument("--coarse", dest="batch_buckets", action="store_const", const="coarse",
+                   help="--batch-buckets coarse: power-of-two decoder batches only (faster start-up)")
+    p.add_argument("--encode-batch-buckets", choices=BATCH_BUCKET_LEVELS, default="coarse",
+                   help="encoder batch buckets (tts.encode_batch_buckets; default: %(default)s)")
+    p.add_argument("--encode-fine", dest="encode_batch_buckets", action="store_const", const="fine",
+                   help="--encode-batch-buckets fine: less row padding, more graphs")
     add_common_arguments(p)
     p.add_argument("--engine-clients", choices=("threads", "sinks"), default="threads",
                    help="engine mode, cuda: one thread per client iterating its request (threads), or clients "

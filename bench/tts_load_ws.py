@@ -14,7 +14,7 @@ import threading
 import time
 
 from bench.harness import ROOT, cpu_name, free_port, gpu_name, metrics_url, scrape_metrics, start_server, stop_server
-from bench.tts_backends import cuda_variant
+from bench.tts_backends import bucket_levels, cuda_variant
 
 
 class WsBackend:
@@ -33,8 +33,8 @@ class WsBackend:
                 f"--set=tts.cudnn_benchmark={'true' if args.cudnn_benchmark else 'false'}",
                 f"--set=tts.cudnn_benchmark_limit={args.cudnn_benchmark_limit}",
                 f"--set=tts.cudnn_benchmark_stages={','.join(args.cudnn_benchmark_stages)}",
-                f"--set=tts.batch_buckets={'coarse' if args.coarse else 'fine'}",
-                f"--set=tts.encode_batch_buckets={'fine' if getattr(args, 'encode_fine', False) else 'coarse'}",
+                f"--set=tts.batch_buckets={bucket_levels(args)[0]}",
+                f"--set=tts.encode_batch_buckets={bucket_levels(args)[1]}",
                 f"--set=tts.fast_lane={args.fast_lane}", f"--set=tts.fast_lanes={args.fast_lanes}",
                 f"--set=tts.speculate_frames={args.speculate_frames}", f"--set=tts.speculate_below={args.speculate_below}",
                 f"--set=tts.polyphase_upsampling={'true' if args.polyphase else 'false'}",

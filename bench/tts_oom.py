@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     from voxloop.errors import Overloaded
 
     opts = RunnerOptions(chunk_frames=64, tail_chunk_frames=256, max_frames=3072, precision="fp16", cuda_graphs=False,
-                         decode_batches=batch_buckets(args.max_batch, fine=False),
-                         encode_batches=batch_buckets(args.max_batch, fine=False))  # fmt: skip
+                         decode_batches=batch_buckets(args.max_batch, "coarse"),
+                         encode_batches=batch_buckets(args.max_batch, "coarse"))  # fmt: skip
     engine = CudaTtsEngine(Voice.load(args.voice), opts, queue_size=4096, oom_retry_after_ms=args.retry_after_ms,
                            gpu=GpuConfig(allocator=args.allocator))  # fmt: skip
     scheduler, sentences = engine.scheduler, load_sentences()

@@ -41,7 +41,7 @@ from tts_engine.torch_vits.scheduler import BatchScheduler
 def run_level(receive: str, clients: int, chunks_per_step: int, duration_s: float, frames: int, ids: int) -> dict:
     """One closed-loop level; returns its row."""
     options = RunnerOptions(chunk_frames=32, tail_chunk_frames=256, decode_batches=batch_buckets(128),
-                            encode_batches=batch_buckets(128, fine=False), fast_lanes=2,
+                            encode_batches=batch_buckets(128, "coarse"), fast_lanes=2,
                             chunks_per_step=chunks_per_step)  # fmt: skip
     scheduler = BatchScheduler(InstantRunner(options, frames), 22050, queue_size=1024)  # type: ignore[arg-type]
     sentence = [int(i) for i in np.random.default_rng(0).integers(1, SYMBOLS, ids)]

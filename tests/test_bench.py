@@ -142,7 +142,7 @@ def test_closed_loop_sinks_drives_the_real_scheduler_from_its_own_thread():
     from tts_engine.torch_vits.scheduler import BatchScheduler
 
     options = RunnerOptions(chunk_frames=32, tail_chunk_frames=256, decode_batches=batch_buckets(16),
-                            encode_batches=batch_buckets(16, fine=False), fast_lanes=2, chunks_per_step=0)
+                            encode_batches=batch_buckets(16, "coarse"), fast_lanes=2, chunks_per_step=0)
     scheduler = BatchScheduler(InstantRunner(options, 349), 22050, queue_size=64)
     threads = threading.active_count()
     try:
@@ -176,7 +176,7 @@ def test_instant_runner_lanes_take_their_launch_time_and_rows_come_resampled():
     from tts_engine.torch_vits.scheduler import BatchScheduler
 
     options = RunnerOptions(chunk_frames=32, tail_chunk_frames=256, decode_batches=batch_buckets(16),
-                            encode_batches=batch_buckets(16, fine=False), fast_lanes=2, chunks_per_step=0,
+                            encode_batches=batch_buckets(16, "coarse"), fast_lanes=2, chunks_per_step=0,
                             voice_rate=22050, output_rate=24000)  # fmt: skip
     runner = InstantRunner(options, 349, launch_s=0.05)
     t0 = time.perf_counter()
@@ -194,6 +194,24 @@ def test_instant_runner_lanes_take_their_launch_time_and_rows_come_resampled():
     finally:
         scheduler.close()
     assert records and {round(r["audio_s"] * 24000) for r in records} == {runner.resampler.out_samples(349 * HOP)}
+
+
+def test_bucket_levels_of_the_load_bench_and_of_older_namespaces():
+    """``bench.tts_load``'s ``--batch-buckets`` / ``--encode-batch-buckets`` (``--coarse`` and
+    ``--encode-fine`` set them) and a namespace of another bench that says ``coarse`` reach the
+    engine's levels and the backend's name."""
+    import argparse
+
+    from bench.tts_backends import bucket_levels, cuda_variant
+
+    def ns(**kw):
+        return argparse.Namespace(compile=False, cudnn_benchmark=False, **kw)
+
+    assert bucket_levels(ns()) == ("fine", "coarse") and cuda_variant(ns(), False) == ""
+    finer = ns(batch_buckets="finer", encode_batch_buckets="fine")
+    assert bucket_levels(finer) == ("finer", "fine") and cuda_variant(finer, False) == "-finer-encfine"
+    assert bucket_levels(ns(coarse=True, encode_fine=True)) == ("coarse", "fine")
+    assert cuda_variant(ns(coarse=True), False) == "-coarse"
 
 
 def test_gpu_times_interpolate_in_rows_and_take_the_next_measured_size():

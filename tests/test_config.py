@@ -108,8 +108,9 @@ def test_gpu_tts_start_up_settings_are_checked():
         load_config(None, ["tts.batch_buckets=some"], environ={})
     cfg = load_config(None, ["tts.cudnn_benchmark_limit=2", "tts.batch_buckets=coarse"], environ={})
     assert (cfg.tts.cudnn_benchmark_limit, cfg.tts.batch_buckets) == (2, "coarse")
-    with pytest.raises(ConfigError, match=r"tts\.encode_batch_buckets must be 'fine' or 'coarse'"):
+    with pytest.raises(ConfigError, match=r"tts\.encode_batch_buckets must be 'coarse', 'fine' or 'finer'"):
         load_config(None, ["tts.encode_batch_buckets=all"], environ={})
+    assert load_config(None, ["tts.batch_buckets=finer"], environ={}).tts.batch_buckets == "finer"
     assert load_config(None, [], environ={}).tts.encode_batch_buckets == "coarse"
     assert load_config(None, ["tts.encode_batch_buckets=fine"], environ={}).tts.encode_batch_buckets == "fine"
     for bad in ("", "encode,flow"):

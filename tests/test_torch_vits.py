@@ -269,10 +269,8 @@ def test_piper_checkpoint_with_weight_norm_loads(tmp_path):
 
 
 def tiny_runner(**kw) -> StepRunner:
-    opts = RunnerOptions(
-        chunk_frames=16, max_frames=512, decode_batches=(1, 2, 4), encode_batches=(1, 2, 4),
-        phoneme_buckets=(32, 64), **kw,
-    )  # fmt: skip
+    opts = RunnerOptions(**{"chunk_frames": 16, "max_frames": 512, "decode_batches": (1, 2, 4), "encode_batches": (1, 2, 4),
+                            "phoneme_buckets": (32, 64), **kw})  # fmt: skip
     return StepRunner(tiny_model(), opts)
 
 
@@ -289,18 +287,22 @@ def speak_random_clauses(runner: StepRunner, sample_rate: int, seed: int) -> tup
         scheduler.close()
 
 
-@pytest.mark.parametrize("tail_chunk_frames, polyphase, chunks_per_step, main_in_flight, encoder_convs",
-                         [(0, False, 1, 1, "cudnn"), (64, False, 1, 1, "cudnn"), (64, True, 1, 1, "cudnn"),
-                          (32, False, 0, 1, "cudnn"), (32, False, 2, 1, "cudnn"), (32, False, 1, 2, "cudnn"),
-                          (32, False, 0, 3, "cudnn"), (32, True, 0, 2, "gemm")])  # fmt: skip
+@pytest.mark.parametrize("tail_chunk_frames, polyphase, chunks_per_step, main_in_flight, encoder_convs, batches",
+                         [(0, False, 1, 1, "cudnn", (1, 2, 4)), (64, False, 1, 1, "cudnn", (1, 2, 4)),
+                          (64, True, 1, 1, "cudnn", (1, 2, 4)), (32, False, 0, 1, "cudnn", (1, 2, 4)),
+                          (32, False, 2, 1, "cudnn", (1, 2, 4)), (32, False, 1, 2, "cudnn", (1, 2, 4)),
+                          (32, False, 0, 3, "cudnn", (1, 2, 4)), (32, True, 0, 2, "gemm", (1, 2, 4)),
+                          (32, True, 0, 2, "gemm", (1, 2, 3, 4))])  # fmt: skip
 def test_scheduler_batched_chunks_equal_whole_utterances(tail_chunk_frames, polyphase, chunks_per_step, main_in_flight,
-                                                         encoder_convs):  # fmt: skip
+                                                         encoder_convs, batches):  # fmt: skip
     """Chunks of batched requests make each whole utterance (``model.infer`` of the model as
     loaded: the plain decoder and ``nn.Conv1d`` encoder, also when the runner's upsamples
     polyphase or its encoder convolves by matrix products), in the same chunk sizes however many
-    of a request's chunks one step decodes and however many main launches may be queued."""
+    of a request's chunks one step decodes, however many main launches may be queued and whatever
+    batch sizes are captured (every size, as ``batch_buckets`` "finer" has them at small batches)."""
     runner = tiny_runner(tail_chunk_frames=tail_chunk_frames, polyphase=polyphase, chunks_per_step=chunks_per_step,
-                         main_in_flight=main_in_flight, encoder_convs=encoder_convs)  # fmt: skip
+                         main_in_flight=main_in_flight, encoder_convs=encoder_convs, decode_batches=batches,
+                         encode_batches=batches)  # fmt: skip
     reference = tiny_model()  # tiny_runner's weights
     assert (runner.synth_model.dec.polyphase is not None) == polyphase
     gemm_convs = [m for m in runner.model.modules() if isinstance(m, GemmConv1d)]
@@ -1024,13 +1026,14 @@ def test_compiled_kernels_are_cached_per_gpu_cuda_and_torch(tmp_path, monkeypatc
 
 
 def test_engine_from_config_captures_the_configured_batch_buckets(cfg):
-    """``tts.batch_buckets``, ``tts.cudnn_benchmark_limit``, the decoding-ahead settings, polyphase
+    """``tts.batch_buckets`` and ``tts.encode_batch_buckets`` (each level's sizes, the padding they
+    allow), ``tts.cudnn_benchmark_limit``, the decoding-ahead settings, polyphase
     upsampling and the encoder's convolutions reach the runner (built on the CPU); fused blocks, fused
     upsampling, the fused flow and the fused duration predictor are refused there."""
     from tts_engine.torch_vits.cuda_engine import CudaTtsEngine, batch_buckets
 
     tts = replace(cfg.tts, backend="cuda", device="cpu", cuda_graphs=False, max_batch=32,
-                  batch_buckets="coarse", cudnn_benchmark_limit=3, speculate_frames=512, speculate_below=3,
+                  batch_buckets="coarse", encode_batch_buckets="finer", cudnn_benchmark_limit=3, speculate_frames=512, speculate_below=3,
                   polyphase_upsampling=True, chunks_per_step=0, encoder_convs="gemm",
                   phoneme_buckets=(32, 48, 64, 96, 128))  # fmt: skip
     with pytest.raises(ValueError, match="fused_blocks needs CUDA"):
@@ -1050,6 +1053,7 @@ def test_engine_from_config_captures_the_configured_batch_buckets(cfg):
         assert engine.runner.synth_model.dec.polyphase is not None
         assert engine.runner.model.dec.polyphase is None  # fp32: the encoder's copy stays as loaded
         assert engine.runner.options.decode_batches == (1, 2, 4, 8, 16, 32)
+        assert engine.runner.options.encode_batches == (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32)
         assert engine.runner.options.cudnn_benchmark_limit == 3
         assert (engine.runner.options.speculate_frames, engine.runner.options.speculate_below) == (512, 3)
         assert engine.runner.options.chunks_per_step == 0
@@ -1069,4 +1073,18 @@ def test_engine_from_config_captures_the_configured_batch_buckets(cfg):
         CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, fused_text_encoder=True, text_encoder_products="ieee")))
     assert batch_buckets(32) == (1, 2, 4, 8, 16, 24, 32)  # "fine": every multiple of 8 up to 64 too
     assert batch_buckets(128) == (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128)
-    assert batch_buckets(128, fine=False) == (1, 2, 4, 8, 16, 32, 64, 128)
+    assert batch_buckets(128, "coarse") == (1, 2, 4, 8, 16, 32, 64, 128)
+    finer = batch_buckets(128, "finer")
+    assert finer[:12] == (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16) and finer[-5:] == (64, 80, 96, 112, 128)
+    assert batch_buckets(100, "finer")[-3:] == (80, 96, 100)  # max_batch itself is a size
+
+    def padding(sizes, n):  # the share of a launch's rows that are padding
+        bucket = min(b for b in sizes if b >= n)
+        return (bucket - n) / bucket
+
+    assert max(padding(finer, n) for n in range(1, 129)) == pytest.approx(15 / 80)  # 65 rows to 80
+    assert max(padding(batch_buckets(128), n) for n in range(1, 129)) == pytest.approx(7 / 16)  # 9 rows to 16
+    assert max(padding(batch_buckets(128), n) for n in range(17, 129)) == pytest.approx(7 / 24)
+    assert max(padding(batch_buckets(128, "coarse"), n) for n in range(1, 129)) == pytest.approx(63 / 128)  # 65 rows to 128
+    with pytest.raises(ValueError, match="level must be one of"):
+        batch_buckets(128, "finest")

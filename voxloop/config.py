@@ -29,6 +29,9 @@ ENV_PREFIX = "VOXLOOP_"
 STAGES = ("asr", "llm", "tts")
 #: Most main-lane launches of the GPU TTS engine queued at once (``tts.main_in_flight``).
 MAX_MAIN_IN_FLIGHT = 4
+#: How finely the GPU engine's captured batch sizes step (``tts.batch_buckets``,
+#: ``tts.encode_batch_buckets``; ``tts_engine.torch_vits.cuda_engine.batch_buckets``).
+BATCH_BUCKET_LEVELS = ("coarse", "fine", "finer")
 #: ``tts.encoder_convs`` values: the fp32 encoder's convolutions through cuDNN or as cuBLAS products.
 ENCODER_CONVS = ("cudnn", "gemm")
 #: ``tts.text_encoder_products`` values: the fused feed-forward's products through cuBLAS (bit for bit
@@ -359,13 +362,15 @@ class TtsConfig:
     #: GPU, with ``cudnn_benchmark``: the stages whose convolutions are timed: "encode" (fp32 text
     #: encoder and durations), "decode" (flow and decoder); the others take cuDNN's heuristic choice.
     cudnn_benchmark_stages: tuple[str, ...] = ("encode", "decode")
-    #: GPU decoder batch sizes captured as CUDA graphs: "fine" (powers of two, every multiple of 8 up
-    #: to 64 and of 16 beyond: a batch padded by at most ~15-25 %, 15 sizes at max_batch 128) or
-    #: "coarse" (powers of two only: 8 sizes, about half the decoder's start-up, more padding).
+    #: GPU decoder batch sizes captured as CUDA graphs (``tts_engine.torch_vits.cuda_engine.batch_buckets``):
+    #: "fine" (powers of two, every multiple of 8 up to 64 and of 16 beyond: 15 sizes at max_batch
+    #: 128; 9-15 rows padded to 16, larger batches by at most 29 %), "coarse" (powers of two only: 8
+    #: sizes, about half the decoder's start-up, up to 49 % padding) or "finer" (every size up to 8,
+    #: then steps of an eighth of the next power of two: 24 sizes, at most 19 % padding, more graphs
+    #: to capture).
     batch_buckets: str = "fine"
-    #: GPU encoder batch sizes captured (per phoneme bucket and fast lane): "coarse" (powers of two) or
-    #: "fine" (as ``batch_buckets``' fine sizes: less row padding per encoder launch, more graphs to
-    #: capture at start-up).
+    #: GPU encoder batch sizes captured (per phoneme bucket and fast lane), the same levels:
+    #: "coarse", "fine" or "finer" (less row padding per encoder launch, more graphs to capture).
     encode_batch_buckets: str = "coarse"
     #: GPU: torch.compile the chunk decoder before capture (fuses elementwise work; ~1 min more start-up).
     #: H200, 50 clients: 684 vs 572 QPS in the engine, 655 served; one run (bench/results/tts_load-h200-2026-12-03-compile.md).
@@ -517,8 +522,8 @@ class TtsConfig:
         if self.chunks_per_step < 0:
             raise ConfigError(f"tts.chunks_per_step must be >= 0 (0: all of a request's chunks), got {self.chunks_per_step}")
         for name in ("batch_buckets", "encode_batch_buckets"):
-            if getattr(self, name) not in ("fine", "coarse"):
-                raise ConfigError(f"tts.{name} must be 'fine' or 'coarse', got {getattr(self, name)!r}")
+            if getattr(self, name) not in BATCH_BUCKET_LEVELS:
+                raise ConfigError(f"tts.{name} must be 'coarse', 'fine' or 'finer', got {getattr(self, name)!r}")
         # The bounds of tts_engine.engine.MIN_RATE / MAX_RATE, not imported: that loads numpy, which
         # `voxloop serve` must not load before it caps its BLAS threads.
         if self.output_rate and not (8_000 <= self.output_rate <= 192_000 and self.backend == "cuda"):

@@ -30,20 +30,27 @@ from tts_engine.torch_vits.runner import DTYPES, FAST_LANE_MODES, MAX_FAST_LANES
 from tts_engine.torch_vits.scheduler import BatchScheduler, Scales, Sink, SpeechRequest
 from tts_engine.torch_vits.weights import load_vits
 from tts_engine.voice import Voice
-from voxloop.config import Config, GpuConfig
+from voxloop.config import BATCH_BUCKET_LEVELS, Config, GpuConfig
 from voxloop.errors import ConfigError, ModelError
 
 log = logging.getLogger(__name__)
 
-def batch_buckets(max_batch: int, fine: bool = True) -> tuple[int, ...]:
-    """Batch sizes up to ``max_batch``: powers of two, plus ``max_batch``; with ``fine``, also
-    every multiple of 8 up to 64 and of 16 beyond (a batch is padded by at most ~15-25 %)."""
+def batch_buckets(max_batch: int, level: str = "fine") -> tuple[int, ...]:
+    """Batch sizes up to ``max_batch`` (with ``max_batch``): ``coarse``, the powers of two (a batch
+    padded by up to 49 %: 65 rows to 128); ``fine``, also every multiple of 8 up to 64 and
+    of 16 beyond (15 sizes at 128; 9 rows still padded to 16, beyond 16 at most 29 %); ``finer``,
+    every size up to 8, then steps of an eighth of the next power of two (10, 12, 14, 16, 20, 24,
+    28, 32, 40, ...: at most 19 %, 24 sizes at 128)."""
+    if level not in BATCH_BUCKET_LEVELS:
+        raise ValueError(f"batch bucket level must be one of {BATCH_BUCKET_LEVELS}, got {level!r}")
     sizes, p = {max_batch}, 1
     while p <= max_batch:
         sizes.add(p)
         p *= 2
-    if fine:
+    if level == "fine":
         sizes.update(b for b in range(8, max_batch + 1, 8) if b <= 64 or b % 16 == 0)
+    elif level == "finer":
+        sizes.update(b for b in range(1, max_batch + 1) if b <= 8 or b % max(1, (1 << (b - 1).bit_length()) // 8) == 0)
     return tuple(sorted(sizes))
 
 
@@ -132,8 +139,8 @@ class CudaTtsEngine:
             chunk_frames=tts.chunk_frames,
             tail_chunk_frames=tts.tail_chunk_frames,
             max_frames=tts.max_frames,
-            decode_batches=batch_buckets(tts.max_batch, fine=tts.batch_buckets == "fine"),
-            encode_batches=batch_buckets(tts.max_batch, fine=tts.encode_batch_buckets == "fine"),
+            decode_batches=batch_buckets(tts.max_batch, tts.batch_buckets),
+            encode_batches=batch_buckets(tts.max_batch, tts.encode_batch_buckets),
             precision=tts.precision,
             cuda_graphs=tts.cuda_graphs,
             compile=tts.compile,
