@@ -1025,6 +1025,37 @@ def test_compiled_kernels_are_cached_per_gpu_cuda_and_torch(tmp_path, monkeypatc
     assert triton_cache.get_cache_manager("00ff").cache_dir.startswith(str(used))  # what Triton itself will use
 
 
+def test_engine_remembers_resolved_options_but_never_refused_ones(cfg):
+    """Request options are resolved once per distinct options (the served path sends the same ones
+    with every sentence): equal options give the first result, options that were refused are
+    refused again each time, and what is kept stays bounded."""
+    from tts_engine.torch_vits.cuda_engine import RESOLVED_OPTIONS, CudaTtsEngine
+
+    tts = replace(cfg.tts, backend="cuda", device="cpu", cuda_graphs=False, max_batch=4, output_rate=24000)
+    engine = CudaTtsEngine.from_config(replace(cfg, tts=tts))
+    ids = [1, 0, 41, 0, 59, 0, 2]
+    try:
+        requests, rate = engine.submit_sentences([ids], SynthesisOptions(length_scale=1.25, sample_rate=16000))
+        assert rate == 16000 and requests[0].scales.length_scale == 1.25
+        again, rate = engine.submit_sentences([ids], SynthesisOptions(length_scale=1.25, sample_rate=16000))
+        assert rate == 16000 and again[0].scales is requests[0].scales
+        plain, rate = engine.submit_sentences([ids])
+        assert rate == 24000  # no options: the engine's output rate
+        for r in requests + again + plain:
+            r.cancel()
+        for bad in (SynthesisOptions(length_scale=0.0), SynthesisOptions(noise_w=float("nan")),
+                    SynthesisOptions(speaker_id=[3]), SynthesisOptions(sample_rate=1)):  # fmt: skip
+            for _ in range(2):
+                with pytest.raises(InvalidInput):
+                    engine.submit_sentences([ids], bad)
+        assert len(engine._resolved) == 2
+        for i in range(RESOLVED_OPTIONS + 5):
+            engine._resolve(SynthesisOptions(length_scale=1 + i / 1000))
+        assert 0 < len(engine._resolved) <= RESOLVED_OPTIONS
+    finally:
+        engine.close()
+
+
 def test_engine_from_config_captures_the_configured_batch_buckets(cfg):
     """``tts.batch_buckets`` and ``tts.encode_batch_buckets`` (each level's sizes, the padding they
     allow), ``tts.cudnn_benchmark_limit``, the decoding-ahead settings, polyphase

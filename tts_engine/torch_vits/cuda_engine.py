@@ -35,6 +35,10 @@ from voxloop.errors import ConfigError, ModelError
 
 log = logging.getLogger(__name__)
 
+#: Distinct request options whose resolved scales ``CudaTtsEngine`` keeps.
+RESOLVED_OPTIONS = 256
+
+
 def batch_buckets(max_batch: int, level: str = "fine") -> tuple[int, ...]:
     """Batch sizes up to ``max_batch`` (with ``max_batch``): ``coarse``, the powers of two (a batch
     padded by up to 49 %: 65 rows to 128); ``fine``, also every multiple of 8 up to 64 and
@@ -99,6 +103,8 @@ class CudaTtsEngine:
         #: or the voice's.
         self.sample_rate = options.output_rate or voice.sample_rate
         self.defaults = engine_defaults(defaults or SynthesisOptions(), options.output_rate)
+        #: ``_resolve``'s results per request options (a few distinct ones in practice; cleared when full).
+        self._resolved: dict[SynthesisOptions | None, tuple[Scales, int]] = {}
         self._max_text_chars = max_text_chars
         self._frontend = None
         pool_bytes = gpu.host_pool_mb * 2**20
@@ -267,9 +273,19 @@ class CudaTtsEngine:
                 request.cancel()
 
     def _resolve(self, options: SynthesisOptions | None) -> tuple[Scales, int]:
-        """Request options over engine defaults over the voice's own; validated like the CPU engine."""
-        r = resolve_options(options, self.defaults, self.voice)
-        return Scales(r.noise_scale, r.length_scale, r.noise_w, r.speaker_id or 0), r.sample_rate
+        """Request options over engine defaults over the voice's own; validated like the CPU engine.
+        Remembered per options (frozen, hashable): on the served path every sentence of a session
+        comes with the same ones, resolved on the engine process's link threads."""
+        try:
+            return self._resolved[options]
+        except (KeyError, TypeError):  # TypeError: a value that cannot be hashed (resolve_options judges it)
+            pass
+        r = resolve_options(options, self.defaults, self.voice)  # InvalidInput: nothing is remembered
+        resolved = Scales(r.noise_scale, r.length_scale, r.noise_w, r.speaker_id or 0), r.sample_rate
+        if len(self._resolved) >= RESOLVED_OPTIONS:
+            self._resolved.clear()
+        self._resolved[options] = resolved  # hashable: resolve_options accepted only numbers
+        return resolved
 
     def _check_ids(self, phoneme_ids: Sequence[int]) -> np.ndarray:
         return phoneme_id_array(phoneme_ids, self.voice.config.num_symbols)
