@@ -188,10 +188,11 @@ class InstantRunner:
         else:
             return
         self.gpu_s += seconds
+        marks = [e for e in after if e is not None]
         if self._gpu is not None:
-            self._gpu.launch(lane, seconds, [e for e in after if e is not None])
+            self._gpu.launch(lane, seconds, marks)
             return
-        self._free_at[lane] = max(time.perf_counter(), self._free_at[lane], *(e for e in after if e is not None)) + seconds
+        self._free_at[lane] = max(time.perf_counter(), self._free_at[lane], *marks) + seconds
 
     def _frames(self, ids: np.ndarray) -> int:
         return self.frames if isinstance(self.frames, int) else self.frames(ids)

@@ -71,10 +71,11 @@ class CudaBackend:
         self.torch = torch
         fast_lane = getattr(args, "fast_lane", "overlap")  # callers building their own Namespace may omit it
         fast_lanes = getattr(args, "fast_lanes", 1)
+        decode_level, encode_level = bucket_levels(args)
         opts = RunnerOptions(
             chunk_frames=args.chunk_frames, max_frames=args.max_frames, precision=args.precision,
-            tail_chunk_frames=args.tail_chunk_frames, decode_batches=batch_buckets(args.max_batch, bucket_levels(args)[0]),
-            encode_batches=batch_buckets(args.max_batch, bucket_levels(args)[1]),
+            tail_chunk_frames=args.tail_chunk_frames, decode_batches=batch_buckets(args.max_batch, decode_level),
+            encode_batches=batch_buckets(args.max_batch, encode_level),
             compile=args.compile,
             compile_encoder=getattr(args, "compile_encoder", False),
             cudnn_benchmark=args.cudnn_benchmark, cudnn_benchmark_limit=getattr(args, "cudnn_benchmark_limit", 10),

@@ -55,11 +55,16 @@ SETTINGS = ("fast_lane", "fast_lanes", "chunk_frames", "tail_chunk_frames", "enc
             "output_rate")  # fmt: skip
 
 
+def result_rows(path: Path) -> list[dict]:
+    """The rows of a result file: a list of rows (``bench.tts_load``), or ``{"rows": [...]}``."""
+    data = json.loads(Path(path).read_text())
+    return data["rows"] if isinstance(data, dict) else data
+
+
 def load_graph_ms(path: Path, row: int | None = None) -> tuple[dict[str, float], dict]:
     """The ``graph_ms`` of a tts_load result (a list of rows, or ``{"rows": [...]}``): of its
     ``row``-th row, or of the first row that has them; returns (graph_ms, where they came from)."""
-    data = json.loads(Path(path).read_text())
-    rows = data["rows"] if isinstance(data, dict) else data
+    rows = result_rows(path)
     with_times = [(i, r) for i, r in enumerate(rows) if r.get("graph_ms")]
     if not with_times:
         raise SystemExit(f"{path}: no row has graph_ms (bench.tts_load --graph-times)")
@@ -93,9 +98,8 @@ def frames_by_ids(sentences: list[dict], rate: int) -> dict[bytes, int]:
 
 
 def run_variant(name: str, sets: list[str], capacity: float, times: GpuTimes, args: argparse.Namespace,
-                measured: list[dict]) -> list[dict]:  # fmt: skip
-    sentences = load_sentences()
-    frames = frames_by_ids(sentences, json.loads((ROOT / "bench" / "tts_sentences.json").read_text())["sample_rate"])
+                measured: list[dict], sentences: list[dict], frames: dict[bytes, int]) -> list[dict]:  # fmt: skip
+    """Each ``--clients`` level of one variant at one capacity; ``frames``: ``frames_by_ids`` of ``sentences``."""
     overrides = ["tts.device=cpu", *([f"tts.voice_path={args.voice}"] if args.voice else []), *sets]
     backend = StandInEngine(overrides, lambda ids: frames[ids.tobytes()], 0.0, gpu_times=times,
                             gpu_capacity=None if capacity == float("inf") else capacity)  # fmt: skip
@@ -171,16 +175,15 @@ def main(argv: list[str] | None = None) -> int:
     add_common_arguments(p)
     args = p.parse_args(argv)
     graph_ms, source = load_graph_ms(args.gpu_times, args.gpu_times_row)
-    measured = []
-    for path in args.measured:
-        data = json.loads(path.read_text())
-        measured += data["rows"] if isinstance(data, dict) else data
+    measured = [r for path in args.measured for r in result_rows(path)]
+    sentences = load_sentences()
+    frames = frames_by_ids(sentences, json.loads((ROOT / "bench" / "tts_sentences.json").read_text())["sample_rate"])
     rows = []
     for encoder, decoder in args.scale or [(1.0, 1.0)]:
         times = GpuTimes(graph_ms, {"encode": encoder, "decode": decoder})
         for name, *sets in args.variant or [["shipped"]]:
             for capacity in args.gpu_capacity:
-                rows += run_variant(name, sets, capacity, times, args, measured)
+                rows += run_variant(name, sets, capacity, times, args, measured, sentences, frames)
     extra = {"gpu_times": source, "graph_ms": graph_ms, "measured": [str(p) for p in args.measured],
              "runner": "InstantRunner (each launch its graph's measured time at its padded batch, GpuTimes)"}  # fmt: skip
     report("tts_gpu_model", rows, extra, args, plot)
