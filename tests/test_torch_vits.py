@@ -180,6 +180,31 @@ def test_chunked_equals_whole_in_float64(model, chunk_frames):
         assert (wrong - whole).abs().max() > 1e-9
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("chunk_frames, edge_frames, frames", [(7, 0, 150), (32, 1, 150), (64, 1, 20)])
+def test_first_chunk_without_context_before_it_equals_the_symmetric_window(model, chunk_frames, edge_frames, frames):
+    """A first geometry (start 0, no window before the chunk) computes what the symmetric window
+    computes there, in float64, on a window shorter by its context; its edge before frame 0 is
+    zeros, where the symmetric window has the decoder's output for masked frames. Also for an
+    utterance shorter than the chunk."""
+    m = Vits(model.config).double().eval()
+    m.load_state_dict(model.state_dict())
+    symmetric = chunked.ChunkGeometry.for_model(m, chunk_frames, edge_frames)
+    first = chunked.ChunkGeometry.for_model(m, chunk_frames, edge_frames, first=True)
+    assert first.left_context == 0 and first.window_frames == symmetric.window_frames - symmetric.context
+    latents = torch.randn(1, frames, m.config.inter_channels, dtype=torch.float64)
+    zero = torch.zeros(1, dtype=torch.long)
+    with torch.inference_mode():
+        rows = [chunked.decode_windows(m, *chunked.gather_windows(latents, zero, zero, zero + frames, g), g)[0]
+                for g in (symmetric, first)]  # fmt: skip
+    edge = edge_frames * m.hop_length
+    assert rows[0].shape == rows[1].shape == ((chunk_frames + 2 * edge_frames) * m.hop_length,)
+    assert (rows[1][:edge] == 0).all()
+    inside = edge + min(chunk_frames + edge_frames, frames) * m.hop_length  # the row's samples of the utterance
+    assert (rows[1][edge:inside] - rows[0][edge:inside]).abs().max() < 1e-10
+    assert rows[0][edge:inside].abs().max() > 1e-3  # audio, not silence
+
+
 @pytest.mark.parametrize("kernel, stride, padding", [(16, 8, 4), (8, 4, 2), (6, 3, 0), (6, 2, 2)])
 def test_polyphase_upsampling_is_the_transposed_convolution(kernel, stride, padding):
     """``PolyphaseUp`` computes what ``ConvTranspose1d`` does (float64), also when the kernel spans
@@ -896,6 +921,17 @@ def test_exclusive_fast_lane_starves_neither_lane():
             time.sleep(0.0005)
     finally:
         scheduler.close()
+
+
+def test_fast_lanes_decode_first_chunks_only():
+    """The fast lanes' graphs read no context before the chunk: a chunk elsewhere is refused there."""
+    runner = tiny_runner(fast_lanes=2)
+    assert runner.first_geometry.first and runner.first_geometry.chunk_frames == runner.options.chunk_frames
+    assert runner.first_geometry.window_frames == runner.geometry.window_frames - runner.geometry.context
+    for lane in runner.fast_lanes:
+        with pytest.raises(ValueError, match="from frame 0"):
+            runner.decode([0, 1], [0, 16], lane=lane)
+    assert runner.decode([0], [16], lane="main").shape[0] == 1  # the main lane decodes any chunk
 
 
 def test_scheduler_rejects_bad_input():

@@ -10,6 +10,13 @@ exact too. ``context = flow.receptive_radius + dec.receptive_radius`` (32 + 11 f
 for Piper "medium"). Every shape depends only on the batch size: CUDA-graph friendly.
 With ``edge_frames`` the decoder's output is exact on that many frames beyond each side too
 (what a resampler of the chunk reads: ``resample.ChunkResampler``).
+
+A *first* geometry (``first=True``) is for chunks that start at the utterance's frame 0 (the GPU
+engine's fast lanes): the context before such a chunk lies outside the utterance, all masked
+zeros, which the convolutions' own zero padding at the window's start gives the same way; its
+window starts at the chunk (``32 + 44`` frames instead of ``44 + 32 + 44`` for the medium voices
+at 24 kHz output: 37 % less flow work and 21 % less decoder work per first chunk), and its
+output gets the ``edge_frames`` before frame 0 as zeros, the layout of every other chunk.
 """
 
 from __future__ import annotations
@@ -39,26 +46,34 @@ class ChunkGeometry:
     #: Frames of exact decoder output kept beyond each side of the chunk (a resampler's context,
     #: ``resample.ChunkResampler.edge_frames``); the flow and decoder contexts widen by as much.
     edge_frames: int = 0
+    #: Chunks that start at frame 0: no context before them (the module docstring).
+    first: bool = False
 
     @property
     def context(self) -> int:
+        """Frames of context after the chunk (and before it, unless ``first``)."""
         return self.flow_context + self.dec_context + self.edge_frames
+
+    @property
+    def left_context(self) -> int:
+        """Frames of context before the chunk: ``context``, or 0 for a first chunk."""
+        return 0 if self.first else self.context
 
     @property
     def window_frames(self) -> int:
         """Frames of ``z_p`` read per chunk."""
-        return self.chunk_frames + 2 * self.context
+        return self.chunk_frames + self.left_context + self.context
 
     @property
     def chunk_samples(self) -> int:
         return self.chunk_frames * self.hop_length
 
     @staticmethod
-    def for_model(model: Vits, chunk_frames: int, edge_frames: int = 0) -> ChunkGeometry:
+    def for_model(model: Vits, chunk_frames: int, edge_frames: int = 0, first: bool = False) -> ChunkGeometry:
         if chunk_frames < 1 or edge_frames < 0:
             raise ValueError(f"chunk_frames must be >= 1 and edge_frames >= 0, got {chunk_frames}, {edge_frames}")
         return ChunkGeometry(chunk_frames, model.flow.receptive_radius, model.dec.receptive_radius, model.hop_length,
-                             edge_frames)  # fmt: skip
+                             edge_frames, first)  # fmt: skip
 
 
 def gather_windows(
@@ -67,12 +82,12 @@ def gather_windows(
     """Read each chunk's ``z_p`` window from per-request frame buffers.
 
     ``latents`` [S, F_cap, C] (frame-major, one row per request slot); ``slots``,
-    ``starts`` (first frame of the chunk), ``frames`` (utterance length, 0 = padding
-    entry) are [B] int64. Returns ``z`` [B, C, W] (0 outside the utterance) and
-    ``mask`` [B, 1, W] float32.
+    ``starts`` (first frame of the chunk; 0 for a ``first`` geometry), ``frames`` (utterance
+    length, 0 = padding entry) are [B] int64. Returns ``z`` [B, C, W] (0 outside the utterance)
+    and ``mask`` [B, 1, W] float32.
     """
     n_slots, f_cap, channels = latents.shape
-    offsets = torch.arange(geometry.window_frames, device=latents.device) - geometry.context
+    offsets = torch.arange(geometry.window_frames, device=latents.device) - geometry.left_context
     pos = starts[:, None] + offsets[None, :]  # [B, W]
     valid = (pos >= 0) & (pos < frames[:, None])
     rows = slots[:, None] * f_cap + pos.clamp(0, f_cap - 1)
@@ -86,12 +101,19 @@ def decode_windows(
     model: Vits, z: torch.Tensor, mask: torch.Tensor, geometry: ChunkGeometry, g: torch.Tensor | None = None
 ) -> torch.Tensor:
     """``z`` [B, C, W], ``mask`` [B, 1, W] (model dtype) -> float audio
-    [B, (W - 2 * (context - edge_frames)) * hop]: the chunk and ``edge_frames`` on each side.
+    [B, (W - left_context - context + 2 * edge_frames) * hop]: the chunk and ``edge_frames`` on each
+    side (before a ``first`` chunk: zeros).
 
     Only the contexts of ``geometry`` are used, so any window width works (ONNX export).
     """
     z = model.flow.reverse(z, mask, g=g)
     fc, dc = geometry.flow_context, geometry.dec_context * geometry.hop_length
+    if geometry.first:  # context after the chunk only
+        z, mask = z[:, :, : z.shape[2] - fc], mask[:, :, : mask.shape[2] - fc]
+        audio = model.dec(z * mask, mask, g=g)
+        audio = audio[:, : audio.shape[1] - dc]
+        # the edge before frame 0 (outside the utterance: zeros), where every other chunk's row has it
+        return torch.nn.functional.pad(audio, (geometry.edge_frames * geometry.hop_length, 0))
     if fc:
         z, mask = z[:, :, fc:-fc], mask[:, :, fc:-fc]
     audio = model.dec(z * mask, mask, g=g)

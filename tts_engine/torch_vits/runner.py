@@ -387,6 +387,8 @@ class StepRunner:
         edge = self.resampler.edge_frames
         self.geometries = {c: ChunkGeometry.for_model(self.model, c, edge) for c in options.chunk_sizes}
         self.geometry = self.geometries[options.chunk_frames]
+        #: The fast lanes' first chunks (start 0): no context before them (``ChunkGeometry.first``).
+        self.first_geometry = ChunkGeometry.for_model(self.model, options.chunk_frames, edge, first=True)
         c, s = self.model.config, options.max_slots + 1
         self.scratch_slot = options.max_slots
         self.latents = torch.zeros(s, options.max_frames, c.inter_channels, device=self.device)
@@ -444,20 +446,22 @@ class StepRunner:
                     torch._dynamo.mark_dynamic(inputs[0], 1)  # one compiled graph for every phoneme bucket
                     for tensor in inputs:  # and every batch > 1
                         torch._dynamo.mark_dynamic(tensor, 0)
+        # keyed by chunk frames; "first": the fast lanes' first chunks
         decode_fns = {c: functools.partial(self._decode_fn, g) for c, g in self.geometries.items()}
+        decode_fns["first"] = functools.partial(self._decode_fn, self.first_geometry)
         if compiling:
             decode_fns = {c: torch.compile(fn) for c, fn in decode_fns.items()}
-        lanes = [(chunk, "main", main_pool, main_capture) for chunk in sorted(self.options.chunk_sizes, reverse=True)]
+        lanes = [(chunk, "main", main_pool, main_capture, chunk) for chunk in sorted(self.options.chunk_sizes, reverse=True)]
         if self.options.fast_lane != "off":  # first chunks: graphs of their own in each fast lane's pool
-            lanes += [(self.options.chunk_frames, lane, *pools[lane]) for lane in self.fast_lanes]
-        for chunk, lane, pool, capture_stream in lanes:
+            lanes += [(self.options.chunk_frames, lane, *pools[lane], "first") for lane in self.fast_lanes]
+        for chunk, lane, pool, capture_stream, fn in lanes:
             for b in sorted(self.options.decode_batches, reverse=True):
                 inputs = [
                     torch.full((b,), self.scratch_slot, dtype=torch.long, device=dev),
                     torch.zeros(b, dtype=torch.long, device=dev),
                     torch.zeros(b, dtype=torch.long, device=dev),
                 ]
-                self._decode_steps[(chunk, b, lane)] = _Step(decode_fns[chunk], inputs, pool, capture_stream)
+                self._decode_steps[(chunk, b, lane)] = _Step(decode_fns[fn], inputs, pool, capture_stream)
                 if compiling and b > 1:
                     for tensor in inputs:  # one compiled graph for every batch > 1
                         torch._dynamo.mark_dynamic(tensor, 0)
@@ -600,7 +604,7 @@ class StepRunner:
     def decode(self, slots: Sequence[int], starts: Sequence[int], chunk: int | None = None,
                lane: str = "main", after: Sequence[torch.cuda.Event | None] = ()) -> torch.Tensor:
         """Queue one ``chunk``-frame chunk (default ``chunk_frames``) for each (slot, start frame)
-        on ``lane`` (a fast lane: first chunks only, ``chunk`` = ``chunk_frames``).
+        on ``lane`` (a fast lane: first chunks only, ``chunk`` = ``chunk_frames``, every start 0).
 
         Returns int16 [len(slots), resampler.row_samples(chunk)] on the device (not synced; chunk * hop
         samples at the voice's rate, ``resampler.span`` says which are a row's). The lanes do not wait
@@ -610,8 +614,9 @@ class StepRunner:
         chunk = chunk or self.options.chunk_frames
         if lane not in self.lanes:
             raise ValueError(f"no lane {lane!r} (lanes: {self.lanes})")
-        if lane != "main" and chunk != self.options.chunk_frames:
-            raise ValueError(f"a fast lane decodes first chunks ({self.options.chunk_frames} frames), not {chunk}")
+        if lane != "main" and (chunk != self.options.chunk_frames or any(starts)):
+            raise ValueError(f"a fast lane decodes first chunks ({self.options.chunk_frames} frames from frame 0), "
+                             f"not {chunk} frames from {sorted(set(starts))}")  # fmt: skip
         key_lane = lane if self.options.fast_lane != "off" else "main"
         n = len(slots)
         b = bucket_for(n, self.options.decode_batches)
