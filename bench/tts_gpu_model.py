@@ -7,7 +7,9 @@ CUDA graph took on a GPU at that padded batch (``GpuTimes``: the ``graph_ms`` of
 --graph-times`` row, ``--gpu-times``), and which gives each sentence the frames of its audio. Load
 as ``bench.tts_load``'s engine mode: the load bench's 40 sentences (their espeak-ng ids, frames from
 their audio seconds), a thread per client, closed loop; rows as its rows (``scheduler``: the same
-breakdown) plus ``gpu_busy_pct`` (modeled GPU seconds queued per second, in %).
+breakdown) plus ``gpu_busy_pct`` (modeled GPU seconds queued per second, in %) and
+``frames_per_audio_frame`` (``chunk_work``: the frames the flow and the decoder compute per frame of
+the load's audio in the variant's chunk sizes).
 
 How the lanes share the GPU (``--gpu-capacity``, ``bench.instant_runner.SharedGpu``): launches
 running at once on different lanes (CUDA streams) share it, each at ``min(1, C / k)`` of its own
@@ -38,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +48,9 @@ import numpy as np
 from bench.harness import ROOT, add_common_arguments, closed_loop, load_sentences, pyplot, report, save_png, summarize
 from bench.instant_runner import HOP, GpuTimes, StandInEngine
 from bench.tts_backends import scheduler_breakdown, scheduler_counters
+from tts_engine.torch_vits.chunked import ChunkGeometry
+from tts_engine.torch_vits.runner import RunnerOptions
+from voxloop.config import load_config
 
 #: Settings a measured row must share with a variant to check it (``bench.tts_load``'s row keys):
 #: the scheduling, and the kernels (their graph times are the model's).
@@ -53,6 +59,16 @@ SETTINGS = ("fast_lane", "fast_lanes", "chunk_frames", "tail_chunk_frames", "enc
             "precision", "polyphase", "fused_blocks", "fused_block_products", "fused_upsampling", "fused_flow",
             "encoder_convs", "fused_duration_predictor", "fused_text_encoder", "text_encoder_products", "fused_prior",
             "output_rate")  # fmt: skip
+
+
+def voice_contexts(voice: str | None) -> tuple[int, int]:
+    """The flow's and the decoder's context, frames, of ``voice`` (default: ``configs/gpu.toml``'s)."""
+    from tts_engine.torch_vits.weights import load_vits
+    from voxloop import models
+
+    cfg = load_config(ROOT / "configs" / "gpu.toml", [f"tts.voice_path={voice}"] if voice else [], environ={})
+    model = load_vits(models.resolve_voice(cfg).path)
+    return model.flow.receptive_radius, model.dec.receptive_radius
 
 
 def result_rows(path: Path) -> list[dict]:
@@ -92,14 +108,43 @@ def measured_qps(rows: list[dict], clients: int, setting: dict) -> dict | None:
     return {"mean": round(float(np.mean(qps)), 1), "min": min(qps), "max": max(qps), "n": len(qps)}
 
 
+def chunk_work(options: RunnerOptions, flow_context: int, dec_context: int, edge_frames: int,
+               frames: Iterable[int]) -> dict:  # fmt: skip
+    """Frames the flow and the decoder compute per frame of audio for utterances of ``frames``
+    frames in ``options``' chunk sizes (``ChunkGeometry``'s windows; no padding rows, no chunks
+    decoded ahead): first chunks as the engine decodes them (no context before them on a fast lane,
+    ``ChunkGeometry.first``), and under ``first_with_context`` as a symmetric window would (before
+    2026-12-05, or with ``fast_lane = "off"``)."""
+    geometries = {c: ChunkGeometry(c, flow_context, dec_context, HOP, edge_frames) for c in options.chunk_sizes}
+    firsts = {trim: ChunkGeometry(options.chunk_frames, flow_context, dec_context, HOP, edge_frames, first=trim)
+              for trim in (True, False)}  # fmt: skip
+    work = {trim: [0, 0] for trim in firsts}
+    audio = 0
+    for n in frames:
+        done = 0
+        while done < n:
+            size = options.next_chunk(done, n)
+            for trim, counts in work.items():
+                g = firsts[trim] if done == 0 else geometries[size]
+                counts[0] += g.window_frames
+                counts[1] += g.decoder_frames
+            done += min(size, n - done)
+        audio += n
+    engine_trims = options.fast_lane != "off"
+    per = {trim: {"flow": round(f / audio, 3), "decoder": round(d / audio, 3)} for trim, (f, d) in work.items()}
+    return {**per[engine_trims], "first_with_context": per[False]}
+
+
 def frames_by_ids(sentences: list[dict], rate: int) -> dict[bytes, int]:
     """Each sentence's frames (its audio seconds at ``rate`` / the hop), keyed by its int64 ids' bytes."""
     return {np.asarray(s["ids"], np.int64).tobytes(): round(s["audio_s"] * rate / HOP) for s in sentences}
 
 
 def run_variant(name: str, sets: list[str], capacity: float, times: GpuTimes, args: argparse.Namespace,
-                measured: list[dict], sentences: list[dict], frames: dict[bytes, int]) -> list[dict]:  # fmt: skip
-    """Each ``--clients`` level of one variant at one capacity; ``frames``: ``frames_by_ids`` of ``sentences``."""
+                measured: list[dict], sentences: list[dict], frames: dict[bytes, int],
+                contexts: tuple[int, int]) -> list[dict]:  # fmt: skip
+    """Each ``--clients`` level of one variant at one capacity; ``frames``: ``frames_by_ids`` of ``sentences``;
+    ``contexts``: the voice's flow and decoder context, frames (``chunk_work``)."""
     overrides = ["tts.device=cpu", *([f"tts.voice_path={args.voice}"] if args.voice else []), *sets]
     backend = StandInEngine(overrides, lambda ids: frames[ids.tobytes()], 0.0, gpu_times=times,
                             gpu_capacity=None if capacity == float("inf") else capacity)  # fmt: skip
@@ -108,6 +153,7 @@ def run_variant(name: str, sets: list[str], capacity: float, times: GpuTimes, ar
     try:
         setting = settings(backend.engine)
         runner, scheduler = backend.engine.runner, backend.engine.scheduler
+        work = chunk_work(runner.options, *contexts, runner.resampler.edge_frames, frames.values())
         for clients in args.clients:
             before, gpu_s = scheduler_counters(scheduler), runner.gpu_s
             row = summarize(closed_loop(backend, sentences, clients, args.duration, args.warmup), backend, clients,
@@ -117,7 +163,7 @@ def run_variant(name: str, sets: list[str], capacity: float, times: GpuTimes, ar
             check = None if scaled else measured_qps(measured, clients, setting)  # no GPU ran faster kernels
             label = name + ("".join(f" {k} x{v:g}" for k, v in times.scale.items() if v != 1) if scaled else "")
             rows.append({**row, "variant": label, "sets": sets, "gpu_capacity": str(capacity), "scale": times.scale,
-                         "gpu_busy_pct": round(100 * busy, 1), **setting,
+                         "gpu_busy_pct": round(100 * busy, 1), "frames_per_audio_frame": work, **setting,
                          "scheduler": scheduler_breakdown(before, scheduler_counters(scheduler)),
                          "measured_qps": check,
                          "model_of_measured_pct": round(100 * row["qps"] / check["mean"], 1) if check else None})  # fmt: skip
@@ -178,12 +224,13 @@ def main(argv: list[str] | None = None) -> int:
     measured = [r for path in args.measured for r in result_rows(path)]
     sentences = load_sentences()
     frames = frames_by_ids(sentences, json.loads((ROOT / "bench" / "tts_sentences.json").read_text())["sample_rate"])
+    contexts = voice_contexts(args.voice)
     rows = []
     for encoder, decoder in args.scale or [(1.0, 1.0)]:
         times = GpuTimes(graph_ms, {"encode": encoder, "decode": decoder})
         for name, *sets in args.variant or [["shipped"]]:
             for capacity in args.gpu_capacity:
-                rows += run_variant(name, sets, capacity, times, args, measured, sentences, frames)
+                rows += run_variant(name, sets, capacity, times, args, measured, sentences, frames, contexts)
     extra = {"gpu_times": source, "graph_ms": graph_ms, "measured": [str(p) for p in args.measured],
              "runner": "InstantRunner (each launch its graph's measured time at its padded batch, GpuTimes)"}  # fmt: skip
     report("tts_gpu_model", rows, extra, args, plot)

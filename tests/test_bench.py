@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -294,7 +295,23 @@ def test_gpu_model_bench_binds_the_real_scheduler_to_graph_times(tmp_path):
     assert slow["variant"] == "shipped encode x2 decode x2" and slow["measured_qps"] is None
     assert 85 <= plain["gpu_busy_pct"] <= 110 and 85 <= slow["gpu_busy_pct"] <= 110
     assert slow["qps"] == pytest.approx(plain["qps"] / 2, rel=0.25)
+    assert plain["frames_per_audio_frame"]["flow"] < plain["frames_per_audio_frame"]["first_with_context"]["flow"]
     assert (tmp_path / "tts_gpu_model-test-d.png").exists()
+
+
+def test_chunk_work_counts_the_windows_the_engine_computes():
+    """A 100-frame utterance in 32-frame first chunks, later chunks up to 256, contexts 32 + 11 + 1:
+    the first chunk's window 32 + 44 (no context before it) or 44 + 32 + 44, the decoder on 32 + 12
+    or 12 + 32 + 12; the rest, 68 frames, in one 128-frame chunk: window 44 + 128 + 44, decoder 152."""
+    from bench.tts_gpu_model import chunk_work
+    from tts_engine.torch_vits.runner import RunnerOptions
+
+    options = RunnerOptions(chunk_frames=32, tail_chunk_frames=256)
+    work = chunk_work(options, 32, 11, 1, [100])
+    assert work == {"flow": (76 + 216) / 100, "decoder": (44 + 152) / 100,
+                    "first_with_context": {"flow": (120 + 216) / 100, "decoder": (56 + 152) / 100}}  # fmt: skip
+    off = chunk_work(replace(options, fast_lane="off"), 32, 11, 1, [100, 20])  # first chunks on the main lane
+    assert {k: off[k] for k in ("flow", "decoder")} == off["first_with_context"]
 
 
 @pytest.mark.slow

@@ -65,6 +65,11 @@ class ChunkGeometry:
         return self.chunk_frames + self.left_context + self.context
 
     @property
+    def decoder_frames(self) -> int:
+        """Frames the decoder runs on per chunk: the window less the flow's context."""
+        return self.window_frames - (0 if self.first else self.flow_context) - self.flow_context
+
+    @property
     def chunk_samples(self) -> int:
         return self.chunk_frames * self.hop_length
 
