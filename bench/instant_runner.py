@@ -92,6 +92,8 @@ class SharedGpu:
         self._numbered = dict.fromkeys(lanes, 0)  # launches queued per lane so far
         self._finished = dict.fromkeys(lanes, 0)  # of them, done
         self._now = time.perf_counter()
+        #: Seconds so far in which at least one launch ran (the rest the GPU stood idle).
+        self.busy_s = 0.0
 
     def launch(self, lane: str, seconds: float, after: Sequence[tuple[str, int]] = ()) -> None:
         self._advance(time.perf_counter())
@@ -111,14 +113,14 @@ class SharedGpu:
         self._advance(time.perf_counter())
         lane, number = mark
         saved = ({k: collections.deque([list(x) for x in q]) for k, q in self._queued.items()}, dict(self._finished),
-                 self._now)  # fmt: skip
+                 self._now, self.busy_s)  # fmt: skip
         try:
             while self._finished[lane] < number:
                 if not self._step(float("inf")):
                     raise RuntimeError(f"launch {mark} can never run")  # it waits for nothing queued
             return self._now
         finally:
-            self._queued, self._finished, self._now = saved
+            self._queued, self._finished, self._now, self.busy_s = saved
 
     def _advance(self, to: float) -> None:
         while self._now < to and self._step(to):
@@ -134,6 +136,7 @@ class SharedGpu:
         rate = min(1.0, self.capacity / len(running))
         step = min(min(h[2] for h in running) / rate, to - self._now)
         self._now += step
+        self.busy_s += step
         for h in running:
             h[2] -= step * rate
             if h[2] <= 1e-12:
@@ -177,6 +180,14 @@ class InstantRunner:
             self._encode_batches.setdefault(t, []).append(b)
         self._audio = {c: np.zeros((options.max_slots, self.resampler.row_samples(c)), np.int16)
                        for c in options.chunk_sizes}  # fmt: skip
+
+    @property
+    def busy_s(self) -> float | None:
+        """Seconds so far in which the shared GPU ran a launch (None without one: lanes side by side)."""
+        if self._gpu is None:
+            return None
+        self._gpu.done(self._gpu.mark(self.lanes[0]))  # brings it up to now
+        return self._gpu.busy_s
 
     def _launch(self, lane: str, kind: str, rows: int, size: int, after: Sequence[float | None] = ()) -> None:
         """Keep ``lane`` busy for a launch of ``rows`` rows of ``size`` (phoneme ids or frames),

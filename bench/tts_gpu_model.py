@@ -7,7 +7,8 @@ CUDA graph took on a GPU at that padded batch (``GpuTimes``: the ``graph_ms`` of
 --graph-times`` row, ``--gpu-times``), and which gives each sentence the frames of its audio. Load
 as ``bench.tts_load``'s engine mode: the load bench's 40 sentences (their espeak-ng ids, frames from
 their audio seconds), a thread per client, closed loop; rows as its rows (``scheduler``: the same
-breakdown) plus ``gpu_busy_pct`` (modeled GPU seconds queued per second, in %) and
+breakdown) plus ``gpu_busy_pct`` (modeled GPU seconds queued per second, in %), ``gpu_idle_pct``
+(of the level's time, the share in which the modeled GPU ran no launch) and
 ``frames_per_audio_frame`` (``chunk_work``: the frames the flow and the decoder compute per frame of
 the load's audio in the variant's chunk sizes).
 
@@ -40,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -155,15 +157,17 @@ def run_variant(name: str, sets: list[str], capacity: float, times: GpuTimes, ar
         runner, scheduler = backend.engine.runner, backend.engine.scheduler
         work = chunk_work(runner.options, *contexts, runner.resampler.edge_frames, frames.values())
         for clients in args.clients:
-            before, gpu_s = scheduler_counters(scheduler), runner.gpu_s
+            before, gpu_s, busy_s, t0 = scheduler_counters(scheduler), runner.gpu_s, runner.busy_s, time.perf_counter()
             row = summarize(closed_loop(backend, sentences, clients, args.duration, args.warmup), backend, clients,
                             args.hardware)  # fmt: skip
             busy = (runner.gpu_s - gpu_s) / (args.duration + args.warmup)
+            idle = None if busy_s is None else 100 * (1 - (runner.busy_s - busy_s) / (time.perf_counter() - t0))
             scaled = any(v != 1 for v in times.scale.values())
             check = None if scaled else measured_qps(measured, clients, setting)  # no GPU ran faster kernels
             label = name + ("".join(f" {k} x{v:g}" for k, v in times.scale.items() if v != 1) if scaled else "")
             rows.append({**row, "variant": label, "sets": sets, "gpu_capacity": str(capacity), "scale": times.scale,
-                         "gpu_busy_pct": round(100 * busy, 1), "frames_per_audio_frame": work, **setting,
+                         "gpu_busy_pct": round(100 * busy, 1), "gpu_idle_pct": None if idle is None else round(idle, 1),
+                         "frames_per_audio_frame": work, **setting,
                          "scheduler": scheduler_breakdown(before, scheduler_counters(scheduler)),
                          "measured_qps": check,
                          "model_of_measured_pct": round(100 * row["qps"] / check["mean"], 1) if check else None})  # fmt: skip
