@@ -348,6 +348,47 @@ def test_scheduler_batched_chunks_equal_whole_utterances(tail_chunk_frames, poly
         assert [c.final for c in chunks] == [False] * (len(chunks) - 1) + [True]
 
 
+def test_a_launchs_chunks_reach_iterating_clients_together(monkeypatch):
+    """Chunks of one hand-out enter the requests' queues together at its flush, none while its
+    rows are still being copied out (a client woken per row would take the interpreter lock back
+    between the copies)."""
+    events: list = []
+    requests: list = []
+    deliver, flush = BatchScheduler._deliver_row, BatchScheduler._flush
+
+    def deliver_row(self, request, *args):
+        events.append(sum(r._chunks.qsize() for r in requests))  # chunks queued so far, before this row
+        return deliver(self, request, *args)
+
+    def flushed(self):
+        events.append("flush")
+        return flush(self)
+
+    monkeypatch.setattr(BatchScheduler, "_deliver_row", deliver_row)
+    monkeypatch.setattr(BatchScheduler, "_flush", flushed)
+    runner = tiny_runner(tail_chunk_frames=32, chunks_per_step=0)
+    scheduler = BatchScheduler(runner, sample_rate=22050, queue_size=16)
+    rng = np.random.default_rng(3)
+    try:
+        requests += [scheduler.submit(list(rng.integers(1, TINY.n_vocab, n)), Scales(0.0, 1.0, 0.0)) for n in (30, 44, 57, 20)]
+        # every row copied out before the test consumes any chunk (a chunk taken mid-hand-out would move the counts)
+        wait_until(lambda: all(r.frames is not None and r.next_frame >= r.frames for r in requests))
+        outs = [list(r) for r in requests]
+    finally:
+        scheduler.close()
+    assert all(out and out[-1].final for out in outs)
+    handouts, current = [], []
+    for e in events:
+        if e == "flush":
+            handouts.append(current)
+            current = []
+        else:
+            current.append(e)
+    rows = [h for h in handouts if len(h) > 1]
+    assert rows, handouts  # some hand-out had several rows
+    assert all(len(set(h)) == 1 for h in rows), handouts  # nothing entered a queue between a hand-out's rows
+
+
 @pytest.mark.parametrize("voice_rate, output_rate", [(22050, 24000), (22050, 16000)])
 def test_scheduler_resampled_chunks_equal_the_whole_utterance_resampled(voice_rate, output_rate):
     """With ``output_rate`` each decoder step resamples its rows (``resample.ChunkResampler``): the
