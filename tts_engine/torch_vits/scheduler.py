@@ -28,8 +28,8 @@ thread) for ``AudioChunk``s; ``cancel()`` (from any thread) ends it at the next 
 The waiting line is bounded: ``submit`` raises ``Overloaded`` when it is full. A launch's chunks
 reach the iterating threads once all its rows are copied out, not row by row: a thread woken
 per row took the interpreter lock back from the scheduler between the copies of the next rows,
-and the GPU stood idle while the hand-out dragged on (in ``bench.tts_gpu_model`` at 50 clients
-7.8-8.0 % of the time idle, 0.7-1.2 % once the chunks are handed out together).
+and the GPU stood idle while the hand-out dragged on (``bench.tts_gpu_model``, 50 clients: the
+modeled GPU idle 5.6-7.0 % of the time before, 0.6-1.0 % after; docs/benchmarks.md).
 
 Delivery in bulk: a request submitted with a ``sink`` is not iterated; instead, each sink is
 called (on the scheduler thread) once per fast-lane launch with its first chunks, as soon as
