@@ -103,6 +103,11 @@ class SharedGpu:
     def mark(self, lane: str) -> tuple[str, int]:
         return lane, self._numbered[lane]
 
+    def busy_until_now(self) -> float:
+        """``busy_s`` with the GPU's time advanced to now."""
+        self._advance(time.perf_counter())
+        return self.busy_s
+
     def done(self, mark: tuple[str, int]) -> bool:
         self._advance(time.perf_counter())
         lane, number = mark
@@ -184,10 +189,7 @@ class InstantRunner:
     @property
     def busy_s(self) -> float | None:
         """Seconds so far in which the shared GPU ran a launch (None without one: lanes side by side)."""
-        if self._gpu is None:
-            return None
-        self._gpu.done(self._gpu.mark(self.lanes[0]))  # brings it up to now
-        return self._gpu.busy_s
+        return None if self._gpu is None else self._gpu.busy_until_now()
 
     def _launch(self, lane: str, kind: str, rows: int, size: int, after: Sequence[float | None] = ()) -> None:
         """Keep ``lane`` busy for a launch of ``rows`` rows of ``size`` (phoneme ids or frames),

@@ -263,6 +263,9 @@ def test_shared_gpu_runs_lanes_in_order_and_shares_its_capacity():
     assert not gpu.done(("fast", 1)) and not gpu.done(gpu.mark("main"))
     time.sleep(max(0.0, t0 + 0.25 - time.perf_counter()))
     assert gpu.done(("fast", 1)) and not gpu.done(("main", 1))
+    assert gpu.busy_until_now() == pytest.approx(time.perf_counter() - t0, abs=0.01)  # never idle so far
+    time.sleep(max(0.0, t0 + 0.7 - time.perf_counter()))  # all done at 0.5 s: idle since
+    assert gpu.busy_until_now() == pytest.approx(0.5, abs=0.01)
     with pytest.raises(ValueError, match="capacity"):
         SharedGpu(("main",), 0)
 
@@ -294,6 +297,7 @@ def test_gpu_model_bench_binds_the_real_scheduler_to_graph_times(tmp_path):
     assert plain["model_of_measured_pct"] == pytest.approx(plain["qps"], rel=0.01)
     assert slow["variant"] == "shipped encode x2 decode x2" and slow["measured_qps"] is None
     assert 85 <= plain["gpu_busy_pct"] <= 110 and 85 <= slow["gpu_busy_pct"] <= 110
+    assert 0 <= plain["gpu_idle_pct"] <= 20 and 0 <= slow["gpu_idle_pct"] <= 20  # capacity 1: busy ~ not idle
     assert slow["qps"] == pytest.approx(plain["qps"] / 2, rel=0.25)
     assert plain["frames_per_audio_frame"]["flow"] < plain["frames_per_audio_frame"]["first_with_context"]["flow"]
     assert (tmp_path / "tts_gpu_model-test-d.png").exists()
