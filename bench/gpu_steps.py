@@ -43,14 +43,12 @@ def fill_slots(runner: StepRunner, sentences: list[list[int]], noise: bool) -> l
 
 def decode_one(runner: StepRunner, slot: int, frames: int) -> np.ndarray:
     """One slot's utterance through the engine's chunk plan (first chunk, then larger ones), int16."""
-    resampler, done = runner.resampler, 0
+    resampler = runner.resampler
     out = np.zeros(resampler.out_samples(frames * runner.geometry.hop_length), np.int16)
-    while done < frames:
-        size = runner.options.next_chunk(done, frames)
-        row = runner.fetch(runner.decode([slot], [done], size))[0][0]
-        span = resampler.span(done, min(done + size, frames))
+    for start, size in runner.options.chunk_plan(frames):
+        row = runner.fetch(runner.decode([slot], [start], size))[0][0]
+        span = resampler.span(start, min(start + size, frames))
         out[span.start : span.stop] = span.of(row)
-        done += size
     return out
 
 

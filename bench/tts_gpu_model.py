@@ -123,14 +123,11 @@ def chunk_work(options: RunnerOptions, flow_context: int, dec_context: int, edge
     work = {trim: [0, 0] for trim in firsts}
     audio = 0
     for n in frames:
-        done = 0
-        while done < n:
-            size = options.next_chunk(done, n)
+        for start, size in options.chunk_plan(n):
             for trim, counts in work.items():
-                g = firsts[trim] if done == 0 else geometries[size]
+                g = firsts[trim] if start == 0 else geometries[size]
                 counts[0] += g.window_frames
                 counts[1] += g.decoder_frames
-            done += min(size, n - done)
         audio += n
     engine_trims = options.fast_lane != "off"
     per = {trim: {"flow": round(f / audio, 3), "decoder": round(d / audio, 3)} for trim, (f, d) in work.items()}

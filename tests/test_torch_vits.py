@@ -345,6 +345,7 @@ def test_scheduler_batched_chunks_equal_whole_utterances(tail_chunk_frames, poly
             sizes.append(min(runner.options.next_chunk(done, frames), frames - done))
             done += sizes[-1]
         assert [c.num_samples // runner.geometry.hop_length for c in chunks] == sizes
+        assert [min(size, frames - start) for start, size in runner.options.chunk_plan(frames)] == sizes
         assert [c.final for c in chunks] == [False] * (len(chunks) - 1) + [True]
 
 

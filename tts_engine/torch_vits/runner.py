@@ -200,6 +200,15 @@ class RunnerOptions:
         rest = total - done
         return next((c for c in self.chunk_sizes if c >= rest), self.chunk_sizes[-1])
 
+    def chunk_plan(self, total: int) -> list[tuple[int, int]]:
+        """(start frame, chunk frames) of each chunk of a ``total``-frame utterance, in order
+        (``next_chunk`` from frame 0; the last chunk may reach past the end)."""
+        plan, done = [], 0
+        while done < total:
+            plan.append((done, self.next_chunk(done, total)))
+            done += plan[-1][1]
+        return plan
+
     def encode_buckets(self) -> list[tuple[int, int]]:
         return [(b, t) for b in self.encode_batches for t in self.phoneme_buckets if b * t <= self.max_encode_tokens]
 
@@ -451,17 +460,18 @@ class StepRunner:
         decode_fns["first"] = functools.partial(self._decode_fn, self.first_geometry)
         if compiling:
             decode_fns = {c: torch.compile(fn) for c, fn in decode_fns.items()}
-        lanes = [(chunk, "main", main_pool, main_capture, chunk) for chunk in sorted(self.options.chunk_sizes, reverse=True)]
+        lanes = [(chunk, "main", main_pool, main_capture) for chunk in sorted(self.options.chunk_sizes, reverse=True)]
         if self.options.fast_lane != "off":  # first chunks: graphs of their own in each fast lane's pool
-            lanes += [(self.options.chunk_frames, lane, *pools[lane], "first") for lane in self.fast_lanes]
-        for chunk, lane, pool, capture_stream, fn in lanes:
+            lanes += [(self.options.chunk_frames, lane, *pools[lane]) for lane in self.fast_lanes]
+        for chunk, lane, pool, capture_stream in lanes:
+            fn = decode_fns[chunk if lane == "main" else "first"]
             for b in sorted(self.options.decode_batches, reverse=True):
                 inputs = [
                     torch.full((b,), self.scratch_slot, dtype=torch.long, device=dev),
                     torch.zeros(b, dtype=torch.long, device=dev),
                     torch.zeros(b, dtype=torch.long, device=dev),
                 ]
-                self._decode_steps[(chunk, b, lane)] = _Step(decode_fns[fn], inputs, pool, capture_stream)
+                self._decode_steps[(chunk, b, lane)] = _Step(fn, inputs, pool, capture_stream)
                 if compiling and b > 1:
                     for tensor in inputs:  # one compiled graph for every batch > 1
                         torch._dynamo.mark_dynamic(tensor, 0)
