@@ -32,7 +32,8 @@ class GpuTimes:
     ``first <rows> x <frames>`` (a fast lane's first chunks), ``decode <rows> x <frames>`` (the
     main lane's chunks)), for any padded batch: piecewise linear in rows between the rows
     measured, the last piece extended beyond them. A phoneme bucket or chunk size not measured
-    takes the next larger measured one's times (the largest's when none is larger); a fast
+    takes the next larger measured one's times; one larger than every size measured, the line
+    through the two largest sizes' times extended (in proportion with one size measured); a fast
     lane's chunks larger than every ``first`` key take ``decode``'s. ``scale``: a factor per kind
     (``encode``, ``decode``; ``decode`` also scales ``first``), for what-if runs (0.5: twice as
     fast)."""
@@ -62,15 +63,25 @@ class GpuTimes:
         sizes = self._points.get(kind)
         if not sizes or size > max(sizes):  # a fast lane's chunk size with no "first" keys: the main lane's
             sizes = self._points["decode"] if kind == "first" else sizes
-        measured = min((s for s in sizes if s >= size), default=max(sizes))
-        points = sizes[measured]
-        if len(points) == 1:
-            ms = points[0][1]
-        else:
-            i = next((i for i in range(1, len(points) - 1) if rows <= points[i][0]), len(points) - 1)
-            (r0, m0), (r1, m1) = points[i - 1], points[i]
-            ms = m0 + (max(rows, points[0][0]) - r0) * (m1 - m0) / (r1 - r0)
+        largest = max(sizes)
+        if size <= largest:
+            ms = self._row_ms(sizes[min(s for s in sizes if s >= size)], rows)
+        elif len(sizes) == 1:  # larger than measured, one size: in proportion to it
+            ms = self._row_ms(sizes[largest], rows) * size / largest
+        else:  # larger than measured: the line through the two largest sizes, extended
+            below = max(s for s in sizes if s < largest)
+            m0, m1 = self._row_ms(sizes[below], rows), self._row_ms(sizes[largest], rows)
+            ms = m1 + (size - largest) * (m1 - m0) / (largest - below)
         return ms / 1000 * self.scale["encode" if kind == "encode" else "decode"]
+
+    @staticmethod
+    def _row_ms(points: list[tuple[int, float]], rows: int) -> float:
+        """Milliseconds at ``rows`` padded rows: linear between the rows measured, the last piece extended."""
+        if len(points) == 1:
+            return points[0][1]
+        i = next((i for i in range(1, len(points) - 1) if rows <= points[i][0]), len(points) - 1)
+        (r0, m0), (r1, m1) = points[i - 1], points[i]
+        return m0 + (max(rows, points[0][0]) - r0) * (m1 - m0) / (r1 - r0)
 
 
 class SharedGpu:
