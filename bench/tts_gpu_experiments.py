@@ -206,7 +206,7 @@ def encoder_products_rows(model, sentences: list[list[int]], tiles: list[str] = 
     ``sentences`` in one padded batch x (``draws`` draws of the duration noise at ``noise_w`` 0.8, and
     ``noise_w`` 0) the phonemes whose frame count moves, the frames moved and the sentences whose
     length moves. The duration predictor is the same (``gemm``) in every row. ``tiles``: more rows for
-    "tf32x3" and "tf32" with the Triton convolution in those tile shapes ("COxTxKxWxS": output
+    "tf32x3", "tf32" and "fp16x3" with the Triton convolution in those tile shapes ("COxTxKxWxS": output
     channels, time steps, input channels per product, warps, stages; ``fused_ffn.CONV_TILES``)."""
     from tts_engine.torch_vits import fused_ffn
     from tts_engine.torch_vits.gemm_conv import use_gemm_convs
@@ -223,7 +223,7 @@ def encoder_products_rows(model, sentences: list[list[int]], tiles: list[str] = 
     rows, ref = [], None
     default_tiles, default_rows = fused_ffn.CONV_TILES, fused_ffn.MIN_ROWS
     variants = [(p, None) for p in fused_ffn.PRODUCTS]
-    variants += [(p, spec) for spec in tiles for p in ("tf32x3", "tf32")]
+    variants += [(p, spec) for spec in tiles for p in ("tf32x3", "tf32", "fp16x3")]
     for products, spec in variants:
         m = copy.deepcopy(base)
         fused_ffn.use_fused_ffn(m.enc_p, products)

@@ -117,7 +117,7 @@ mask = (torch.arange(150)[None, None, :] < torch.tensor([150, 70, 10])[:, None, 
 w, b = torch.randn(40, 72) * 0.2, torch.rand(40) + 0.5
 clean = x * mask
 poisoned = torch.where(mask.bool(), x, torch.full_like(x, float("nan")))
-y = fused_ffn.conv(poisoned, mask, w, b, 3, 1, True, products)
+y = fused_ffn.conv(poisoned, mask, w, b, 3, 1, True, products, fused_ffn.fp16_weight_scale(w))
 taps = torch.cat([torch.nn.functional.pad(clean, (1, 1))[:, :, i:i + 150] for i in range(3)], dim=1)
 ref = torch.relu(torch.matmul(w, taps) + b[:, None])
 computed = mask.clone()
@@ -134,10 +134,11 @@ print(json.dumps({"swapped": swapped, "products": [m.products for m in fused.mod
 
 
 @needs_triton
-@pytest.mark.parametrize("products", ["ieee", "tf32x3"])
+@pytest.mark.parametrize("products", ["ieee", "tf32x3", "fp16x3"])
 def test_triton_products_compute_the_feed_forward_and_skip_padding(products):
     """The Triton convolution (``tts.text_encoder_products``) gives the encoder's states within fp32
-    rounding of cuBLAS's (Triton's interpreter multiplies in fp32 whatever the precision named), reads
+    rounding of cuBLAS's (Triton's interpreter multiplies in fp32 whatever ``input_precision`` names,
+    but "fp16x3"'s fp16 operands as fp16: one fp16 product alone is off by ~1e-3), reads
     masked inputs as 0 (NaN there does not reach the output) and leaves blocks past a row's end at 0;
     batches under ``MIN_ROWS`` keep cuBLAS's products."""
     r = interpret(PRODUCTS, products)
@@ -146,6 +147,18 @@ def test_triton_products_compute_the_feed_forward_and_skip_padding(products):
     assert 0 < r["diff"] < 1e-5 * r["peak"], r  # not cuBLAS's sums (another order), but within fp32 rounding
     assert r["finite"] and r["conv_diff"] < 1e-5 * r["conv_peak"], r
     assert r["skipped"] > 0 and r["skipped_zero"], r
+
+
+def test_fp16_weight_scale_is_the_power_of_two_that_puts_the_peak_at_1024():
+    from tts_engine.torch_vits import fused_ffn
+    from tts_engine.torch_vits.text_encoder import FeedForward
+
+    assert fused_ffn.fp16_weight_scale(torch.tensor([0.3, -0.7])) == 1024.0  # 0.7 x 1024 = 717 <= 1024 < 0.7 x 2048
+    assert fused_ffn.fp16_weight_scale(torch.tensor([[2.0, 1.0]])) == 512.0  # exactly the peak
+    assert fused_ffn.fp16_weight_scale(torch.tensor([3000.0])) == 0.25
+    assert fused_ffn.fp16_weight_scale(torch.zeros(3)) == 1.0
+    layer = fused_ffn.FusedFeedForward(FeedForward(8, 16, 3), "fp16x3")
+    assert layer.scales == (fused_ffn.fp16_weight_scale(layer.w1), fused_ffn.fp16_weight_scale(layer.w2))
 
 
 def test_fused_ffn_refuses_what_it_does_not_compute():

@@ -379,10 +379,10 @@ def test_gpu_fused_text_encoder_keeps_the_encoder_bit_for_bit(model, voice_path)
     assert_speaks_as_whole(model, voice_path, encoder_convs="gemm", fused_duration_predictor=True, fused_text_encoder=True)
 
 
-@pytest.mark.parametrize("products", ["ieee", "tf32x3"])
+@pytest.mark.parametrize("products", ["ieee", "tf32x3", "fp16x3"])
 def test_gpu_text_encoder_products_stay_close_and_speak_as_whole(model, voice_path, products, monkeypatch):
     """``tts.text_encoder_products``: the voice's text encoder with its feed-forward as Triton convolutions
-    (padding skipped; ``tl.dot`` in fp32 or three TF32 products) gives the states of cuBLAS's products
+    (padding skipped; ``tl.dot`` in fp32, three TF32 or three fp16 products) gives the states of cuBLAS's products
     within 1e-5 of their peak for 40 sentences padded to the 256-id bucket, and the engine (fp32, every
     encoder kernel of ``configs/gpu.toml``) speaks each of 6 sentences as the whole-utterance run does
     (same length, within 3 int16 steps); every batch through the Triton convolution (``MIN_ROWS`` 1)."""

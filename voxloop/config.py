@@ -36,7 +36,7 @@ BATCH_BUCKET_LEVELS = ("coarse", "fine", "finer")
 ENCODER_CONVS = ("cudnn", "gemm")
 #: ``tts.text_encoder_products`` values: the fused feed-forward's products through cuBLAS (bit for bit
 #: ``encoder_convs = "gemm"``) or as Triton convolutions skipping padding, in ``tl.dot``'s precisions.
-TEXT_ENCODER_PRODUCTS = ("cublas", "ieee", "tf32x3", "tf32")
+TEXT_ENCODER_PRODUCTS = ("cublas", "ieee", "tf32x3", "tf32", "fp16x3")
 #: ``tts.fused_block_products`` values: the fused residual blocks' products in the model's dtype or in FP8 e4m3
 #: (``tts_engine.torch_vits.fused_resblock.PRODUCTS``; not imported here: config loads no torch).
 FUSED_BLOCK_PRODUCTS = ("model", "e4m3")
@@ -442,7 +442,8 @@ class TtsConfig:
     #: With fused_text_encoder: its convolutions' products. "cublas": the stacked taps through cuBLAS
     #: (bit for bit encoder_convs = "gemm"). Otherwise one Triton kernel per convolution that skips the
     #: time steps past each sentence's end (the phoneme bucket's padding), its products in "ieee" (fp32
-    #: on the CUDA cores), "tf32x3" (three TF32 tensor-core products: close to fp32) or "tf32" (one); not
+    #: on the CUDA cores), "tf32x3" (three TF32 tensor-core products: close to fp32), "tf32" (one) or
+    #: "fp16x3" (three fp16 products of high and low halves: close to fp32 at fp16's rate); not
     #: bit for bit cuBLAS's sums, so a phoneme's frames can move where its length is within rounding of
     #: a whole frame (python -m bench.tts_gpu_experiments --encoder-products counts them).
     text_encoder_products: str = "cublas"

@@ -23,8 +23,15 @@ epilogue, that skips every block of 64 time steps past its sentence's end: cuBLA
 padding of the phoneme bucket too (about half the ids of a batch at 50 clients); batches under
 ``MIN_ROWS`` sentences keep cuBLAS's products (faster there). Its ``tl.dot`` runs
 in ``products`` precision: "ieee" (fp32 multiply-adds on the CUDA cores), "tf32x3" (each product as
-three TF32 tensor-core products of the operands' high and low parts: close to fp32) or "tf32" (one
-TF32 product: a 10-bit mantissa). Not bit for bit cuBLAS's sums: the durations (ceil'd) can move where
+three TF32 tensor-core products of the operands' high and low parts: close to fp32), "tf32" (one
+TF32 product: a 10-bit mantissa) or "fp16x3": each operand split into an fp16 high part and the fp16
+rest, three fp16 tensor-core products (low x high, high x low, high x high, fp32 sums). fp16 has
+TF32's 10-bit mantissa at twice its rate on Hopper, so "fp16x3" keeps about 21 bits like "tf32x3" in
+half its tensor-core time, within fp16's range: the weights are scaled by a power of two (exact)
+that puts their largest at 1024, the inputs are not scaled (the encoder's feed-forward inputs, a
+LayerNorm's output and a ReLU of it, stay far from fp16's 65 504); a low part under 2^-14 (a value
+under 1/8 of 1, or of the scaled weight) keeps fewer bits, an absolute error under 3e-8 per value.
+Not bit for bit cuBLAS's sums: the durations (ceil'd) can move where
 a phoneme's length lies within rounding of a whole frame; ``bench.tts_gpu_experiments
 --encoder-products`` counts the phonemes that move, and times the encoder.
 
@@ -32,6 +39,8 @@ a phoneme's length lies within rounding of a whole frame; ``bench.tts_gpu_experi
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -51,7 +60,10 @@ PRODUCTS = TEXT_ENCODER_PRODUCTS
 #: num_stages) per program and precision: the fastest of eight shapes for the voice's encoder at 16 and
 #: 64 sentences on the H200 (``bench/results/tts_gpu_experiments-h200-2026-12-04-products.json``;
 #: "ieee" not swept).
-CONV_TILES = {"ieee": (64, 64, 32, 4, 3), "tf32x3": (32, 64, 32, 4, 3), "tf32": (64, 64, 32, 4, 3)}
+CONV_TILES = {"ieee": (64, 64, 32, 4, 3), "tf32x3": (32, 64, 32, 4, 3), "tf32": (64, 64, 32, 4, 3),
+              "fp16x3": (32, 64, 32, 4, 3)}  # fmt: skip
+#: "fp16x3": the scaled weights' largest magnitude (a power of two; fp16's largest is 65 504).
+FP16_WEIGHT_PEAK = 1024.0
 #: Batches (the encoder graph's rows) below this keep the cuBLAS products: one sentence's encoder took
 #: 0.87 ms with them, 1.21 ms with "tf32x3" (too few programs for the GPU); 16 sentences 2.89 vs 2.56 ms.
 MIN_ROWS = 16
@@ -88,14 +100,15 @@ if triton is not None:
 
 
     @triton.jit
-    def _conv(x_ptr, w_ptr, b_ptr, mask_ptr, y_ptr, T, s_b, s_c, s_t,
+    def _conv(x_ptr, w_ptr, b_ptr, mask_ptr, y_ptr, T, s_b, s_c, s_t, w_scale,
               CIN: tl.constexpr, CIN_BLOCKS: tl.constexpr, COUT: tl.constexpr, K: tl.constexpr,
               PAD: tl.constexpr, RELU: tl.constexpr, PREC: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_T: tl.constexpr,
               BLOCK_K: tl.constexpr):  # fmt: skip
         """``y[b, o, t] = sum_{i, c} W[o, i * CIN + c] * v[b, c, t + i - PAD] + bias[o]`` with ``v = x``
         where ``mask`` is set, else 0 (and 0 outside ``[0, T)``); then ``relu(.)`` (``RELU``) or ``. * mask``.
         A block of time steps all past the sentence's end (``mask`` 0) is not computed: it stores 0.
-        ``W`` [COUT, K * CIN] tap-major, ``y`` [B, COUT, T] contiguous, all float32."""
+        ``W`` [COUT, K * CIN] tap-major, ``y`` [B, COUT, T] contiguous, all float32. ``w_scale``: a power
+        of two the weights are multiplied by before their fp16 split ("fp16x3"; divided out after the sums)."""
         pid_t = tl.program_id(0)
         pid_c = tl.program_id(1)
         b = tl.program_id(2)
@@ -117,7 +130,19 @@ if triton is not None:
                             mask=cin[:, None] & keep[None, :], other=0.0)  # fmt: skip
                 w = tl.load(w_ptr + co[:, None] * (K * CIN) + (i * CIN + ci)[None, :],
                             mask=cout[:, None] & cin[None, :], other=0.0)  # fmt: skip
-                acc = tl.dot(w, v, acc, input_precision=PREC)
+                if PREC == "fp16x3":
+                    w = w * w_scale
+                    w_hi = w.to(tl.float16)
+                    w_lo = (w - w_hi.to(tl.float32)).to(tl.float16)
+                    v_hi = v.to(tl.float16)
+                    v_lo = (v - v_hi.to(tl.float32)).to(tl.float16)
+                    acc = tl.dot(w_lo, v_hi, acc)
+                    acc = tl.dot(w_hi, v_lo, acc)
+                    acc = tl.dot(w_hi, v_hi, acc)
+                else:
+                    acc = tl.dot(w, v, acc, input_precision=PREC)
+            if PREC == "fp16x3":
+                acc = acc / w_scale
             acc += tl.load(b_ptr + co, mask=cout, other=0.0)[:, None]
             if RELU:
                 acc = tl.maximum(acc, 0.0)
@@ -127,10 +152,11 @@ if triton is not None:
 
 
 def conv(x: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, kernel: int, pad: int,
-         relu: bool, precision: str) -> torch.Tensor:
+         relu: bool, precision: str, weight_scale: float = 1.0) -> torch.Tensor:
     """The Triton convolution (``_conv``): ``x`` [B, C, T] float32 (any strides), ``mask`` [B, 1, T],
     ``weight`` [O, kernel * C] tap-major, ``bias`` [O] -> [B, O, T] contiguous float32:
-    ``relu(conv(x * mask) + bias)`` or (``relu`` False) ``(conv(x * mask) + bias) * mask``."""
+    ``relu(conv(x * mask) + bias)`` or (``relu`` False) ``(conv(x * mask) + bias) * mask``.
+    ``weight_scale``: "fp16x3"'s power of two for the weights (``fp16_weight_scale``)."""
     if precision not in PRODUCTS[1:]:
         raise ValueError(f"precision must be one of {PRODUCTS[1:]}, got {precision!r}")
     b, c, t = x.shape
@@ -138,10 +164,17 @@ def conv(x: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor, bias: torch.
     block_co, block_t, block_k, warps, stages = CONV_TILES[precision]
     y = torch.empty(b, o, t, device=x.device, dtype=torch.float32)
     grid = (triton.cdiv(t, block_t), triton.cdiv(o, block_co), b)
-    _conv[grid](x, weight, bias, mask.contiguous(), y, t, *x.stride(), CIN=c,
+    _conv[grid](x, weight, bias, mask.contiguous(), y, t, *x.stride(), float(weight_scale), CIN=c,
                 CIN_BLOCKS=triton.cdiv(c, block_k) * block_k, COUT=o, K=kernel, PAD=pad, RELU=relu, PREC=precision,
                 BLOCK_CO=block_co, BLOCK_T=block_t, BLOCK_K=block_k, num_warps=warps, num_stages=stages)  # fmt: skip
     return y
+
+
+def fp16_weight_scale(weight: torch.Tensor) -> float:
+    """The power of two that puts ``weight``'s largest magnitude at ``FP16_WEIGHT_PEAK`` or just under
+    (1.0 for an all-zero weight): multiplying by it is exact, and keeps the fp16 split's low parts normal."""
+    peak = float(weight.detach().abs().max())
+    return 1.0 if peak == 0 else 2.0 ** math.floor(math.log2(FP16_WEIGHT_PEAK / peak))
 
 
 def stack_taps(x: torch.Tensor, mask: torch.Tensor, kernel: int, pad: int, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -188,11 +221,13 @@ class FusedFeedForward(nn.Module):
         self.register_buffer("b1", b1.reshape(-1).contiguous())
         self.register_buffer("w2", w2)
         self.register_buffer("b2", b2)
+        #: "fp16x3": each weight's power-of-two scale (a host number: no read-back inside a graph capture)
+        self.scales = (fp16_weight_scale(w1), fp16_weight_scale(w2)) if products == "fp16x3" else (1.0, 1.0)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         if self.products != "cublas" and x.shape[0] >= MIN_ROWS:
-            h = conv(x, mask, self.w1, self.b1, self.kernel, self.pad, True, self.products)
-            return conv(h, mask, self.w2, self.b2.view(-1), self.kernel, self.pad, False, self.products)
+            h = conv(x, mask, self.w1, self.b1, self.kernel, self.pad, True, self.products, self.scales[0])
+            return conv(h, mask, self.w2, self.b2.view(-1), self.kernel, self.pad, False, self.products, self.scales[1])
         y = torch.matmul(self.w1, stack_taps(x, mask, self.kernel, self.pad))
         z = torch.matmul(self.w2, stack_taps(y, mask, self.kernel, self.pad, self.b1))
         return (z + self.b2) * mask
@@ -210,4 +245,4 @@ def use_fused_ffn(module: nn.Module, products: str = "cublas") -> int:
     return swapped
 
 
-__all__ = ["PRODUCTS", "FusedFeedForward", "available", "conv", "stack_taps", "use_fused_ffn"]
+__all__ = ["PRODUCTS", "FusedFeedForward", "available", "conv", "fp16_weight_scale", "stack_taps", "use_fused_ffn"]
