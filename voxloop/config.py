@@ -443,7 +443,9 @@ class TtsConfig:
     #: (bit for bit encoder_convs = "gemm"). Otherwise one Triton kernel per convolution that skips the
     #: time steps past each sentence's end (the phoneme bucket's padding), its products in "ieee" (fp32
     #: on the CUDA cores), "tf32x3" (three TF32 tensor-core products: close to fp32), "tf32" (one) or
-    #: "fp16x3" (three fp16 products of high and low halves: close to fp32 at fp16's rate); not
+    #: "fp16x3" (three fp16 products of high and low halves: close to fp32 at fp16's rate; its inputs
+    #: must stay within fp16's range, |x| < 65 504, which the bundled voice's do by far: for a voice of
+    #: your own, compare with bench.tts_gpu_experiments --encoder-products before using it); not
     #: bit for bit cuBLAS's sums, so a phoneme's frames can move where its length is within rounding of
     #: a whole frame (python -m bench.tts_gpu_experiments --encoder-products counts them).
     text_encoder_products: str = "cublas"
