@@ -4,7 +4,9 @@ the fused Triton residual blocks (``tts_engine/torch_vits/fused_resblock.py``)?
 For the fp16 chunk decoder (flow + HiFi-GAN) at a few (chunk, batch) shapes and for the
 encoder step, compares a CUDA graph of the eager code with a CUDA graph of the
 ``torch.compile``d code (Inductor fuses the elementwise chains between convolutions):
-compile seconds, step ms (CUDA events, median), max abs difference. Inputs are real
+compile seconds, step ms (CUDA events, median), max abs difference; and each variant's flow alone
+on the same windows (``<variant>_flow_graph_ms``: the flow's share of the step, whose 32-frame
+context on each side of every chunk makes it compute ~1.6 frames per audio frame). Inputs are real
 utterances. ``--fused`` adds the decoder with fused residual blocks, ``--polyphase`` the one whose
 upsampling runs as ``PolyphaseUp`` (and with both, both; each eager and compiled),
 ``--fused-upsampling`` both plus the fused input, upsampling and output convolutions
@@ -428,6 +430,8 @@ def main() -> int:
                 try:
                     g, out = graphed(lambda: decode_windows(synth, z, mask, geo))
                     row[f"{name}_graph_ms"] = round(timed(g.replay, 20), 3)
+                    g_flow, _ = graphed(lambda: synth.flow.reverse(z, mask))  # its flow alone, same window
+                    row[f"{name}_flow_graph_ms"] = round(timed(g_flow.replay, 20), 3)
                     out_eager = out.clone() if out_eager is None else out_eager
                     row[f"{name}_max_abs_diff"] = float((out_eager.float() - out.float()).abs().max())
                     if args.profile:
