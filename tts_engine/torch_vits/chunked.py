@@ -113,16 +113,12 @@ def decode_windows(
     """
     z = model.flow.reverse(z, mask, g=g)
     fc, dc = geometry.flow_context, geometry.dec_context * geometry.hop_length
-    if geometry.first:  # context after the chunk only
-        z, mask = z[:, :, : z.shape[2] - fc], mask[:, :, : mask.shape[2] - fc]
-        audio = model.dec(z * mask, mask, g=g)
-        audio = audio[:, : audio.shape[1] - dc]
-        # the edge before frame 0 (outside the utterance: zeros), where every other chunk's row has it
-        return torch.nn.functional.pad(audio, (geometry.edge_frames * geometry.hop_length, 0))
-    if fc:
-        z, mask = z[:, :, fc:-fc], mask[:, :, fc:-fc]
-    audio = model.dec(z * mask, mask, g=g)
-    return audio[:, dc:-dc] if dc else audio
+    before_fc, before_dc = (0, 0) if geometry.first else (fc, dc)  # a first chunk has no context before it
+    z, mask = z[:, :, before_fc : -fc or None], mask[:, :, before_fc : -fc or None]
+    audio = model.dec(z * mask, mask, g=g)[:, before_dc : -dc or None]
+    if geometry.first:  # the edge before frame 0 (outside the utterance: zeros), where every other chunk's row has it
+        audio = torch.nn.functional.pad(audio, (geometry.edge_frames * geometry.hop_length, 0))
+    return audio
 
 
 def to_int16(audio: torch.Tensor) -> torch.Tensor:
