@@ -175,6 +175,8 @@ class InstantRunner:
 
     def __init__(self, options: RunnerOptions, frames: int | Callable[[np.ndarray], int], launch_s: float = 0.0,
                  gpu_times: GpuTimes | None = None, gpu_capacity: float | None = None) -> None:
+        if options.flow_once:  # its decode graphs would be the measured ones less the flow's share: not measured
+            raise ValueError("flow_once is not modeled: the graph times measured include each chunk's flow")
         self.options = options
         self.device = torch.device("cpu")
         self.fast_lanes = fast_lane_names(options.fast_lanes)
@@ -233,7 +235,7 @@ class InstantRunner:
         self._launch(lane, "encode", bucket_for(len(items), self._encode_batches[bucket]), bucket)
         return np.array([self._frames(it.ids) for it in items])
 
-    def decode(self, slots, starts, chunk=None, lane: str = "main", after=()) -> np.ndarray:
+    def decode(self, slots, starts, chunk=None, lane: str = "main", after=(), ahead: bool = False) -> np.ndarray:
         """Silence, once the lane and the work before ``after`` are done."""
         chunk = chunk or self.options.chunk_frames
         self._launch(lane, "decode" if lane == "main" else "first", bucket_for(len(slots), self.options.decode_batches),

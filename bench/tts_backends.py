@@ -38,6 +38,7 @@ def cuda_variant(args: argparse.Namespace, timing_tag: bool) -> str:
             + ("" if levels[1] == "coarse" else f"-enc{levels[1]}")
             + (f"-maxframes{args.max_frames}" if getattr(args, "max_frames", 3072) != 3072 else "")
             + (f"-ahead{args.speculate_frames}" if getattr(args, "speculate_frames", 0) else "")
+            + ("-flowonce" if getattr(args, "flow_once", False) else "")
             + (f"-steps{getattr(args, 'chunks_per_step', 1)}" if getattr(args, "chunks_per_step", 1) != 1 else "")
             + (f"-inflight{getattr(args, 'main_in_flight', 1)}" if getattr(args, "main_in_flight", 1) != 1 else "")
             + ("-polyphase" if getattr(args, "polyphase", False) else "")
@@ -81,7 +82,8 @@ class CudaBackend:
             cudnn_benchmark=args.cudnn_benchmark, cudnn_benchmark_limit=getattr(args, "cudnn_benchmark_limit", 10),
             cudnn_benchmark_stages=tuple(getattr(args, "cudnn_benchmark_stages", ("encode", "decode"))),
             fast_lane=fast_lane, fast_lanes=fast_lanes, speculate_frames=getattr(args, "speculate_frames", 0),
-            speculate_below=getattr(args, "speculate_below", 2), polyphase=getattr(args, "polyphase", False),
+            speculate_below=getattr(args, "speculate_below", 2), flow_once=getattr(args, "flow_once", False),
+            polyphase=getattr(args, "polyphase", False),
             fused_blocks=getattr(args, "fused_blocks", False),
             fused_block_products=getattr(args, "fused_block_products", "model"),
             fused_upsampling=getattr(args, "fused_upsampling", False), fused_flow=getattr(args, "fused_flow", False),
@@ -105,7 +107,7 @@ class CudaBackend:
         self.info = {
             "startup_s": round(self.startup_s, 2), "graph_capture_s": round(runner.capture_s, 2),
             "capture_s_by_stage": {k: round(v, 2) for k, v in runner.stage_capture_s.items()},
-            "graphs": len(runner._encode_steps) + len(runner._decode_steps),
+            "graphs": len(runner._encode_steps) + len(runner._decode_steps) + len(runner._flow_steps),
             "capture_peak_mb": round(runner.capture_peak_mb, 1),
             "memory_after_capture_mb": round(self.torch.cuda.memory_reserved() / 2**20, 1),
             "chunk_frames": args.chunk_frames, "tail_chunk_frames": args.tail_chunk_frames, "compile": args.compile,
@@ -113,6 +115,7 @@ class CudaBackend:
             "cudnn_benchmark_limit": opts.cudnn_benchmark_limit,
             "cudnn_benchmark_stages": list(opts.cudnn_benchmark_stages), "allocator": args.allocator, "fast_lane": fast_lane,
             "fast_lanes": fast_lanes, "speculate_frames": opts.speculate_frames, "speculate_below": opts.speculate_below,
+            "flow_once": opts.flow_once,
             "polyphase": opts.polyphase, "fused_blocks": opts.fused_blocks, "fused_block_products": opts.fused_block_products,
             "fused_upsampling": opts.fused_upsampling, "fused_flow": opts.fused_flow, "chunks_per_step": opts.chunks_per_step,
             "main_in_flight": opts.main_in_flight, "encoder_convs": opts.encoder_convs,
@@ -208,7 +211,9 @@ def scheduler_breakdown(before: dict, after: dict) -> dict:
     included): steps and their mean wall time; per lane, launches and mean time from launch to
     hand-out; rows per encoder / decoder launch; padding: rows of the captured buckets not used,
     phoneme ids of the encoder's buckets not used, decoder frames computed but not handed out
-    (padding rows, chunk tails past an utterance's end, rows decoded ahead and dropped), in %."""
+    (padding rows, chunk tails past an utterance's end, rows decoded ahead and dropped), in %; with
+    ``flow_once``, its packed flow launches per step and the share of their frames that were gaps and
+    padding, in %."""
     d = {k: after[k] - before[k] for k in after if not isinstance(after[k], dict)}
     launches = {lane: after["lane_launches"][lane] - before["lane_launches"][lane] for lane in after["lane_launches"]}
     lane_s = {lane: after["lane_s"][lane] - before["lane_s"][lane] for lane in after["lane_s"]}
@@ -226,6 +231,9 @@ def scheduler_breakdown(before: dict, after: dict) -> dict:
         "encode_padding_ids_pct": pct(d["encode_padded_ids"] - d["encode_ids"], d["encode_padded_ids"]),
         "decode_padding_rows_pct": pct(d["decode_padded_rows"] - d["decode_rows"], d["decode_padded_rows"]),
         "decode_frames_not_out_pct": pct(d["decode_padded_frames"] - d["decode_frames_out"], d["decode_padded_frames"]),
+        **({"flow_launches_per_step": round(d["flow_launches"] / max(1, d["steps"]), 2),
+            "flow_padding_pct": pct(d["flow_frames"] - d["flow_frames_used"], d["flow_frames"])}
+           if d.get("flow_launches") else {}),
     }  # fmt: skip
 
 

@@ -301,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fast-lanes", type=int, default=1, help="tts.fast_lanes: fast-lane streams side by side (overlap)")
     p.add_argument("--speculate-frames", type=int, default=0, help="tts.speculate_frames: frames decoded ahead (0: off)")
     p.add_argument("--speculate-below", type=int, default=2, help="tts.speculate_below: ... while at most this many run")
+    p.add_argument("--flow-once", action="store_true",
+                   help="tts.flow_once: the later chunks' flow once per utterance, packed, not per chunk window")
     p.add_argument("--polyphase", action="store_true", help="tts.polyphase_upsampling: upsampling as plain convolutions")
     p.add_argument("--fused-blocks", action="store_true", help="tts.fused_blocks: residual blocks as fused Triton kernels")
     p.add_argument("--fused-block-products", choices=FUSED_BLOCK_PRODUCTS, default="model",

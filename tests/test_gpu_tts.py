@@ -246,6 +246,61 @@ def test_gpu_decoding_ahead_waits_for_the_encoder_and_changes_no_sample(model, v
     assert steps[512] < steps[0], steps
 
 
+def test_gpu_flow_once_changes_no_sample_and_keeps_fp16s_snr(model, voice_path):
+    """``flow_once`` (the later chunks' flow run once per utterance in packed graphs): in fp32 with
+    graphs, decoding ahead and 24 kHz output, every sentence equal to the whole utterance resampled
+    (the same 3 int16 steps); in fp16 with configs/gpu.toml's fused kernels, each sentence >= the fp16
+    floor against fp32 and the mean within 1 dB of the same engine without it (the flow rounded in
+    other tiles; see ``test_gpu_polyphase_and_fused_blocks_keep_the_audio`` for how far that moves
+    one sentence)."""
+    from tts_engine.engine import SynthesisOptions
+
+    if not runs_here(voice_path, "test_gpu_flow_once_changes_no_sample_and_keeps_fp16s_snr", "fp16", fused_blocks=True):
+        return
+    quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
+    inputs = bench_ids(8)
+    refs = [whole(model, ids) for ids in inputs]
+
+    def int16_at_24k(ref: np.ndarray) -> np.ndarray:
+        resampled = eng.runner.resampler.whole(torch.from_numpy(ref).cuda()).cpu().numpy()
+        return np.clip(resampled * 32767, -32767, 32767).astype(np.int32)
+
+    eng = engine(voice_path, "fp32", chunks_per_step=0, main_in_flight=2, output_rate=24000, flow_once=True,
+                 speculate_frames=256, chunk_frames=32)  # fmt: skip
+    try:
+        assert eng.runner._flow_steps and all(s.graph is not None for s in eng.runner._flow_steps.values())
+        requests = [eng.submit(ids, quiet) for ids in inputs]  # together: packed flow launches
+        for ref, request in zip(refs, requests):
+            audio, expected = np.concatenate([c.pcm for c in request]).astype(np.int32), int16_at_24k(ref)
+            assert audio.shape == expected.shape and np.abs(audio - expected).max() <= 3
+        launches = eng.scheduler.launch_stats["flow_launches"]
+        assert 0 < launches < len(inputs)  # requests of one main launch share a flow launch
+        ahead = eng.scheduler.lane_launches["main"]
+        longest = int(np.argmax([len(r) for r in refs]))
+        assert len(refs[longest]) > (32 + 256) * 256, "it should outlast its first chunk and the frames decoded ahead"
+        alone = np.concatenate([c.pcm for c in eng.submit(inputs[longest], quiet)]).astype(np.int32)  # decoded ahead
+        expected = int16_at_24k(refs[longest])
+        assert alone.shape == expected.shape and np.abs(alone - expected).max() <= 3
+        assert eng.scheduler.launch_stats["flow_launches"] > launches  # the rest past what went ahead
+        assert eng.scheduler.lane_launches["main"] - ahead >= 1
+    finally:
+        eng.close()
+    fused = dict(polyphase=True, fused_blocks=True, fused_upsampling=True, fused_flow=True)
+    snrs = {}
+    for once in (False, True):
+        eng = engine(voice_path, "fp16", flow_once=once, chunks_per_step=0, **fused)
+        try:
+            outs = [np.concatenate([c.pcm for c in eng.submit(ids, quiet)]) for ids in inputs]
+        finally:
+            eng.close()
+        snrs[once] = [snr_db(ref, audio / 32767.0) for ref, audio in zip(refs, outs)]
+        assert all(a.shape == r.shape for a, r in zip(outs, refs))
+    print("fp16 fused, SNR vs fp32 without / with flow_once: " + ", ".join(
+        f"{a:.1f}/{b:.1f}" for a, b in zip(snrs[False], snrs[True])))  # fmt: skip
+    assert min(snrs[True]) >= LOW_PRECISION_MIN_SNR_DB["fp16"]
+    assert np.mean(snrs[True]) >= np.mean(snrs[False]) - 1.0
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_gpu_low_precision_quality(model, voice_path, precision):
     from tts_engine.engine import SynthesisOptions

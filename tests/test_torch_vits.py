@@ -205,6 +205,59 @@ def test_first_chunk_without_context_before_it_equals_the_symmetric_window(model
     assert rows[0][edge:inside].abs().max() > 1e-3  # audio, not silence
 
 
+@pytest.mark.parametrize("dilation_rate", [1, 2])
+def test_packed_flow_is_each_utterances_own_flow(dilation_rate):
+    """``pack_flow``: utterances laid end to end, each after ``conv_radius`` masked frames, in launches
+    of the buckets (here small: several launches, one utterance alone in the largest), give through
+    the flow, in float64, each utterance's own flow output on its kept frames, whatever stands
+    next to it; one masked frame fewer between them does not. Positions not kept go to scratch rows
+    of their own."""
+    from tts_engine.torch_vits.flow import ResidualCouplingBlock
+
+    flow = ResidualCouplingBlock(8, 8, 5, dilation_rate, 3).double().eval()
+    with torch.no_grad():
+        for p in flow.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    slots, max_frames, channels = 5, 200, 8
+    latents = torch.randn(slots + 1, max_frames, channels, dtype=torch.float64)
+    segments = [(0, 0, 37), (3, 50, 180), (1, 10, 90), (2, 0, 5), (4, 120, 200)]  # (slot, keep_from, frames)
+    buckets = (64, 128, 256)
+    scratch = (slots + 1) * max_frames
+
+    def run(gap: int) -> torch.Tensor:
+        flowed = torch.full((scratch + buckets[-1], channels), float("nan"), dtype=torch.float64)
+        packs = chunked.pack_flow(segments, max_frames, buckets, flow.receptive_radius, gap, scratch, slots)
+        assert len(packs) > 1 and all(len(p.src) in buckets for p in packs)
+        for p in packs:
+            src, valid, dst = (torch.from_numpy(a) for a in (p.src, p.valid, p.dst))
+            assert len(set(p.dst.tolist())) == len(p.dst)  # every position its own row
+            z = (latents.view(-1, channels)[src] * valid[:, None].double()).t().unsqueeze(0)
+            with torch.inference_mode():
+                out = flow.reverse(z, valid.double().view(1, 1, -1))
+            flowed[dst] = out[0].t()
+        return flowed
+
+    assert flow.conv_radius == 2 * dilation_rate ** 2
+    flowed, short = run(flow.conv_radius), run(flow.conv_radius - 1)
+    worst_short = 0.0
+    for slot, keep_from, frames in segments:
+        z = latents[slot, :frames].t().unsqueeze(0)
+        with torch.inference_mode():
+            whole = flow.reverse(z, torch.ones(1, 1, frames, dtype=torch.float64))[0].t()
+        rows = slice(slot * max_frames + keep_from, slot * max_frames + frames)
+        assert (flowed[rows] - whole[keep_from:]).abs().max() < 1e-12
+        assert flowed[slot * max_frames : slot * max_frames + keep_from].isnan().all()  # nothing else written
+        worst_short = max(worst_short, float((short[rows] - whole[keep_from:]).abs().max()))
+    assert worst_short > 1e-6
+
+
+def test_pack_flow_refuses_what_no_bucket_holds():
+    with pytest.raises(ValueError, match="largest flow bucket"):
+        chunked.pack_flow([(0, 0, 100)], 200, (64,), 8, 2, 1000, 1)
+    with pytest.raises(ValueError, match="outside the utterance"):
+        chunked.pack_flow([(0, 30, 30)], 200, (64,), 8, 2, 1000, 1)
+
+
 @pytest.mark.parametrize("kernel, stride, padding", [(16, 8, 4), (8, 4, 2), (6, 3, 0), (6, 2, 2)])
 def test_polyphase_upsampling_is_the_transposed_convolution(kernel, stride, padding):
     """``PolyphaseUp`` computes what ``ConvTranspose1d`` does (float64), also when the kernel spans
@@ -317,17 +370,25 @@ def speak_random_clauses(runner: StepRunner, sample_rate: int, seed: int) -> tup
                           (64, True, 1, 1, "cudnn", (1, 2, 4)), (32, False, 0, 1, "cudnn", (1, 2, 4)),
                           (32, False, 2, 1, "cudnn", (1, 2, 4)), (32, False, 1, 2, "cudnn", (1, 2, 4)),
                           (32, False, 0, 3, "cudnn", (1, 2, 4)), (32, True, 0, 2, "gemm", (1, 2, 4)),
-                          (32, True, 0, 2, "gemm", (1, 2, 3, 4))])  # fmt: skip
+                          (32, True, 0, 2, "gemm", (1, 2, 3, 4)), (64, False, 1, 1, "flow_once", (1, 2, 4)),
+                          (32, True, 0, 2, "flow_once", (1, 2, 3, 4))])  # fmt: skip
 def test_scheduler_batched_chunks_equal_whole_utterances(tail_chunk_frames, polyphase, chunks_per_step, main_in_flight,
                                                          encoder_convs, batches):  # fmt: skip
     """Chunks of batched requests make each whole utterance (``model.infer`` of the model as
     loaded: the plain decoder and ``nn.Conv1d`` encoder, also when the runner's upsamples
     polyphase or its encoder convolves by matrix products), in the same chunk sizes however many
     of a request's chunks one step decodes, however many main launches may be queued and whatever
-    batch sizes are captured (every size, as ``batch_buckets`` "finer" has them at small batches)."""
+    batch sizes are captured (every size, as ``batch_buckets`` "finer" has them at small batches);
+    also with ``flow_once`` (the later chunks' flow run once per utterance, packed)."""
+    flow_once = encoder_convs == "flow_once"
+    encoder_convs = "cudnn" if flow_once else encoder_convs
     runner = tiny_runner(tail_chunk_frames=tail_chunk_frames, polyphase=polyphase, chunks_per_step=chunks_per_step,
                          main_in_flight=main_in_flight, encoder_convs=encoder_convs, decode_batches=batches,
-                         encode_batches=batches)  # fmt: skip
+                         encode_batches=batches, flow_once=flow_once)  # fmt: skip
+    assert runner.geometry.flowed == flow_once and (runner.geometry.flow_context == 0) == flow_once
+    flowed: list[int] = []  # requests per flow call
+    flow = runner.flow
+    runner.flow = lambda segments: flowed.append(len(segments)) or flow(segments)
     reference = tiny_model()  # tiny_runner's weights
     assert (runner.synth_model.dec.polyphase is not None) == polyphase
     gemm_convs = [m for m in runner.model.modules() if isinstance(m, GemmConv1d)]
@@ -347,6 +408,36 @@ def test_scheduler_batched_chunks_equal_whole_utterances(tail_chunk_frames, poly
         assert [c.num_samples // runner.geometry.hop_length for c in chunks] == sizes
         assert [min(size, frames - start) for start, size in runner.options.chunk_plan(frames)] == sizes
         assert [c.final for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    # with flow_once each clause with later chunks had its flow queued once; else none was
+    assert sum(flowed) == (sum(len(chunks) > 1 for chunks in results) if flow_once else 0)
+
+
+def test_flow_once_runs_the_flow_once_per_utterance_and_reports_its_launches():
+    """``flow_once``: one packed launch per main step holds the flow of every request starting its
+    later chunks there, from the flow and decoder context before its first later chunk to its end;
+    the benchmark's breakdown reports launches per step and the packing's gaps and padding."""
+    runner = tiny_runner(tail_chunk_frames=32, chunks_per_step=0, flow_once=True)
+    assert runner.options.flow_buckets[0] == 512 and len(runner.options.flow_buckets) == 8  # 512 ... 4096
+    scheduler = BatchScheduler(runner, sample_rate=22050, queue_size=16)
+    before = scheduler_counters(scheduler)
+    rng = np.random.default_rng(5)
+    try:
+        requests = [scheduler.submit(list(rng.integers(1, TINY.n_vocab, n)), Scales(0.0, 1.0, 0.0)) for n in (40, 57)]
+        for r in requests:
+            list(r)
+        stats = dict(scheduler.launch_stats)
+        report = scheduler_breakdown(before, scheduler_counters(scheduler))
+    finally:
+        scheduler.close()
+    g, flow = runner.geometry, runner.synth_model.flow
+    later = [r.frames for r in requests if r.frames > 16]
+    assert later, "the utterances should outlast their first chunk"
+    # from 16 - decoder context (here before frame 0) less the flow's context, to the end
+    used = sum(f - max(0, 16 - g.dec_context - g.edge_frames - flow.receptive_radius) for f in later)
+    assert stats["flow_frames_used"] == used and 1 <= stats["flow_launches"] <= len(later)
+    assert stats["flow_frames"] == 512 * stats["flow_launches"]  # short utterances: the smallest bucket
+    assert report["flow_padding_pct"] == round(100 * (stats["flow_frames"] - used) / stats["flow_frames"], 1)
+    assert report["flow_launches_per_step"] > 0
 
 
 def test_a_launchs_chunks_reach_iterating_clients_together(monkeypatch):
@@ -390,12 +481,14 @@ def test_a_launchs_chunks_reach_iterating_clients_together(monkeypatch):
     assert all(len(set(h)) == 1 for h in rows), handouts  # nothing entered a queue between a hand-out's rows
 
 
-@pytest.mark.parametrize("voice_rate, output_rate", [(22050, 24000), (22050, 16000)])
-def test_scheduler_resampled_chunks_equal_the_whole_utterance_resampled(voice_rate, output_rate):
+@pytest.mark.parametrize("voice_rate, output_rate, flow_once", [(22050, 24000, False), (22050, 16000, False),
+                                                                 (22050, 24000, True)])  # fmt: skip
+def test_scheduler_resampled_chunks_equal_the_whole_utterance_resampled(voice_rate, output_rate, flow_once):
     """With ``output_rate`` each decoder step resamples its rows (``resample.ChunkResampler``): the
-    chunks handed out are at ``output_rate`` and join into the whole utterance resampled at once."""
+    chunks handed out are at ``output_rate`` and join into the whole utterance resampled at once
+    (also with ``flow_once``, whose flowed frames must reach the resampler's edge before a chunk)."""
     runner = tiny_runner(tail_chunk_frames=32, chunks_per_step=0, main_in_flight=2, voice_rate=voice_rate,
-                         output_rate=output_rate)  # fmt: skip
+                         output_rate=output_rate, flow_once=flow_once)  # fmt: skip
     assert runner.resampler.edge_frames > 0 and runner.geometry.edge_frames == runner.resampler.edge_frames
     reference = tiny_model()
     inputs, results = speak_random_clauses(runner, output_rate, seed=2)
@@ -415,10 +508,10 @@ class _CountingRunner(StepRunner):
         super().__init__(*args, **kwargs)
         self.main: list[tuple[int, list[int]]] = []
 
-    def decode(self, slots, starts, chunk=None, lane="main", after=()):
+    def decode(self, slots, starts, chunk=None, lane="main", after=(), ahead=False):
         if lane == "main":
             self.main.append((chunk, list(starts)))
-        return super().decode(slots, starts, chunk, lane, after)
+        return super().decode(slots, starts, chunk, lane, after, ahead)
 
 
 @pytest.mark.parametrize("chunks_per_step", [0, 1, 2])
@@ -458,9 +551,11 @@ def test_chunks_per_step_decodes_a_requests_chunks_together(chunks_per_step):
         "decode_launches": 1 + len(runner.main), "decode_rows": 1 + len(later),
         "decode_padded_rows": 1 + sum(bucket_for(len(starts), opts.decode_batches) for _, starts in runner.main),
         "decode_padded_frames": padded, "decode_frames_out": frames,
+        "flow_launches": 0, "flow_frames": 0, "flow_frames_used": 0,
     }  # fmt: skip
     report = scheduler_breakdown(before, scheduler_counters(scheduler))
     assert report["steps"] == steps and report["lane_launches"]["fast"] == 1
+    assert "flow_padding_pct" not in report  # no flow_once
     assert report["encode_padding_ids_pct"] == round(100 * 7 / 64, 1)
     assert report["decode_frames_not_out_pct"] == round(100 * (padded - frames) / padded, 1)
     assert report["decode_rows_per_launch"] == round((1 + len(later)) / (1 + len(runner.main)), 2)
@@ -494,20 +589,23 @@ class _AheadRunner(StepRunner):
     def wait(self, lane) -> None:
         self.in_flight.discard(lane)
 
-    def decode(self, slots, starts, chunk=None, lane="main", after=()):
+    def decode(self, slots, starts, chunk=None, lane="main", after=(), ahead=False):
         if lane == "main":
             self.main_starts.append(list(starts))
-        return super().decode(slots, starts, chunk, lane, after)
+        return super().decode(slots, starts, chunk, lane, after, ahead)
 
 
-def test_decoding_ahead_keeps_audio_and_saves_steps():
+@pytest.mark.parametrize("flow_once", [False, True])
+def test_decoding_ahead_keeps_audio_and_saves_steps(flow_once):
     """``speculate_frames``: a lone request's chunks after the first are decoded in the same step
     as its first chunk (one main launch, rows from frame 16 and 48, before its length is known);
     what lies past its end is dropped, the rest follows as usual, the audio is the whole
-    utterance's. With several requests at once (more than ``speculate_below``) nothing changes."""
+    utterance's. With several requests at once (more than ``speculate_below``) nothing changes.
+    With ``flow_once`` the chunks ahead run the flow on their own windows (it has not run yet) and
+    the later ones read the flow run once from where they start."""
     opts = RunnerOptions(chunk_frames=16, tail_chunk_frames=32, max_frames=512, decode_batches=(1, 2, 4),
                          encode_batches=(1, 2, 4), phoneme_buckets=(32, 64), speculate_frames=64,
-                         speculate_below=1)  # fmt: skip
+                         speculate_below=1, flow_once=flow_once)  # fmt: skip
     runner = _AheadRunner(tiny_model(), opts)
     scheduler = BatchScheduler(runner, sample_rate=22050, queue_size=16)
     rng = np.random.default_rng(2)

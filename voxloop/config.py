@@ -396,6 +396,12 @@ class TtsConfig:
     speculate_frames: int = 0
     #: GPU: decode ahead only while at most this many requests run (new ones included).
     speculate_below: int = 2
+    #: GPU: run the flow once over the rest of each utterance, on the main lane before its later
+    #: chunks (the utterances of a launch laid end to end in one row of 512-frame multiples), instead
+    #: of over every later chunk's window with 32 frames of context on each side; first chunks and
+    #: chunks decoded ahead keep their windows. The same audio. Needs ``fast_lane`` "overlap" or
+    #: "exclusive". Not yet measured on a GPU: off.
+    flow_once: bool = False
     #: GPU: later chunks of one request decoded in one scheduler step (0: all it has left once its
     #: length is known, right behind its encoder). Each chunk needs only the request's latents, so its chunks need not wait
     #: for each other's hand-out: fewer steps per sentence, the same audio; a request cancelled

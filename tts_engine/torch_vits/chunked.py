@@ -17,12 +17,20 @@ zeros, which the convolutions' own zero padding at the window's start gives the 
 window starts at the chunk (``32 + 44`` frames instead of ``44 + 32 + 44`` for the medium voices
 at 24 kHz output: 37 % less flow work and 21 % less decoder work per first chunk), and its
 output gets the ``edge_frames`` before frame 0 as zeros, the layout of every other chunk.
+
+A *flowed* geometry (``flowed=True``, the GPU engine's ``flow_once``) reads windows of ``z``, the
+flow's output, which ``pack_flow`` computed once for the rest of the utterance: no flow context, no
+flow per chunk. ``pack_flow`` lays several utterances' frames end to end in one row, each after
+``flow.conv_radius`` masked frames: the flow masks every convolution's input, so no convolution
+reaches from one utterance into the next, and each frame's output is the whole utterance's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from tts_engine.torch_vits.model import Vits
@@ -48,6 +56,9 @@ class ChunkGeometry:
     edge_frames: int = 0
     #: Chunks that start at frame 0: no context before them (the module docstring).
     first: bool = False
+    #: Windows of the flow's output (``pack_flow``), not of ``z_p``: ``flow_context`` is 0 and
+    #: ``decode_windows`` runs the decoder alone.
+    flowed: bool = False
 
     @property
     def context(self) -> int:
@@ -74,11 +85,13 @@ class ChunkGeometry:
         return self.chunk_frames * self.hop_length
 
     @staticmethod
-    def for_model(model: Vits, chunk_frames: int, edge_frames: int = 0, first: bool = False) -> ChunkGeometry:
+    def for_model(model: Vits, chunk_frames: int, edge_frames: int = 0, first: bool = False,
+                  flowed: bool = False) -> ChunkGeometry:  # fmt: skip
         if chunk_frames < 1 or edge_frames < 0:
             raise ValueError(f"chunk_frames must be >= 1 and edge_frames >= 0, got {chunk_frames}, {edge_frames}")
-        return ChunkGeometry(chunk_frames, model.flow.receptive_radius, model.dec.receptive_radius, model.hop_length,
-                             edge_frames, first)  # fmt: skip
+        flow_context = 0 if flowed else model.flow.receptive_radius
+        return ChunkGeometry(chunk_frames, flow_context, model.dec.receptive_radius, model.hop_length, edge_frames,
+                             first, flowed)  # fmt: skip
 
 
 def gather_windows(
@@ -111,7 +124,8 @@ def decode_windows(
 
     Only the contexts of ``geometry`` are used, so any window width works (ONNX export).
     """
-    z = model.flow.reverse(z, mask, g=g)
+    if not geometry.flowed:
+        z = model.flow.reverse(z, mask, g=g)
     fc, dc = geometry.flow_context, geometry.dec_context * geometry.hop_length
     before_fc, before_dc = (0, 0) if geometry.first else (fc, dc)  # a first chunk has no context before it
     z, mask = z[:, :, before_fc : -fc or None], mask[:, :, before_fc : -fc or None]
@@ -119,6 +133,67 @@ def decode_windows(
     if geometry.first:  # the edge before frame 0 (outside the utterance: zeros), where every other chunk's row has it
         audio = torch.nn.functional.pad(audio, (geometry.edge_frames * geometry.hop_length, 0))
     return audio
+
+
+@dataclass(frozen=True)
+class FlowPack:
+    """One ``pack_flow`` launch's host arrays, each [``frames``] (a flow bucket): per position the row
+    of the flat ``[slots * max_frames, C]`` latents it reads (``src``), whether that is a frame of an
+    utterance (``valid``, 1.0) or a masked gap / padding (0.0), and the row of the flat flowed buffer
+    its output goes to (``dst``: the frame's own row where the output is kept, else a scratch row of
+    its own, ``scratch + position``)."""
+
+    src: np.ndarray
+    valid: np.ndarray
+    dst: np.ndarray
+    #: Positions holding utterance frames (the rest: gaps and padding).
+    used: int
+
+
+def pack_flow(segments: Sequence[tuple[int, int, int]], max_frames: int, buckets: Sequence[int], flow_context: int,
+              gap: int, scratch: int, scratch_slot: int) -> list[FlowPack]:  # fmt: skip
+    """Lay out the flow over each segment ``(slot, keep_from, frames)``: the flow's output is wanted
+    exact on frames ``[keep_from, frames)`` of ``slot``'s utterance, so the flow reads from
+    ``flow_context`` frames before (not before frame 0) to the utterance's end, followed by ``gap``
+    masked frames (``flow.conv_radius``). Segments fill a launch in order up to the largest of
+    ``buckets`` (ascending), each launch then padded to the smallest bucket that holds it.
+    ``scratch``: first scratch row of the flowed buffer (one per position of the largest bucket);
+    ``scratch_slot``: a slot whose latents padding positions read (masked)."""
+    largest = buckets[-1]
+    packs: list[list[tuple[int, int, int, int]]] = [[]]  # per launch: (slot, read_from, keep_from, frames)
+    used = 0
+    for slot, keep_from, frames in segments:
+        if not 0 <= keep_from < frames <= max_frames:
+            raise ValueError(f"segment frames [{keep_from}, {frames}) outside the utterance (max_frames {max_frames})")
+        read_from = max(0, keep_from - flow_context)
+        need = frames - read_from + gap
+        if need > largest:
+            raise ValueError(f"{need} frames of flow exceed the largest flow bucket {largest}")
+        if used + need > largest:
+            packs.append([])
+            used = 0
+        packs[-1].append((slot, read_from, keep_from, frames))
+        used += need
+    out = []
+    for pack in packs:
+        if not pack:
+            continue
+        total = sum(frames - read_from + gap for _, read_from, _, frames in pack)
+        size = next(b for b in buckets if b >= total)
+        src = np.full(size, scratch_slot * max_frames, np.int64)
+        valid = np.zeros(size, np.float32)
+        dst = scratch + np.arange(size, dtype=np.int64)
+        at = 0
+        for slot, read_from, keep_from, frames in pack:
+            n = frames - read_from
+            rows = slot * max_frames + np.arange(read_from, frames, dtype=np.int64)
+            src[at : at + n] = rows
+            valid[at : at + n] = 1.0
+            kept = keep_from - read_from
+            dst[at + kept : at + n] = rows[kept:]
+            at += n + gap
+        out.append(FlowPack(src, valid, dst, int(valid.sum())))
+    return out
 
 
 def to_int16(audio: torch.Tensor) -> torch.Tensor:

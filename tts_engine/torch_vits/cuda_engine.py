@@ -137,6 +137,9 @@ class CudaTtsEngine:
         if not 1 <= tts.fast_lanes <= MAX_FAST_LANES or (tts.fast_lanes > 1 and tts.fast_lane != "overlap"):
             raise ConfigError(f"tts.fast_lanes must be 1..{MAX_FAST_LANES}, and 1 unless tts.fast_lane = 'overlap' "
                               f"(got {tts.fast_lanes} with {tts.fast_lane!r})")  # fmt: skip
+        if tts.flow_once and tts.fast_lane == "off":
+            raise ConfigError("tts.flow_once needs a fast lane (tts.fast_lane 'overlap' or 'exclusive'): first "
+                              "chunks keep their flow windows there")  # fmt: skip
         if tts.precision not in DTYPES:
             raise ConfigError(
                 f"tts.precision {tts.precision!r} is not supported by the cuda backend ({', '.join(DTYPES)})"
@@ -158,6 +161,7 @@ class CudaTtsEngine:
             fast_lanes=tts.fast_lanes,
             speculate_frames=tts.speculate_frames,
             speculate_below=tts.speculate_below,
+            flow_once=tts.flow_once,
             chunks_per_step=tts.chunks_per_step,
             main_in_flight=tts.main_in_flight,
             polyphase=tts.polyphase_upsampling,

@@ -122,6 +122,12 @@ class ResidualCouplingBlock(nn.Module):
         return z
 
     @property
+    def conv_radius(self) -> int:
+        """Frames on each side that one convolution reads: masked frames enough to keep two
+        utterances laid end to end apart (every convolution's input is masked)."""
+        return (self.kernel_size - 1) // 2 * self.dilation_rate ** (self.n_layers - 1)
+
+    @property
     def receptive_radius(self) -> int:
         """Frames on each side that one output frame depends on."""
         per_layer = sum((self.kernel_size - 1) // 2 * self.dilation_rate**i for i in range(self.n_layers))

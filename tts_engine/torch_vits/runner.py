@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from tts_engine.torch_vits.buffers import HostBufferPool
-from tts_engine.torch_vits.chunked import ChunkGeometry, decode_windows, gather_windows
+from tts_engine.torch_vits.chunked import ChunkGeometry, decode_windows, gather_windows, pack_flow
 from tts_engine.torch_vits.gemm_conv import use_gemm_convs
 from tts_engine.torch_vits.gpu_memory import GpuMemory
 from tts_engine.torch_vits.model import Vits
@@ -167,6 +167,18 @@ class RunnerOptions:
     #: whole utterance's audio resampled at once.
     voice_rate: int = 0
     output_rate: int = 0
+    #: The main lane's chunks read the flow's output, computed once per utterance on the main lane
+    #: (``chunked.pack_flow``: the utterances of a launch end to end in rows of ``flow_buckets``
+    #: frames) instead of each chunk running the flow over its own window with 32 frames of context on
+    #: each side. First chunks (fast lanes) and chunks decoded ahead keep their windows. Needs a fast lane.
+    flow_once: bool = False
+
+    @property
+    def flow_buckets(self) -> tuple[int, ...]:
+        """Frames of the packed flow launches captured (``flow_once``): multiples of 512 up to the
+        larger of 4096 and what holds the longest utterance with its context and gap."""
+        largest = max(4096, -(-(self.max_frames + 64) // 512) * 512)
+        return tuple(range(512, largest + 1, 512))
 
     @property
     def compiles(self) -> bool:
@@ -394,20 +406,35 @@ class StepRunner:
         self.resampler = ChunkResampler(rate, options.output_rate or rate, self.model.hop_length, self.device,
                                         fused=options.fused_upsampling)  # fmt: skip
         edge = self.resampler.edge_frames
-        self.geometries = {c: ChunkGeometry.for_model(self.model, c, edge) for c in options.chunk_sizes}
+        if options.flow_once and options.fast_lane == "off":
+            raise ValueError("flow_once needs a fast lane (the first chunks keep their flow windows there)")
+        #: The main lane's chunks (flowed with ``flow_once``: ``ChunkGeometry.flowed``).
+        self.geometries = {c: ChunkGeometry.for_model(self.model, c, edge, flowed=options.flow_once)
+                           for c in options.chunk_sizes}  # fmt: skip
         self.geometry = self.geometries[options.chunk_frames]
         #: The fast lanes' first chunks (start 0): no context before them (``ChunkGeometry.first``).
         self.first_geometry = ChunkGeometry.for_model(self.model, options.chunk_frames, edge, first=True)
+        #: Chunks decoded ahead (``speculate_frames``) with ``flow_once``: before the length is known,
+        #: so before the flow has run; they keep their flow windows.
+        self.ahead_geometry = ChunkGeometry.for_model(self.model, options.chunk_sizes[-1], edge)
         c, s = self.model.config, options.max_slots + 1
         self.scratch_slot = options.max_slots
         self.latents = torch.zeros(s, options.max_frames, c.inter_channels, device=self.device)
+        #: ``flow_once``: the flow's output per slot and frame, flat [slots * max_frames + scratch, C]
+        #: in the synthesis dtype; the scratch rows (one per position of the largest flow bucket) take
+        #: the packed positions whose output is not kept.
+        self.flowed = None
+        if options.flow_once:
+            rows = s * options.max_frames + options.flow_buckets[-1]
+            self.flowed = torch.zeros(rows, c.inter_channels, dtype=self.dtype, device=self.device)
         self.frames = torch.zeros(s, dtype=torch.long, device=self.device)
         self.speakers = torch.zeros(s, dtype=torch.long, device=self.device)
         if self.memory:
             self.stage_bytes["state"] = self.memory.footprint() - base
             _check_budget("state", self.stage_bytes["state"], options.state_budget_mb)
         self._encode_steps: dict[tuple[int, int, str], _Step] = {}  # (batch, phonemes, fast lane)
-        self._decode_steps: dict[tuple[int, int, str], _Step] = {}  # (chunk frames, batch, lane)
+        self._decode_steps: dict[tuple[int, int, str], _Step] = {}  # (chunk frames, batch, lane or "ahead")
+        self._flow_steps: dict[int, _Step] = {}  # packed frames (flow_once)
         self.capture_s = 0.0
         #: Seconds each stage's graphs took to capture ("encode", "decode"; cuDNN timing included).
         self.stage_capture_s: dict[str, float] = {}
@@ -458,13 +485,16 @@ class StepRunner:
         # keyed by chunk frames; "first": the fast lanes' first chunks
         decode_fns = {c: functools.partial(self._decode_fn, g) for c, g in self.geometries.items()}
         decode_fns["first"] = functools.partial(self._decode_fn, self.first_geometry)
+        decode_fns["ahead"] = functools.partial(self._decode_fn, self.ahead_geometry)
         if compiling:
             decode_fns = {c: torch.compile(fn) for c, fn in decode_fns.items()}
         lanes = [(chunk, "main", main_pool, main_capture) for chunk in sorted(self.options.chunk_sizes, reverse=True)]
         if self.options.fast_lane != "off":  # first chunks: graphs of their own in each fast lane's pool
             lanes += [(self.options.chunk_frames, lane, *pools[lane]) for lane in self.fast_lanes]
+        if self.options.flow_once and self.options.speculate_frames:  # chunks ahead: windows of their own
+            lanes.append((self.options.chunk_sizes[-1], "ahead", main_pool, main_capture))
         for chunk, lane, pool, capture_stream in lanes:
-            fn = decode_fns[chunk if lane == "main" else "first"]
+            fn = decode_fns[chunk if lane == "main" else "ahead" if lane == "ahead" else "first"]
             for b in sorted(self.options.decode_batches, reverse=True):
                 inputs = [
                     torch.full((b,), self.scratch_slot, dtype=torch.long, device=dev),
@@ -475,6 +505,14 @@ class StepRunner:
                 if compiling and b > 1:
                     for tensor in inputs:  # one compiled graph for every batch > 1
                         torch._dynamo.mark_dynamic(tensor, 0)
+        if self.options.flow_once:  # the packed flow launches, on the main lane before its chunks
+            for frames in sorted(self.options.flow_buckets, reverse=True):
+                inputs = [
+                    torch.full((frames,), self.scratch_slot * self.options.max_frames, dtype=torch.long, device=dev),
+                    torch.zeros(frames, device=dev),
+                    torch.arange(frames, device=dev) + self._flow_scratch,
+                ]
+                self._flow_steps[frames] = _Step(self._flow_fn, inputs, main_pool, main_capture)
         if use_graphs:
             kept = {}
             with torch.inference_mode():
@@ -485,6 +523,14 @@ class StepRunner:
                     t1 = time.perf_counter()
                     kept[stage] = self._capture_stage(stage, steps, budget_mb)
                     self.stage_capture_s[stage] = time.perf_counter() - t1
+                t1 = time.perf_counter()
+                start = self.memory.footprint() if self.memory else 0
+                for frames in sorted(self._flow_steps, reverse=True):
+                    self._flow_steps[frames].capture()
+                if self._flow_steps:
+                    self.stage_capture_s["flow"] = time.perf_counter() - t1
+                    if self.memory:
+                        self.stage_bytes["flow"] = self.memory.footprint() - start
             encode_kept, decode_kept = kept["encode"], kept["decode"]
             torch.cuda.synchronize(dev)
             self.capture_peak_mb = torch.cuda.max_memory_reserved(dev) / 2**20
@@ -493,7 +539,8 @@ class StepRunner:
                 self.options = dataclasses.replace(self.options, encode_batches=encode_kept, decode_batches=decode_kept)
         self.capture_s = time.perf_counter() - t0
         if use_graphs:
-            log.info("captured %d CUDA graphs in %.1f s", len(self._encode_steps) + len(self._decode_steps), self.capture_s)
+            log.info("captured %d CUDA graphs in %.1f s", len(self._encode_steps) + len(self._decode_steps)
+                     + len(self._flow_steps), self.capture_s)  # fmt: skip
 
     def _capture_stage(self, stage: str, steps: dict, budget_mb: int) -> tuple[int, ...]:
         """Capture a stage's graphs; returns the batch sizes kept.
@@ -565,12 +612,36 @@ class StepRunner:
         self.speakers.index_copy_(0, slots, sids)
         return frames
 
+    @property
+    def _flow_scratch(self) -> int:
+        """First scratch row of the flat ``flowed`` buffer."""
+        return self.latents.shape[0] * self.latents.shape[1]
+
+    def _flow_fn(self, src: torch.Tensor, valid: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+        """One packed flow launch (``chunked.pack_flow``): the latents rows ``src`` (masked by ``valid``)
+        through the flow as one row, each output position written to its ``dst`` row of ``flowed``."""
+        model, channels = self.synth_model, self.latents.shape[-1]
+        z = self.latents.view(-1, channels).index_select(0, src) * valid[:, None]
+        z = z.to(self.dtype).t().unsqueeze(0).contiguous()  # [1, C, P]
+        mask = valid.view(1, 1, -1).to(self.dtype)
+        g = model.speaker_embedding(self.speakers.index_select(0, src // self.options.max_frames))
+        if g is not None:  # one speaker per position: [1, gin, P] (the WaveNets' 1x1 conditioning takes it)
+            g = g.to(self.dtype)[..., 0].t().unsqueeze(0)
+        out = model.flow.reverse(z, mask, g=g)
+        assert self.flowed is not None
+        self.flowed.index_copy_(0, dst, out[0].t())
+        return valid[:1]
+
     def _decode_fn(
         self, geometry: ChunkGeometry, slots: torch.Tensor, starts: torch.Tensor, active: torch.Tensor
     ) -> torch.Tensor:
         model = self.synth_model
         frames = self.frames.index_select(0, slots) * active
-        z, mask = gather_windows(self.latents, slots, starts, frames, geometry)
+        source = self.latents
+        if geometry.flowed:
+            assert self.flowed is not None
+            source = self.flowed[: self._flow_scratch].view(*self.latents.shape)
+        z, mask = gather_windows(source, slots, starts, frames, geometry)
         g = model.speaker_embedding(self.speakers.index_select(0, slots))
         g = None if g is None else g.to(self.dtype)
         audio = decode_windows(model, z.to(self.dtype), mask.to(self.dtype), geometry, g)
@@ -612,9 +683,12 @@ class StepRunner:
         return out[:n]
 
     def decode(self, slots: Sequence[int], starts: Sequence[int], chunk: int | None = None,
-               lane: str = "main", after: Sequence[torch.cuda.Event | None] = ()) -> torch.Tensor:
+               lane: str = "main", after: Sequence[torch.cuda.Event | None] = (), ahead: bool = False) -> torch.Tensor:
         """Queue one ``chunk``-frame chunk (default ``chunk_frames``) for each (slot, start frame)
         on ``lane`` (a fast lane: first chunks only, ``chunk`` = ``chunk_frames``, every start 0).
+        ``ahead``: chunks decoded before the request's length is known (main lane, the largest chunk
+        size); with ``flow_once`` they run the flow on their own windows. Otherwise, with
+        ``flow_once``, the main lane's chunks read what ``flow`` wrote: queue it before them.
 
         Returns int16 [len(slots), resampler.row_samples(chunk)] on the device (not synced; chunk * hop
         samples at the voice's rate, ``resampler.span`` says which are a row's). The lanes do not wait
@@ -627,7 +701,10 @@ class StepRunner:
         if lane != "main" and (chunk != self.options.chunk_frames or any(starts)):
             raise ValueError(f"a fast lane decodes first chunks ({self.options.chunk_frames} frames from frame 0), "
                              f"not {chunk} frames from {sorted(set(starts))}")  # fmt: skip
-        key_lane = lane if self.options.fast_lane != "off" else "main"
+        if ahead and (lane != "main" or chunk != self.options.chunk_sizes[-1]):
+            raise ValueError(f"chunks ahead are main-lane chunks of {self.options.chunk_sizes[-1]} frames, "
+                             f"not {chunk} on {lane!r}")  # fmt: skip
+        key_lane = "ahead" if ahead and self.options.flow_once else lane if self.options.fast_lane != "off" else "main"
         n = len(slots)
         b = bucket_for(n, self.options.decode_batches)
         staged = [self._stage((b,), torch.long, lane) for _ in range(3)]
@@ -640,6 +717,30 @@ class StepRunner:
                     self._streams[lane].wait_event(event)
             out = self._decode_steps[(chunk, b, key_lane)](*staged)
         return out[:n]
+
+    def flow(self, segments: Sequence[tuple[int, int, int]]) -> tuple[int, int, int]:
+        """``flow_once``: queue the flow, on the main lane, for each ``(slot, first start, frames)``: a
+        request whose main-lane chunks start at frame ``first start``; its ``flowed`` frames are then
+        exact from where the first one's decoder window starts to the utterance's end. Returns
+        (launches, frames launched, frames of utterances among them)."""
+        if self.flowed is None:
+            raise ValueError("flow needs flow_once")
+        flow_model = self.synth_model.flow
+        back = self.geometry.dec_context + self.geometry.edge_frames
+        packs = pack_flow([(slot, max(0, start - back), frames) for slot, start, frames in segments],
+                          self.options.max_frames, self.options.flow_buckets, flow_model.receptive_radius,
+                          flow_model.conv_radius, self._flow_scratch, self.scratch_slot)  # fmt: skip
+        launched = 0
+        for pack in packs:
+            size = len(pack.src)
+            staged = [self._stage((size,), torch.long, "main"), self._stage((size,), torch.float32, "main"),
+                      self._stage((size,), torch.long, "main")]  # fmt: skip
+            for host, values in zip(staged, (pack.src, pack.valid, pack.dst)):
+                host.numpy()[:] = values
+            with torch.inference_mode(), self._on("main"):
+                self._flow_steps[size](*staged)
+            launched += size
+        return len(packs), launched, sum(p.used for p in packs)
 
     def mark(self, lane: str) -> torch.cuda.Event | None:
         """An event at the end of the work queued on ``lane`` so far (for ``decode(after=...)``);

@@ -134,6 +134,8 @@ class SpeechRequest:
     next_frame: int = 0
     #: Frames whose chunks are queued on the main lane (delivered or not).
     queued_frame: int = 0
+    #: ``flow_once``: the flow of the rest of its utterance is queued on the main lane.
+    flowed: bool = False
     slot: int | None = None
     seq: int = 0
     #: int16 samples of the whole utterance (pooled), filled chunk by chunk; None once finished.
@@ -217,10 +219,12 @@ class BatchScheduler:
         #: Launches counted when queued (bench breakdown): per kind ("encode", "decode") launches, rows
         #: (requests / chunk rows) and rows of the captured buckets they ran in; the encoder's phoneme ids
         #: and ids of its (batch, length) bucket; the decoder's frames in its buckets (rows x chunk frames)
-        #: and frames handed out (the rest: padding rows, chunk tails past an utterance's end, rows dropped).
+        #: and frames handed out (the rest: padding rows, chunk tails past an utterance's end, rows dropped);
+        #: ``flow_once``'s packed flow launches, their frames and the utterance frames among them.
         self.launch_stats = dict.fromkeys(
             ("encode_launches", "encode_rows", "encode_padded_rows", "encode_ids", "encode_padded_ids",
-             "decode_launches", "decode_rows", "decode_padded_rows", "decode_padded_frames", "decode_frames_out"), 0)  # fmt: skip
+             "decode_launches", "decode_rows", "decode_padded_rows", "decode_padded_frames", "decode_frames_out",
+             "flow_launches", "flow_frames", "flow_frames_used"), 0)  # fmt: skip
         #: Steps run and their wall time, s (for the benchmark's breakdown).
         self.steps = 0
         self.step_s = 0.0
@@ -414,6 +418,19 @@ class BatchScheduler:
                 groups.setdefault(size, []).append((r, start))
                 start += min(size, r.frames - start)
             r.queued_frame = start
+        if options.flow_once:  # the flow of each request's rest, once, ahead of its first main-lane chunk
+            firsts: dict[SpeechRequest, int] = {}
+            for rows in groups.values():
+                for r, start in rows:
+                    if not r.flowed:
+                        firsts[r] = min(start, firsts.get(r, start))
+            if firsts:
+                launches, frames, used = self.runner.flow([(r.slot, start, r.frames) for r, start in firsts.items()])
+                for r in firsts:
+                    r.flowed = True
+                self.launch_stats["flow_launches"] += launches
+                self.launch_stats["flow_frames"] += frames
+                self.launch_stats["flow_frames_used"] += used
         #: (chunk frames, requests, device audio, start frame of each row)
         launched: list[tuple[int, list[SpeechRequest], object, list[int]]] = []
         for size in sorted(groups):
@@ -450,7 +467,7 @@ class BatchScheduler:
         row_starts = [start for start in starts for _ in ahead]
         events = list({id(e): e for _, e in ahead}.values())
         self._launching(batch, options.decode_batches, size)
-        audio = self.runner.decode([r.slot for r in batch], row_starts, size, lane="main", after=events)
+        audio = self.runner.decode([r.slot for r in batch], row_starts, size, lane="main", after=events, ahead=True)
         return [(size, batch, audio, row_starts)]
 
     def _finish_main(self, main: _MainLaunch) -> None:
@@ -629,6 +646,7 @@ class BatchScheduler:
         self._mains.clear()
         for request in self._running.values():
             request.queued_frame = request.next_frame
+            request.flowed = False  # its flow launch may be lost too
         self._fast = {}  # their requests are not encoded as far as we know: re-queued below
         self._ahead = []
         failed_batch, old = self._attempt_batch, self._max_batch
