@@ -19,12 +19,13 @@ RETRY_AFTER_MS = 20
 SENTENCES = ["Hello there.", "How are you today?", "Fine, thanks.", "See you soon."]
 
 
-@pytest.fixture(scope="module", params=[(1, 1), (0, 1), (0, 2)],
-                ids=["one-chunk-per-step", "all-chunks-per-step", "all-chunks-two-main-launches"])
+@pytest.fixture(scope="module", params=[(1, 1), (0, 1), (0, 2), (0, 2, True)],
+                ids=["one-chunk-per-step", "all-chunks-per-step", "all-chunks-two-main-launches", "flow-once"])
 def engine(cfg, request):
     """``chunks_per_step`` 0: a request's later chunks (32 frames each here) go in one step as rows of
     one launch, so a failed launch holds several rows of each of its requests; ``main_in_flight`` 2:
-    main launches keep their own staged buffers (given back when an OOM drops them)."""
+    main launches keep their own staged buffers (given back when an OOM drops them); ``flow_once``: the
+    flow of a launch that an OOM drops runs again with its rows."""
     from tts_engine.torch_vits.cuda_engine import CudaTtsEngine
     from tts_engine.torch_vits.runner import RunnerOptions
     from tts_engine.voice import Voice
@@ -34,7 +35,7 @@ def engine(cfg, request):
     options = RunnerOptions(
         chunk_frames=32, max_frames=512, decode_batches=(1, 2, 4, 8), encode_batches=(1, 2, 4, 8),
         phoneme_buckets=(64, 128), cuda_graphs=False, chunks_per_step=request.param[0],
-        main_in_flight=request.param[1],
+        main_in_flight=request.param[1], flow_once=request.param[2] if len(request.param) > 2 else False,
     )  # fmt: skip
     engine = CudaTtsEngine(
         Voice.load(models.resolve_voice(cfg).path), options, device="cpu", oom_retry_after_ms=RETRY_AFTER_MS
