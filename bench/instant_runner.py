@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -16,7 +17,7 @@ import torch
 from bench.harness import ROOT
 from bench.tts_backends import consume
 from tts_engine.torch_vits.buffers import HostBufferPool
-from tts_engine.torch_vits.chunked import ChunkGeometry
+from tts_engine.torch_vits.chunked import ChunkGeometry, pack_flow
 from tts_engine.torch_vits.resample import ChunkResampler
 from tts_engine.torch_vits.runner import RunnerOptions, bucket_for, fast_lane_names
 from voxloop.config import load_config
@@ -161,6 +162,26 @@ class SharedGpu:
         return True
 
 
+@dataclass(frozen=True)
+class FlowCost:
+    """How a decoder graph's time splits between the flow and the decoder, for ``tts.flow_once``
+    (whose main-lane graphs run the decoder alone and whose packed flow launches were not measured):
+    the flow's GPU time per frame is ``ratio`` x the decoder's, so a graph of flow window ``W_f`` and
+    decoder window ``W_d`` frames spends ``ratio W_f / (ratio W_f + W_d)`` of its time in the flow.
+    Contexts in frames (the voice's): the flow's and the decoder's, and ``conv_radius`` (the flow's
+    gap between packed utterances)."""
+
+    ratio: float
+    flow_context: int
+    dec_context: int
+    conv_radius: int
+
+    def flow_share(self, geometry: ChunkGeometry) -> float:
+        """The flow's share of a windowed chunk's graph time."""
+        flow = self.ratio * geometry.window_frames
+        return flow / (flow + geometry.decoder_frames)
+
+
 class InstantRunner:
     """Stands in for ``StepRunner``: every encoder launch says each sentence's ``frames`` frames
     (a number, or a function of its phoneme ids), every decode returns silence, in rows shaped
@@ -171,12 +192,18 @@ class InstantRunner:
     lanes side by side, as CUDA streams), so steps gather as many rows as a GPU of those launch
     times lets them. ``gpu_capacity``: the lanes share one GPU (``SharedGpu``) that does at most
     that many launches' work at once (1: no overlap; lanes side by side is the bound above what a
-    GPU's streams overlap). ``gpu_s``: modeled GPU seconds queued so far."""
+    GPU's streams overlap). ``gpu_s``: modeled GPU seconds queued so far. ``flow_cost``: needed for
+    ``options.flow_once`` with ``gpu_times`` (``FlowCost``): its main-lane chunks take the measured
+    graph's time less the flow's share, and each packed flow launch the flow's time per frame in
+    the largest chunk measured at its largest batch, times its frames."""
 
     def __init__(self, options: RunnerOptions, frames: int | Callable[[np.ndarray], int], launch_s: float = 0.0,
-                 gpu_times: GpuTimes | None = None, gpu_capacity: float | None = None) -> None:
-        if options.flow_once:  # its decode graphs would be the measured ones less the flow's share: not measured
-            raise ValueError("flow_once is not modeled: the graph times measured include each chunk's flow")
+                 gpu_times: GpuTimes | None = None, gpu_capacity: float | None = None,
+                 flow_cost: FlowCost | None = None) -> None:  # fmt: skip
+        if options.flow_once and gpu_times is not None and flow_cost is None:
+            raise ValueError("flow_once with measured graph times needs a flow_cost: the graphs measured include "
+                             "each chunk's flow")  # fmt: skip
+        self.flow_cost = flow_cost
         self.options = options
         self.device = torch.device("cpu")
         self.fast_lanes = fast_lane_names(options.fast_lanes)
@@ -204,15 +231,17 @@ class InstantRunner:
         """Seconds so far in which the shared GPU ran a launch (None without one: lanes side by side)."""
         return None if self._gpu is None else self._gpu.busy_until_now()
 
-    def _launch(self, lane: str, kind: str, rows: int, size: int, after: Sequence[float | None] = ()) -> None:
+    def _launch(self, lane: str, kind: str, rows: int, size: int, after: Sequence[float | None] = (),
+                scale: float = 1.0) -> None:  # fmt: skip
         """Keep ``lane`` busy for a launch of ``rows`` rows of ``size`` (phoneme ids or frames),
-        started once the lane and the work before ``after`` (``mark``s of other lanes) are done."""
+        started once the lane and the work before ``after`` (``mark``s of other lanes) are done;
+        ``scale``: a share of the measured graph's time."""
         if self.gpu_times is not None:
-            seconds = self.gpu_times.seconds(kind, rows, size)
+            self._launch_s(lane, self.gpu_times.seconds(kind, rows, size) * scale, after)
         elif self.launch_s:
-            seconds = self.launch_s
-        else:
-            return
+            self._launch_s(lane, self.launch_s, after)
+
+    def _launch_s(self, lane: str, seconds: float, after: Sequence[float | None] = ()) -> None:
         self.gpu_s += seconds
         marks = [e for e in after if e is not None]
         if self._gpu is not None:
@@ -238,9 +267,38 @@ class InstantRunner:
     def decode(self, slots, starts, chunk=None, lane: str = "main", after=(), ahead: bool = False) -> np.ndarray:
         """Silence, once the lane and the work before ``after`` are done."""
         chunk = chunk or self.options.chunk_frames
+        scale = 1.0
+        if self.options.flow_once and lane == "main" and not ahead and self.flow_cost is not None:
+            scale -= self.flow_cost.flow_share(self._windowed(chunk))  # the decoder alone
         self._launch(lane, "decode" if lane == "main" else "first", bucket_for(len(slots), self.options.decode_batches),
-                     chunk, after)  # fmt: skip
+                     chunk, after, scale)  # fmt: skip
         return self._audio[chunk][: len(slots)]
+
+    def _windowed(self, chunk: int) -> ChunkGeometry:
+        """A main-lane chunk's geometry with its flow window (the voice's contexts of ``flow_cost``)."""
+        assert self.flow_cost is not None
+        return ChunkGeometry(chunk, self.flow_cost.flow_context, self.flow_cost.dec_context, HOP,
+                             self.resampler.edge_frames)  # fmt: skip
+
+    def flow(self, segments) -> tuple[int, int, int]:  # noqa: ANN001 - as StepRunner.flow
+        """``StepRunner.flow``'s packing; each launch its frames x the flow's time per frame (``flow_cost``;
+        with none, ``launch_s`` per launch)."""
+        o, cost = self.options, self.flow_cost
+        flow_context, conv_radius = (cost.flow_context, cost.conv_radius) if cost else (0, 0)
+        back = (cost.dec_context if cost else 0) + self.resampler.edge_frames
+        scratch = (o.max_slots + 1) * o.max_frames
+        packs = pack_flow([(slot, max(0, start - back), frames) for slot, start, frames in segments], o.max_frames,
+                          o.flow_buckets, flow_context, conv_radius, scratch, o.max_slots)  # fmt: skip
+        for pack in packs:
+            if self.gpu_times is not None and cost is not None:
+                size, rows = o.chunk_sizes[-1], max(o.decode_batches)
+                geometry = self._windowed(size)
+                per_frame = (self.gpu_times.seconds("decode", rows, size) * cost.flow_share(geometry)
+                             / (rows * geometry.window_frames))  # fmt: skip
+                self._launch_s("main", per_frame * len(pack.src))
+            elif self.launch_s:
+                self._launch_s("main", self.launch_s)
+        return len(packs), sum(len(p.src) for p in packs), sum(p.used for p in packs)
 
     def fetch_async(self, *arrays, lane: str = "main") -> list:
         return list(arrays)

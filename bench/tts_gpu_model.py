@@ -39,6 +39,7 @@ it ranks settings and says what kernels would need to be faster; confirm on the 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -48,7 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.harness import ROOT, add_common_arguments, closed_loop, load_sentences, pyplot, report, save_png, summarize
-from bench.instant_runner import HOP, GpuTimes, StandInEngine
+from bench.instant_runner import HOP, FlowCost, GpuTimes, StandInEngine
 from bench.tts_backends import scheduler_breakdown, scheduler_counters
 from tts_engine.torch_vits.chunked import ChunkGeometry
 from tts_engine.torch_vits.runner import RunnerOptions
@@ -63,14 +64,15 @@ SETTINGS = ("fast_lane", "fast_lanes", "chunk_frames", "tail_chunk_frames", "enc
             "output_rate")  # fmt: skip
 
 
-def voice_contexts(voice: str | None) -> tuple[int, int]:
-    """The flow's and the decoder's context, frames, of ``voice`` (default: ``configs/gpu.toml``'s)."""
+def voice_contexts(voice: str | None) -> tuple[int, int, int]:
+    """The flow's and the decoder's context and the flow's ``conv_radius``, frames, of ``voice``
+    (default: ``configs/gpu.toml``'s)."""
     from tts_engine.torch_vits.weights import load_vits
     from voxloop import models
 
     cfg = load_config(ROOT / "configs" / "gpu.toml", [f"tts.voice_path={voice}"] if voice else [], environ={})
     model = load_vits(models.resolve_voice(cfg).path)
-    return model.flow.receptive_radius, model.dec.receptive_radius
+    return model.flow.receptive_radius, model.dec.receptive_radius, model.flow.conv_radius
 
 
 def result_rows(path: Path) -> list[dict]:
@@ -111,12 +113,22 @@ def measured_qps(rows: list[dict], clients: int, setting: dict) -> dict | None:
 
 
 def chunk_work(options: RunnerOptions, flow_context: int, dec_context: int, edge_frames: int,
-               frames: Iterable[int]) -> dict:  # fmt: skip
+               frames: Iterable[int], conv_radius: int = 0) -> dict:  # fmt: skip
     """Frames the flow and the decoder compute per frame of audio for utterances of ``frames``
     frames in ``options``' chunk sizes (``ChunkGeometry``'s windows; no padding rows, no chunks
     decoded ahead): first chunks as the engine decodes them (no context before them on a fast lane,
     ``ChunkGeometry.first``), and under ``first_with_context`` as a symmetric window would (before
-    2026-12-05, or with ``fast_lane = "off"``)."""
+    2026-12-05, or with ``fast_lane = "off"``). With ``options.flow_once`` the flow's frames are the
+    first chunks' windows and each utterance's packed segment (``chunked.pack_flow``: from the context
+    before its second chunk to its end, and ``conv_radius`` gap frames; no bucket padding)."""
+    frames = list(frames)
+    if options.flow_once:
+        before = max(0, options.chunk_frames - dec_context - edge_frames - flow_context)
+        first = ChunkGeometry(options.chunk_frames, flow_context, dec_context, HOP, edge_frames, first=True)
+        flow = sum(first.window_frames + (n - before + conv_radius if n > options.chunk_frames else 0) for n in frames)
+        windowed = chunk_work(dataclasses.replace(options, flow_once=False), flow_context, dec_context, edge_frames,
+                              frames)  # fmt: skip
+        return {**windowed, "flow": round(flow / sum(frames), 3), "flow_windowed": windowed["flow"]}
     geometries = {c: ChunkGeometry(c, flow_context, dec_context, HOP, edge_frames) for c in options.chunk_sizes}
     firsts = {trim: ChunkGeometry(options.chunk_frames, flow_context, dec_context, HOP, edge_frames, first=trim)
               for trim in (True, False)}  # fmt: skip
@@ -141,18 +153,19 @@ def frames_by_ids(sentences: list[dict], rate: int) -> dict[bytes, int]:
 
 def run_variant(name: str, sets: list[str], capacity: float, times: GpuTimes, args: argparse.Namespace,
                 measured: list[dict], sentences: list[dict], frames: dict[bytes, int],
-                contexts: tuple[int, int]) -> list[dict]:  # fmt: skip
+                contexts: tuple[int, int, int]) -> list[dict]:  # fmt: skip
     """Each ``--clients`` level of one variant at one capacity; ``frames``: ``frames_by_ids`` of ``sentences``;
-    ``contexts``: the voice's flow and decoder context, frames (``chunk_work``)."""
+    ``contexts``: the voice's flow and decoder context and flow convolution radius, frames (``chunk_work``)."""
     overrides = ["tts.device=cpu", *([f"tts.voice_path={args.voice}"] if args.voice else []), *sets]
+    flow_cost = None if args.flow_cost is None else FlowCost(args.flow_cost, *contexts)
     backend = StandInEngine(overrides, lambda ids: frames[ids.tobytes()], 0.0, gpu_times=times,
-                            gpu_capacity=None if capacity == float("inf") else capacity)  # fmt: skip
+                            gpu_capacity=None if capacity == float("inf") else capacity, flow_cost=flow_cost)  # fmt: skip
     backend.name = f"model-c{capacity:g}-{name}"
     rows = []
     try:
         setting = settings(backend.engine)
         runner, scheduler = backend.engine.runner, backend.engine.scheduler
-        work = chunk_work(runner.options, *contexts, runner.resampler.edge_frames, frames.values())
+        work = chunk_work(runner.options, *contexts[:2], runner.resampler.edge_frames, frames.values(), contexts[2])
         for clients in args.clients:
             before, gpu_s, busy_s, t0 = scheduler_counters(scheduler), runner.gpu_s, runner.busy_s, time.perf_counter()
             row = summarize(closed_loop(backend, sentences, clients, args.duration, args.warmup), backend, clients,
@@ -219,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale", type=float, nargs=2, action="append", metavar=("ENCODER", "DECODER"),
                    help="factors on the encoder's and the decoders' graph times, a run of every variant per pair "
                         "(default: 1 1, as measured)")  # fmt: skip
+    p.add_argument("--flow-cost", type=float, metavar="RATIO",
+                   help="for tts.flow_once variants: the flow's GPU time per frame relative to the decoder's "
+                        "(bench.instant_runner.FlowCost)")  # fmt: skip
     add_common_arguments(p)
     args = p.parse_args(argv)
     graph_ms, source = load_graph_ms(args.gpu_times, args.gpu_times_row)
@@ -233,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             for capacity in args.gpu_capacity:
                 rows += run_variant(name, sets, capacity, times, args, measured, sentences, frames, contexts)
     extra = {"gpu_times": source, "graph_ms": graph_ms, "measured": [str(p) for p in args.measured],
+             "flow_cost": args.flow_cost,
              "runner": "InstantRunner (each launch its graph's measured time at its padded batch, GpuTimes)"}  # fmt: skip
     report("tts_gpu_model", rows, extra, args, plot)
     return 0

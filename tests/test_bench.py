@@ -319,6 +319,48 @@ def test_chunk_work_counts_the_windows_the_engine_computes():
                     "first_with_context": {"flow": (120 + 216) / 100, "decoder": (56 + 152) / 100}}  # fmt: skip
     off = chunk_work(replace(options, fast_lane="off"), 32, 11, 1, [100, 20])  # first chunks on the main lane
     assert {k: off[k] for k in ("flow", "decoder")} == off["first_with_context"]
+    # flow_once: the first chunk's window (76) and one packed segment from 32 - 12 - 32 (frame 0) to 100,
+    # and a 2-frame gap; a 20-frame utterance has no later chunk: its first window alone
+    once = chunk_work(replace(options, flow_once=True), 32, 11, 1, [100, 20], conv_radius=2)
+    assert once["flow"] == round((76 + 102 + 76) / 120, 3) and once["decoder"] == work_of(options, [100, 20])["decoder"]
+    assert once["flow_windowed"] == work_of(options, [100, 20])["flow"]
+
+
+def work_of(options, frames):
+    from bench.tts_gpu_model import chunk_work
+
+    return chunk_work(options, 32, 11, 1, frames)
+
+
+def test_flow_cost_splits_a_graph_and_prices_the_packed_flow():
+    """``FlowCost``: a windowed 256-frame chunk (flow window 344, decoder 280 frames at contexts 32 + 11
+    + 1) with the flow at 0.3 of the decoder's time per frame spends 0.3 x 344 / (0.3 x 344 + 280) of its
+    graph in the flow. The stand-in runner with ``flow_once``: a main-lane chunk takes its graph's time
+    less that share; a packed flow launch of P frames, P x that share of the largest chunk's graph at
+    the largest batch / (its rows x window); without a flow cost it refuses measured graph times."""
+    from bench.instant_runner import FlowCost, GpuTimes, InstantRunner
+    from tts_engine.torch_vits.chunked import ChunkGeometry
+    from tts_engine.torch_vits.runner import RunnerOptions
+
+    cost = FlowCost(0.3, 32, 11, 2)
+    g = ChunkGeometry(256, 32, 11, 256, 1)
+    assert cost.flow_share(g) == pytest.approx(0.3 * 344 / (0.3 * 344 + 280))
+    options = RunnerOptions(chunk_frames=32, tail_chunk_frames=256, decode_batches=(1, 64), flow_once=True,
+                            voice_rate=22050, output_rate=24000)  # fmt: skip
+    times = GpuTimes({"encode 1 x 64": 1.0, "decode 1 x 256": 2.0, "decode 64 x 256": 10.0})
+    with pytest.raises(ValueError, match="flow_cost"):
+        InstantRunner(options, 349, gpu_times=times)
+    runner = InstantRunner(options, 349, gpu_times=times, flow_cost=cost)
+    runner.decode([0], [32], 256)
+    assert runner.gpu_s == pytest.approx(0.002 * (1 - cost.flow_share(g)))
+    ahead = runner.gpu_s
+    runner.decode([0], [32], 256, ahead=True)  # decoded ahead: with its flow window
+    assert runner.gpu_s - ahead == pytest.approx(0.002)
+    before = runner.gpu_s
+    launches, frames, used = runner.flow([(0, 32, 349), (1, 32, 300)])
+    assert launches == 1 and frames == 1024 and used == (349 - 0) + (300 - 0)  # from 32 - 12 - 32 (< 0): frame 0
+    per_frame = 0.010 * cost.flow_share(g) / (64 * 344)
+    assert runner.gpu_s - before == pytest.approx(per_frame * 1024)
 
 
 @pytest.mark.slow
