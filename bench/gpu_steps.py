@@ -56,9 +56,10 @@ def graph_times(runner: StepRunner, sentences: list[list[int]], batches: tuple[i
                 reps: int = 20) -> dict[str, float]:
     """Median ms of one replay of each captured graph the scheduler launches most, alone on the GPU:
     the encoder (first fast lane) at the phoneme bucket of the longest of ``sentences``, the first
-    chunk (fast lane) and every later chunk size (main lane), at each of ``batches`` that was captured.
-    Inputs are real: ``sentences`` encoded into the slots first. Keys ``encode b x ids``,
-    ``first b x frames``, ``decode b x frames``."""
+    chunk (fast lane) and every later chunk size (main lane), at each of ``batches`` that was captured;
+    with ``flow_once`` the main lane's chunks (the decoder alone) as ``flowed b x frames`` and each
+    packed flow launch as ``flow 1 x frames``. Inputs are real: ``sentences`` encoded into the slots
+    first. Keys ``encode b x ids``, ``first b x frames``, ``decode b x frames``."""
     fill_slots(runner, sentences, noise=True)
     opts, lane = runner.options, runner.fast_lanes[0]
     longest = max(len(s) for s in sentences)
@@ -77,7 +78,8 @@ def graph_times(runner: StepRunner, sentences: list[list[int]], batches: tuple[i
             scales.copy_(torch.tensor([[0.667, 1.0, 0.8]] * b, device=dev))
             slots.copy_(torch.arange(b, device=dev) % opts.max_slots)
             out[f"encode {b} x {t}"] = round(timed(step.graph.replay, reps), 3)
-        keys = [(opts.chunk_frames, b, lane, "first")] + [(c, b, "main", "decode") for c in opts.chunk_sizes]
+        main = "flowed" if opts.flow_once else "decode"
+        keys = [(opts.chunk_frames, b, lane, "first")] + [(c, b, "main", main) for c in opts.chunk_sizes]
         for chunk, bb, key_lane, name in keys:
             step = runner._decode_steps.get((chunk, bb, key_lane))
             if step is None or step.graph is None:
@@ -87,4 +89,7 @@ def graph_times(runner: StepRunner, sentences: list[list[int]], batches: tuple[i
             starts.fill_(0 if name == "first" else opts.chunk_frames)
             active.fill_(1)
             out[f"{name} {bb} x {chunk}"] = round(timed(step.graph.replay, reps), 3)
+    for frames, step in sorted(runner._flow_steps.items()):
+        if step.graph is not None:  # the flow over all of a launch's positions (the inputs it was captured with)
+            out[f"flow 1 x {frames}"] = round(timed(step.graph.replay, reps), 3)
     return out

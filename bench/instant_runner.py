@@ -27,11 +27,16 @@ HOP = 256
 SYMBOLS = 256
 
 
+#: Kinds of graph time keys (``GpuTimes``).
+KINDS = ("encode", "first", "decode", "flowed", "flow")
+
+
 class GpuTimes:
     """Milliseconds of one launch of each CUDA graph as measured on a GPU (``bench.tts_load
     --graph-times``: a result row's ``graph_ms``, keys ``encode <rows> x <phoneme bucket>``,
     ``first <rows> x <frames>`` (a fast lane's first chunks), ``decode <rows> x <frames>`` (the
-    main lane's chunks)), for any padded batch: piecewise linear in rows between the rows
+    main lane's chunks); with ``tts.flow_once``, ``flowed <rows> x <frames>`` (its main-lane chunks,
+    the decoder alone) and ``flow 1 x <frames>`` (its packed flow launches)), for any padded batch: piecewise linear in rows between the rows
     measured, the last piece extended beyond them. A phoneme bucket or chunk size not measured
     takes the next larger measured one's times; one larger than every size measured, the line
     through the two largest sizes' times extended (in proportion with one size measured); a fast
@@ -46,17 +51,22 @@ class GpuTimes:
         for key, ms in graph_ms.items():
             try:
                 kind, rows, x, size = key.split()
-                if x != "x" or kind not in ("encode", "first", "decode"):
+                if x != "x" or kind not in KINDS:
                     raise ValueError
                 self._points.setdefault(kind, {}).setdefault(int(size), []).append((int(rows), float(ms)))
             except ValueError:
-                raise ValueError(f"graph time key {key!r} is not '<encode|first|decode> <rows> x <size>'") from None
+                raise ValueError(f"graph time key {key!r} is not '<{'|'.join(KINDS)}> <rows> x <size>'") from None
         for kind in ("encode", "decode"):
             if kind not in self._points:
                 raise ValueError(f"graph times have no {kind!r} keys: {sorted(graph_ms)}")
         for sizes in self._points.values():
             for points in sizes.values():
                 points.sort()
+
+    @property
+    def kinds(self) -> set[str]:
+        """The kinds of launch measured."""
+        return set(self._points)
 
     def seconds(self, kind: str, rows: int, size: int) -> float:
         """Seconds of one ``kind`` launch (``encode``, ``first``, ``decode``) of ``rows`` padded rows
@@ -169,15 +179,18 @@ class FlowCost:
     the flow's GPU time per frame is ``ratio`` x the decoder's, so a graph of flow window ``W_f`` and
     decoder window ``W_d`` frames spends ``ratio W_f / (ratio W_f + W_d)`` of its time in the flow.
     Contexts in frames (the voice's): the flow's and the decoder's, and ``conv_radius`` (the flow's
-    gap between packed utterances)."""
+    gap between packed utterances). ``ratio`` None: graph times measured with ``flow_once`` say it
+    (``flowed`` and ``flow`` keys); the contexts still lay out the packed launches."""
 
-    ratio: float
+    ratio: float | None
     flow_context: int
     dec_context: int
     conv_radius: int
 
     def flow_share(self, geometry: ChunkGeometry) -> float:
         """The flow's share of a windowed chunk's graph time."""
+        if self.ratio is None:
+            raise ValueError("no flow cost ratio")
         flow = self.ratio * geometry.window_frames
         return flow / (flow + geometry.decoder_frames)
 
@@ -200,9 +213,10 @@ class InstantRunner:
     def __init__(self, options: RunnerOptions, frames: int | Callable[[np.ndarray], int], launch_s: float = 0.0,
                  gpu_times: GpuTimes | None = None, gpu_capacity: float | None = None,
                  flow_cost: FlowCost | None = None) -> None:  # fmt: skip
-        if options.flow_once and gpu_times is not None and flow_cost is None:
-            raise ValueError("flow_once with measured graph times needs a flow_cost: the graphs measured include "
-                             "each chunk's flow")  # fmt: skip
+        priced = flow_cost is not None and flow_cost.ratio is not None
+        if options.flow_once and gpu_times is not None and not priced and not {"flowed", "flow"} <= gpu_times.kinds:
+            raise ValueError("flow_once with graph times of windowed chunks needs a flow_cost: the graphs measured "
+                             "include each chunk's flow")  # fmt: skip
         self.flow_cost = flow_cost
         self.options = options
         self.device = torch.device("cpu")
@@ -267,11 +281,13 @@ class InstantRunner:
     def decode(self, slots, starts, chunk=None, lane: str = "main", after=(), ahead: bool = False) -> np.ndarray:
         """Silence, once the lane and the work before ``after`` are done."""
         chunk = chunk or self.options.chunk_frames
-        scale = 1.0
-        if self.options.flow_once and lane == "main" and not ahead and self.flow_cost is not None:
-            scale -= self.flow_cost.flow_share(self._windowed(chunk))  # the decoder alone
-        self._launch(lane, "decode" if lane == "main" else "first", bucket_for(len(slots), self.options.decode_batches),
-                     chunk, after, scale)  # fmt: skip
+        kind, scale = "decode" if lane == "main" else "first", 1.0
+        if self.options.flow_once and lane == "main" and not ahead:  # the decoder alone
+            if self.gpu_times is not None and "flowed" in self.gpu_times.kinds:
+                kind = "flowed"
+            elif self.flow_cost is not None and self.flow_cost.ratio is not None:
+                scale -= self.flow_cost.flow_share(self._windowed(chunk))
+        self._launch(lane, kind, bucket_for(len(slots), self.options.decode_batches), chunk, after, scale)
         return self._audio[chunk][: len(slots)]
 
     def _windowed(self, chunk: int) -> ChunkGeometry:
@@ -281,8 +297,8 @@ class InstantRunner:
                              self.resampler.edge_frames)  # fmt: skip
 
     def flow(self, segments) -> tuple[int, int, int]:  # noqa: ANN001 - as StepRunner.flow
-        """``StepRunner.flow``'s packing; each launch its frames x the flow's time per frame (``flow_cost``;
-        with none, ``launch_s`` per launch)."""
+        """``StepRunner.flow``'s packing; each launch its ``flow`` graph time, or its frames x the flow's
+        time per frame (``flow_cost``); with neither, ``launch_s``."""
         o, cost = self.options, self.flow_cost
         flow_context, conv_radius = (cost.flow_context, cost.conv_radius) if cost else (0, 0)
         back = (cost.dec_context if cost else 0) + self.resampler.edge_frames
@@ -290,7 +306,9 @@ class InstantRunner:
         packs = pack_flow([(slot, max(0, start - back), frames) for slot, start, frames in segments], o.max_frames,
                           o.flow_buckets, flow_context, conv_radius, scratch, o.max_slots)  # fmt: skip
         for pack in packs:
-            if self.gpu_times is not None and cost is not None:
+            if self.gpu_times is not None and "flow" in self.gpu_times.kinds:
+                self._launch_s("main", self.gpu_times.seconds("flow", 1, len(pack.src)))
+            elif self.gpu_times is not None and cost is not None and cost.ratio is not None:
                 size, rows = o.chunk_sizes[-1], max(o.decode_batches)
                 geometry = self._windowed(size)
                 per_frame = (self.gpu_times.seconds("decode", rows, size) * cost.flow_share(geometry)

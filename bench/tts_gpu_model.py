@@ -25,6 +25,11 @@ measured QPS (mean, min, max of the matching rows) and ``model_of_measured_pct``
 ``--scale ENCODER DECODER`` multiplies the graph times (0.5: kernels twice as fast; such rows have
 no measured check).
 
+``tts.flow_once`` variants: with ``flowed`` and ``flow`` graph times in ``--gpu-times`` (a
+``--graph-times`` row of a ``--flow-once`` run) its launches take those; else ``--flow-cost`` says
+how a measured windowed chunk's graph splits between the flow and the decoder
+(``bench.instant_runner.FlowCost``).
+
 Not modeled: the host work of a real launch (staging the inputs, the copies, the graph replay:
 the stand-in's launches cost the scheduler thread less), launches slowing each other beyond the two
 bounds, and the noise of durations (each sentence always its one frame count). On a host slower
@@ -157,7 +162,7 @@ def run_variant(name: str, sets: list[str], capacity: float, times: GpuTimes, ar
     """Each ``--clients`` level of one variant at one capacity; ``frames``: ``frames_by_ids`` of ``sentences``;
     ``contexts``: the voice's flow and decoder context and flow convolution radius, frames (``chunk_work``)."""
     overrides = ["tts.device=cpu", *([f"tts.voice_path={args.voice}"] if args.voice else []), *sets]
-    flow_cost = None if args.flow_cost is None else FlowCost(args.flow_cost, *contexts)
+    flow_cost = FlowCost(args.flow_cost, *contexts)
     backend = StandInEngine(overrides, lambda ids: frames[ids.tobytes()], 0.0, gpu_times=times,
                             gpu_capacity=None if capacity == float("inf") else capacity, flow_cost=flow_cost)  # fmt: skip
     backend.name = f"model-c{capacity:g}-{name}"
@@ -233,8 +238,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="factors on the encoder's and the decoders' graph times, a run of every variant per pair "
                         "(default: 1 1, as measured)")  # fmt: skip
     p.add_argument("--flow-cost", type=float, metavar="RATIO",
-                   help="for tts.flow_once variants: the flow's GPU time per frame relative to the decoder's "
-                        "(bench.instant_runner.FlowCost)")  # fmt: skip
+                   help="for tts.flow_once variants when --gpu-times has no flowed / flow graph times: the flow's "
+                        "GPU time per frame relative to the decoder's (bench.instant_runner.FlowCost)")  # fmt: skip
     add_common_arguments(p)
     args = p.parse_args(argv)
     graph_ms, source = load_graph_ms(args.gpu_times, args.gpu_times_row)

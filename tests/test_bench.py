@@ -361,6 +361,15 @@ def test_flow_cost_splits_a_graph_and_prices_the_packed_flow():
     assert launches == 1 and frames == 1024 and used == (349 - 0) + (300 - 0)  # from 32 - 12 - 32 (< 0): frame 0
     per_frame = 0.010 * cost.flow_share(g) / (64 * 344)
     assert runner.gpu_s - before == pytest.approx(per_frame * 1024)
+    # graph times of a flow_once run: its flowed chunks and flow launches as measured, no ratio needed
+    measured = GpuTimes({**times.graph_ms, "flowed 1 x 256": 1.5, "flowed 64 x 256": 7.0, "flow 1 x 512": 0.2,
+                         "flow 1 x 1024": 0.3})  # fmt: skip
+    runner = InstantRunner(options, 349, gpu_times=measured, flow_cost=FlowCost(None, 32, 11, 2))
+    runner.decode([0], [32], 256)
+    runner.flow([(0, 32, 349), (1, 32, 300)])
+    assert runner.gpu_s == pytest.approx(0.0015 + 0.0003)
+    with pytest.raises(ValueError, match="flow_cost"):  # windowed graph times and no ratio
+        InstantRunner(options, 349, gpu_times=times, flow_cost=FlowCost(None, 32, 11, 2))
 
 
 @pytest.mark.slow
