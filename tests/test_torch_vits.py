@@ -205,16 +205,17 @@ def test_first_chunk_without_context_before_it_equals_the_symmetric_window(model
     assert rows[0][edge:inside].abs().max() > 1e-3  # audio, not silence
 
 
-@pytest.mark.parametrize("dilation_rate", [1, 2])
-def test_packed_flow_is_each_utterances_own_flow(dilation_rate):
+@pytest.mark.parametrize("dilation_rate, gin", [(1, 0), (2, 0), (1, 4)])
+def test_packed_flow_is_each_utterances_own_flow(dilation_rate, gin):
     """``pack_flow``: utterances laid end to end, each after ``conv_radius`` masked frames, in launches
     of the buckets (here small: several launches, one utterance alone in the largest), give through
     the flow, in float64, each utterance's own flow output on its kept frames, whatever stands
     next to it; one masked frame fewer between them does not. Positions not kept go to scratch rows
-    of their own."""
+    of their own. A multi-speaker flow takes each position's speaker (``StepRunner._flow_fn``)."""
     from tts_engine.torch_vits.flow import ResidualCouplingBlock
 
-    flow = ResidualCouplingBlock(8, 8, 5, dilation_rate, 3).double().eval()
+    flow = ResidualCouplingBlock(8, 8, 5, dilation_rate, 3, gin_channels=gin).double().eval()
+    speakers = torch.randn(6, gin, dtype=torch.float64)  # per slot
     with torch.no_grad():
         for p in flow.parameters():
             p.add_(torch.randn_like(p) * 0.3)
@@ -232,8 +233,9 @@ def test_packed_flow_is_each_utterances_own_flow(dilation_rate):
             src, valid, dst = (torch.from_numpy(a) for a in (p.src, p.valid, p.dst))
             assert len(set(p.dst.tolist())) == len(p.dst)  # every position its own row
             z = (latents.view(-1, channels)[src] * valid[:, None].double()).t().unsqueeze(0)
+            g = speakers[src // max_frames].t().unsqueeze(0) if gin else None  # [1, gin, P]
             with torch.inference_mode():
-                out = flow.reverse(z, valid.double().view(1, 1, -1))
+                out = flow.reverse(z, valid.double().view(1, 1, -1), g=g)
             flowed[dst] = out[0].t()
         return flowed
 
@@ -242,8 +244,9 @@ def test_packed_flow_is_each_utterances_own_flow(dilation_rate):
     worst_short = 0.0
     for slot, keep_from, frames in segments:
         z = latents[slot, :frames].t().unsqueeze(0)
+        g = speakers[slot].view(1, gin, 1) if gin else None
         with torch.inference_mode():
-            whole = flow.reverse(z, torch.ones(1, 1, frames, dtype=torch.float64))[0].t()
+            whole = flow.reverse(z, torch.ones(1, 1, frames, dtype=torch.float64), g=g)[0].t()
         rows = slice(slot * max_frames + keep_from, slot * max_frames + frames)
         assert (flowed[rows] - whole[keep_from:]).abs().max() < 1e-12
         assert flowed[slot * max_frames : slot * max_frames + keep_from].isnan().all()  # nothing else written

@@ -436,7 +436,7 @@ class StepRunner:
         self._decode_steps: dict[tuple[int, int, str], _Step] = {}  # (chunk frames, batch, lane or "ahead")
         self._flow_steps: dict[int, _Step] = {}  # packed frames (flow_once)
         self.capture_s = 0.0
-        #: Seconds each stage's graphs took to capture ("encode", "decode"; cuDNN timing included).
+        #: Seconds each stage's graphs took to capture ("encode", "decode", "flow" with flow_once; cuDNN timing included).
         self.stage_capture_s: dict[str, float] = {}
         self.capture_peak_mb = 0.0
         self._build()
