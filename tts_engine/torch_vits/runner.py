@@ -308,7 +308,7 @@ class StepRunner:
         self.options = options
         self.device = torch.device(device)
         self.memory = memory if self.device.type == "cuda" else None
-        #: Device memory each stage added at start-up, bytes ("state", "encode", "decode").
+        #: Device memory each stage added at start-up, bytes ("state", "encode", "decode", "flow").
         self.stage_bytes: dict[str, int] = {}
         if self.memory:
             # An earlier engine's CUDA graphs held in reference cycles would otherwise be freed inside a
