@@ -302,21 +302,20 @@ class InstantRunner:
         o, cost = self.options, self.flow_cost
         flow_context, conv_radius = (cost.flow_context, cost.conv_radius) if cost else (0, 0)
         back = (cost.dec_context if cost else 0) + self.resampler.edge_frames
-        scratch = (o.max_slots + 1) * o.max_frames
         packs = pack_flow([(slot, max(0, start - back), frames) for slot, start, frames in segments], o.max_frames,
-                          o.flow_buckets, flow_context, conv_radius, scratch, o.max_slots)  # fmt: skip
+                          o.flow_buckets, flow_context, conv_radius)  # fmt: skip
         for pack in packs:
             if self.gpu_times is not None and "flow" in self.gpu_times.kinds:
-                self._launch_s("main", self.gpu_times.seconds("flow", 1, len(pack.src)))
+                self._launch_s("main", self.gpu_times.seconds("flow", 1, pack.frames))
             elif self.gpu_times is not None and cost is not None and cost.ratio is not None:
                 size, rows = o.chunk_sizes[-1], max(o.decode_batches)
                 geometry = self._windowed(size)
                 per_frame = (self.gpu_times.seconds("decode", rows, size) * cost.flow_share(geometry)
                              / (rows * geometry.window_frames))  # fmt: skip
-                self._launch_s("main", per_frame * len(pack.src))
+                self._launch_s("main", per_frame * pack.frames)
             elif self.launch_s:
                 self._launch_s("main", self.launch_s)
-        return len(packs), sum(len(p.src) for p in packs), sum(p.used for p in packs)
+        return len(packs), sum(p.frames for p in packs), sum(p.used for p in packs)
 
     def fetch_async(self, *arrays, lane: str = "main") -> list:
         return list(arrays)

@@ -227,11 +227,11 @@ def test_packed_flow_is_each_utterances_own_flow(dilation_rate, gin):
 
     def run(gap: int) -> torch.Tensor:
         flowed = torch.full((scratch + buckets[-1], channels), float("nan"), dtype=torch.float64)
-        packs = chunked.pack_flow(segments, max_frames, buckets, flow.receptive_radius, gap, scratch, slots)
-        assert len(packs) > 1 and all(len(p.src) in buckets for p in packs)
+        packs = chunked.pack_flow(segments, max_frames, buckets, flow.receptive_radius, gap)
+        assert len(packs) > 1 and all(p.frames in buckets for p in packs)
         for p in packs:
-            src, valid, dst = (torch.from_numpy(a) for a in (p.src, p.valid, p.dst))
-            assert len(set(p.dst.tolist())) == len(p.dst)  # every position its own row
+            src, valid, dst = chunked.flow_positions(torch.from_numpy(p.table), p.frames, max_frames, scratch, slots)
+            assert len(set(dst.tolist())) == p.frames and int(valid.sum()) == p.used  # every position its own row
             z = (latents.view(-1, channels)[src] * valid[:, None].double()).t().unsqueeze(0)
             g = speakers[src // max_frames].t().unsqueeze(0) if gin else None  # [1, gin, P]
             with torch.inference_mode():
@@ -254,11 +254,17 @@ def test_packed_flow_is_each_utterances_own_flow(dilation_rate, gin):
     assert worst_short > 1e-6
 
 
-def test_pack_flow_refuses_what_no_bucket_holds():
+def test_pack_flow_refuses_what_no_bucket_holds_and_starts_a_launch_per_table():
     with pytest.raises(ValueError, match="largest flow bucket"):
-        chunked.pack_flow([(0, 0, 100)], 200, (64,), 8, 2, 1000, 1)
+        chunked.pack_flow([(0, 0, 100)], 200, (64,), 8, 2)
     with pytest.raises(ValueError, match="outside the utterance"):
-        chunked.pack_flow([(0, 30, 30)], 200, (64,), 8, 2, 1000, 1)
+        chunked.pack_flow([(0, 30, 30)], 200, (64,), 8, 2)
+    many = [(i % 4, 0, 3) for i in range(chunked.FLOW_PACK_SEGMENTS + 1)]  # tiny utterances: the table fills first
+    packs = chunked.pack_flow(many, 200, (512, 1024), 8, 2)
+    assert [p.frames for p in packs] == [512, 512] and [p.used for p in packs] == [3 * (len(many) - 1), 3]
+    src, valid, dst = chunked.flow_positions(torch.from_numpy(packs[1].table), 512, 200, 1000, 4)
+    assert valid.tolist() == [1.0] * 3 + [0.0] * 509 and src[:3].tolist() == [0, 1, 2] and dst[:3].tolist() == [0, 1, 2]
+    assert (src[3:] == 4 * 200).all() and dst[3:].tolist() == list(range(1003, 1512))
 
 
 @pytest.mark.parametrize("kernel, stride, padding", [(16, 8, 4), (8, 4, 2), (6, 3, 0), (6, 2, 2)])

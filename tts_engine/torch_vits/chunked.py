@@ -135,32 +135,33 @@ def decode_windows(
     return audio
 
 
+#: Most utterances one packed flow launch holds (``pack_flow``; a row of ``FlowPack.table`` each).
+FLOW_PACK_SEGMENTS = 64
+
+
 @dataclass(frozen=True)
 class FlowPack:
-    """One ``pack_flow`` launch's host arrays, each [``frames``] (a flow bucket): per position the row
-    of the flat ``[slots * max_frames, C]`` latents it reads (``src``), whether that is a frame of an
-    utterance (``valid``, 1.0) or a masked gap / padding (0.0), and the row of the flat flowed buffer
-    its output goes to (``dst``: the frame's own row where the output is kept, else a scratch row of
-    its own, ``scratch + position``)."""
+    """One packed flow launch of ``frames`` positions (a flow bucket): ``table`` [``FLOW_PACK_SEGMENTS``,
+    5] int64, a row per utterance (slot, first frame the flow reads, first frame whose output is kept,
+    its end frame, its first position in the launch), the rest padding (no frames, starting at
+    ``frames``); ``flow_positions`` expands it on the device."""
 
-    src: np.ndarray
-    valid: np.ndarray
-    dst: np.ndarray
+    frames: int
+    table: np.ndarray
     #: Positions holding utterance frames (the rest: gaps and padding).
     used: int
 
 
 def pack_flow(segments: Sequence[tuple[int, int, int]], max_frames: int, buckets: Sequence[int], flow_context: int,
-              gap: int, scratch: int, scratch_slot: int) -> list[FlowPack]:  # fmt: skip
+              gap: int) -> list[FlowPack]:  # fmt: skip
     """Lay out the flow over each segment ``(slot, keep_from, frames)``: the flow's output is wanted
     exact on frames ``[keep_from, frames)`` of ``slot``'s utterance, so the flow reads from
     ``flow_context`` frames before (not before frame 0) to the utterance's end, followed by ``gap``
     masked frames (``flow.conv_radius``). Segments fill a launch in order up to the largest of
-    ``buckets`` (ascending), each launch then padded to the smallest bucket that holds it.
-    ``scratch``: first scratch row of the flowed buffer (one per position of the largest bucket);
-    ``scratch_slot``: a slot whose latents padding positions read (masked)."""
+    ``buckets`` (ascending) or ``FLOW_PACK_SEGMENTS`` of them, each launch then the smallest bucket
+    that holds it."""
     largest = buckets[-1]
-    packs: list[list[tuple[int, int, int, int]]] = [[]]  # per launch: (slot, read_from, keep_from, frames)
+    packs: list[list[tuple[int, int, int, int, int]]] = [[]]  # per launch: (slot, read_from, keep_from, frames, at)
     used = 0
     for slot, keep_from, frames in segments:
         if not 0 <= keep_from < frames <= max_frames:
@@ -169,31 +170,40 @@ def pack_flow(segments: Sequence[tuple[int, int, int]], max_frames: int, buckets
         need = frames - read_from + gap
         if need > largest:
             raise ValueError(f"{need} frames of flow exceed the largest flow bucket {largest}")
-        if used + need > largest:
+        if used + need > largest or len(packs[-1]) == FLOW_PACK_SEGMENTS:
             packs.append([])
             used = 0
-        packs[-1].append((slot, read_from, keep_from, frames))
+        packs[-1].append((slot, read_from, keep_from, frames, used))
         used += need
     out = []
     for pack in packs:
         if not pack:
             continue
-        total = sum(frames - read_from + gap for _, read_from, _, frames in pack)
-        size = next(b for b in buckets if b >= total)
-        src = np.full(size, scratch_slot * max_frames, np.int64)
-        valid = np.zeros(size, np.float32)
-        dst = scratch + np.arange(size, dtype=np.int64)
-        at = 0
-        for slot, read_from, keep_from, frames in pack:
-            n = frames - read_from
-            rows = slot * max_frames + np.arange(read_from, frames, dtype=np.int64)
-            src[at : at + n] = rows
-            valid[at : at + n] = 1.0
-            kept = keep_from - read_from
-            dst[at + kept : at + n] = rows[kept:]
-            at += n + gap
-        out.append(FlowPack(src, valid, dst, int(valid.sum())))
+        slot, read_from, keep_from, frames, at = pack[-1]
+        size = next(b for b in buckets if b >= at + frames - read_from + gap)
+        table = np.zeros((FLOW_PACK_SEGMENTS, 5), np.int64)
+        table[:, 4] = size  # padding rows: no frames, after every position
+        table[: len(pack)] = pack
+        out.append(FlowPack(size, table, int((table[:, 3] - table[:, 1])[: len(pack)].sum())))
     return out
+
+
+def flow_positions(table: torch.Tensor, frames: int, max_frames: int, scratch: int,
+                   scratch_slot: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """A ``FlowPack.table`` (on the device) -> per position of its ``frames`` the row of the flat
+    ``[slots * max_frames, C]`` latents it reads (``src``; a masked gap or padding position: the
+    ``scratch_slot``'s first), whether it is an utterance frame (``valid``, float 1.0 / 0.0) and the
+    row of the flat flowed buffer its output goes to (``dst``: the frame's own where its output is
+    kept, else ``scratch`` + position, a row of its own). Fixed shapes: capturable in a CUDA graph."""
+    slot, read_from, keep_from, end, at = table.unbind(1)
+    position = torch.arange(frames, device=table.device)
+    seg = (torch.searchsorted(at.contiguous(), position, right=True) - 1).clamp_min(0)
+    offset = position - at[seg]
+    inside = offset < end[seg] - read_from[seg]
+    rows = slot[seg] * max_frames + read_from[seg] + offset
+    src = torch.where(inside, rows, scratch_slot * max_frames)
+    dst = torch.where(inside & (offset >= keep_from[seg] - read_from[seg]), rows, scratch + position)
+    return src, inside.to(torch.float32), dst
 
 
 def to_int16(audio: torch.Tensor) -> torch.Tensor:

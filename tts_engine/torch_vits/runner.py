@@ -39,7 +39,14 @@ import numpy as np
 import torch
 
 from tts_engine.torch_vits.buffers import HostBufferPool
-from tts_engine.torch_vits.chunked import ChunkGeometry, decode_windows, gather_windows, pack_flow
+from tts_engine.torch_vits.chunked import (
+    FLOW_PACK_SEGMENTS,
+    ChunkGeometry,
+    decode_windows,
+    flow_positions,
+    gather_windows,
+    pack_flow,
+)
 from tts_engine.torch_vits.gemm_conv import use_gemm_convs
 from tts_engine.torch_vits.gpu_memory import GpuMemory
 from tts_engine.torch_vits.model import Vits
@@ -507,12 +514,10 @@ class StepRunner:
                         torch._dynamo.mark_dynamic(tensor, 0)
         if self.options.flow_once:  # the packed flow launches, on the main lane before its chunks
             for frames in sorted(self.options.flow_buckets, reverse=True):
-                inputs = [
-                    torch.full((frames,), self.scratch_slot * self.options.max_frames, dtype=torch.long, device=dev),
-                    torch.zeros(frames, device=dev),
-                    torch.arange(frames, device=dev) + self._flow_scratch,
-                ]
-                self._flow_steps[frames] = _Step(self._flow_fn, inputs, main_pool, main_capture)
+                empty = torch.zeros(FLOW_PACK_SEGMENTS, 5, dtype=torch.long, device=dev)
+                empty[:, 4] = frames  # no utterance: every position a masked gap
+                self._flow_steps[frames] = _Step(functools.partial(self._flow_fn, frames), [empty], main_pool,
+                                                 main_capture)  # fmt: skip
         if use_graphs:
             kept = {}
             with torch.inference_mode():
@@ -617,9 +622,11 @@ class StepRunner:
         """First scratch row of the flat ``flowed`` buffer."""
         return self.latents.shape[0] * self.latents.shape[1]
 
-    def _flow_fn(self, src: torch.Tensor, valid: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
-        """One packed flow launch (``chunked.pack_flow``): the latents rows ``src`` (masked by ``valid``)
-        through the flow as one row, each output position written to its ``dst`` row of ``flowed``."""
+    def _flow_fn(self, frames: int, table: torch.Tensor) -> torch.Tensor:
+        """One packed flow launch of ``frames`` positions (``chunked.pack_flow``'s ``table``): the latents
+        rows it reads (masked) through the flow as one row, each output position written to its row of
+        ``flowed`` (``chunked.flow_positions``)."""
+        src, valid, dst = flow_positions(table, frames, self.options.max_frames, self._flow_scratch, self.scratch_slot)
         model, channels = self.synth_model, self.latents.shape[-1]
         z = self.latents.view(-1, channels).index_select(0, src) * valid[:, None]
         z = z.to(self.dtype).t().unsqueeze(0).contiguous()  # [1, C, P]
@@ -729,18 +736,13 @@ class StepRunner:
         back = self.geometry.dec_context + self.geometry.edge_frames
         packs = pack_flow([(slot, max(0, start - back), frames) for slot, start, frames in segments],
                           self.options.max_frames, self.options.flow_buckets, flow_model.receptive_radius,
-                          flow_model.conv_radius, self._flow_scratch, self.scratch_slot)  # fmt: skip
-        launched = 0
+                          flow_model.conv_radius)  # fmt: skip
         for pack in packs:
-            size = len(pack.src)
-            staged = [self._stage((size,), torch.long, "main"), self._stage((size,), torch.float32, "main"),
-                      self._stage((size,), torch.long, "main")]  # fmt: skip
-            for host, values in zip(staged, (pack.src, pack.valid, pack.dst)):
-                host.numpy()[:] = values
+            staged = self._stage(pack.table.shape, torch.long, "main")
+            staged.numpy()[:] = pack.table
             with torch.inference_mode(), self._on("main"):
-                self._flow_steps[size](*staged)
-            launched += size
-        return len(packs), launched, sum(p.used for p in packs)
+                self._flow_steps[pack.frames](staged)
+        return len(packs), sum(p.frames for p in packs), sum(p.used for p in packs)
 
     def mark(self, lane: str) -> torch.cuda.Event | None:
         """An event at the end of the work queued on ``lane`` so far (for ``decode(after=...)``);
