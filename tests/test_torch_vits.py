@@ -1098,15 +1098,19 @@ def test_scheduler_rejects_bad_input():
 
 
 @pytest.mark.slow
-def test_cuda_engine_on_cpu_speaks_text_like_the_onnx_engine(cfg, voice_path):
+@pytest.mark.parametrize("flow_once", [False, True])
+def test_cuda_engine_on_cpu_speaks_text_like_the_onnx_engine(cfg, voice_path, flow_once):
+    """The GPU engine's code on CPU speaks as the CPU engine does, also with ``flow_once`` (the real
+    voice's flow, packed)."""
     from tts_engine.cpu_engine import OnnxTtsEngine
     from tts_engine.torch_vits.cuda_engine import CudaTtsEngine
     from tts_engine.voice import Voice
 
     voice = Voice.load(voice_path)
     options = RunnerOptions(
-        chunk_frames=64, max_frames=1024, decode_batches=(1, 2), encode_batches=(1, 2), phoneme_buckets=(128, 256)
-    )
+        chunk_frames=64, max_frames=1024, decode_batches=(1, 2), encode_batches=(1, 2), phoneme_buckets=(128, 256),
+        flow_once=flow_once,
+    )  # fmt: skip
     engine = CudaTtsEngine(voice, options, device="cpu")
     reference = OnnxTtsEngine(voice)
     quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
@@ -1126,6 +1130,7 @@ def test_cuda_engine_on_cpu_speaks_text_like_the_onnx_engine(cfg, voice_path):
         next(stream)
         stream.close()  # consumer gone (barge-in): the request is cancelled, the slot freed
         assert len(list(engine.synthesize_ids(bench_ids(1)[0]))) > 1
+        assert (engine.scheduler.launch_stats["flow_launches"] > 0) == flow_once
     finally:
         engine.close()
 
