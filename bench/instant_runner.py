@@ -301,9 +301,8 @@ class InstantRunner:
         time per frame (``flow_cost``); with neither, ``launch_s``."""
         o, cost = self.options, self.flow_cost
         flow_context, conv_radius = (cost.flow_context, cost.conv_radius) if cost else (0, 0)
-        back = (cost.dec_context if cost else 0) + self.resampler.edge_frames
-        packs = pack_flow([(slot, max(0, start - back), frames) for slot, start, frames in segments], o.max_frames,
-                          o.flow_buckets, flow_context, conv_radius)  # fmt: skip
+        packs = pack_flow(segments, o.max_frames, o.flow_buckets, flow_context, conv_radius,
+                          (cost.dec_context if cost else 0) + self.resampler.edge_frames)  # fmt: skip
         for pack in packs:
             if self.gpu_times is not None and "flow" in self.gpu_times.kinds:
                 self._launch_s("main", self.gpu_times.seconds("flow", 1, pack.frames))

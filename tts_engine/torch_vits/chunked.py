@@ -153,17 +153,19 @@ class FlowPack:
 
 
 def pack_flow(segments: Sequence[tuple[int, int, int]], max_frames: int, buckets: Sequence[int], flow_context: int,
-              gap: int) -> list[FlowPack]:  # fmt: skip
-    """Lay out the flow over each segment ``(slot, keep_from, frames)``: the flow's output is wanted
-    exact on frames ``[keep_from, frames)`` of ``slot``'s utterance, so the flow reads from
-    ``flow_context`` frames before (not before frame 0) to the utterance's end, followed by ``gap``
+              gap: int, reach: int = 0) -> list[FlowPack]:  # fmt: skip
+    """Lay out the flow over each segment ``(slot, start, frames)``: the flow's output is wanted exact
+    on frames ``[keep_from, frames)`` of ``slot``'s utterance, ``keep_from`` = ``start`` less ``reach``
+    (what a chunk's decoder window reads before it: decoder and resampler context; not before frame
+    0), so the flow reads from ``flow_context`` frames before (not before frame 0) to the utterance's end, followed by ``gap``
     masked frames (``flow.conv_radius``). Segments fill a launch in order up to the largest of
     ``buckets`` (ascending) or ``FLOW_PACK_SEGMENTS`` of them, each launch then the smallest bucket
     that holds it."""
     largest = buckets[-1]
     packs: list[list[tuple[int, int, int, int, int]]] = [[]]  # per launch: (slot, read_from, keep_from, frames, at)
     used = 0
-    for slot, keep_from, frames in segments:
+    for slot, start, frames in segments:
+        keep_from = max(0, start - reach)
         if not 0 <= keep_from < frames <= max_frames:
             raise ValueError(f"segment frames [{keep_from}, {frames}) outside the utterance (max_frames {max_frames})")
         read_from = max(0, keep_from - flow_context)

@@ -180,7 +180,7 @@ class RunnerOptions:
     #: each side. First chunks (fast lanes) and chunks decoded ahead keep their windows. Needs a fast lane.
     flow_once: bool = False
 
-    @property
+    @functools.cached_property  # asked for per main launch by the scheduler; the options are frozen
     def flow_buckets(self) -> tuple[int, ...]:
         """Frames of the packed flow launches captured (``flow_once``): multiples of 512 up to the
         larger of 4096 and what holds the longest utterance with its context and gap."""
@@ -733,10 +733,8 @@ class StepRunner:
         if self.flowed is None:
             raise ValueError("flow needs flow_once")
         flow_model = self.synth_model.flow
-        back = self.geometry.dec_context + self.geometry.edge_frames
-        packs = pack_flow([(slot, max(0, start - back), frames) for slot, start, frames in segments],
-                          self.options.max_frames, self.options.flow_buckets, flow_model.receptive_radius,
-                          flow_model.conv_radius)  # fmt: skip
+        packs = pack_flow(segments, self.options.max_frames, self.options.flow_buckets, flow_model.receptive_radius,
+                          flow_model.conv_radius, self.geometry.dec_context + self.geometry.edge_frames)  # fmt: skip
         for pack in packs:
             staged = self._stage(pack.table.shape, torch.long, "main")
             staged.numpy()[:] = pack.table
