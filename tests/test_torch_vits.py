@@ -265,6 +265,10 @@ def test_pack_flow_refuses_what_no_bucket_holds_and_starts_a_launch_per_table():
     src, valid, dst = chunked.flow_positions(torch.from_numpy(packs[1].table), 512, 200, 1000, 4)
     assert valid.tolist() == [1.0] * 3 + [0.0] * 509 and src[:3].tolist() == [0, 1, 2] and dst[:3].tolist() == [0, 1, 2]
     assert (src[3:] == 4 * 200).all() and dst[3:].tolist() == list(range(1003, 1512))
+    # the table the runner warms its graphs up with (padding only): every position masked, read from the
+    # scratch slot and written to a scratch row (its positions lie before the first row's "at")
+    src, valid, dst = chunked.flow_positions(torch.from_numpy(chunked.padding_table(512)), 512, 200, 1000, 4)
+    assert not valid.any() and (src == 4 * 200).all() and dst.tolist() == list(range(1000, 1512))
 
 
 @pytest.mark.parametrize("kernel, stride, padding", [(16, 8, 4), (8, 4, 2), (6, 3, 0), (6, 2, 2)])

@@ -152,6 +152,14 @@ class FlowPack:
     used: int
 
 
+def padding_table(frames: int) -> np.ndarray:
+    """A ``FlowPack.table`` of padding rows only (no frames, starting at ``frames``, after every
+    position): a launch of ``frames`` masked positions, each written to a scratch row."""
+    table = np.zeros((FLOW_PACK_SEGMENTS, 5), np.int64)
+    table[:, 4] = frames
+    return table
+
+
 def pack_flow(segments: Sequence[tuple[int, int, int]], max_frames: int, buckets: Sequence[int], flow_context: int,
               gap: int, reach: int = 0) -> list[FlowPack]:  # fmt: skip
     """Lay out the flow over each segment ``(slot, start, frames)``: the flow's output is wanted exact
@@ -183,8 +191,7 @@ def pack_flow(segments: Sequence[tuple[int, int, int]], max_frames: int, buckets
             continue
         slot, read_from, keep_from, frames, at = pack[-1]
         size = next(b for b in buckets if b >= at + frames - read_from + gap)
-        table = np.zeros((FLOW_PACK_SEGMENTS, 5), np.int64)
-        table[:, 4] = size  # padding rows: no frames, after every position
+        table = padding_table(size)
         table[: len(pack)] = pack
         out.append(FlowPack(size, table, int((table[:, 3] - table[:, 1])[: len(pack)].sum())))
     return out
@@ -201,7 +208,7 @@ def flow_positions(table: torch.Tensor, frames: int, max_frames: int, scratch: i
     position = torch.arange(frames, device=table.device)
     seg = (torch.searchsorted(at.contiguous(), position, right=True) - 1).clamp_min(0)
     offset = position - at[seg]
-    inside = offset < end[seg] - read_from[seg]
+    inside = (offset >= 0) & (offset < end[seg] - read_from[seg])  # before the first segment (a table of padding only): none
     rows = slot[seg] * max_frames + read_from[seg] + offset
     src = torch.where(inside, rows, scratch_slot * max_frames)
     dst = torch.where(inside & (offset >= keep_from[seg] - read_from[seg]), rows, scratch + position)

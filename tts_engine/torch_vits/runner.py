@@ -40,12 +40,12 @@ import torch
 
 from tts_engine.torch_vits.buffers import HostBufferPool
 from tts_engine.torch_vits.chunked import (
-    FLOW_PACK_SEGMENTS,
     ChunkGeometry,
     decode_windows,
     flow_positions,
     gather_windows,
     pack_flow,
+    padding_table,
 )
 from tts_engine.torch_vits.gemm_conv import use_gemm_convs
 from tts_engine.torch_vits.gpu_memory import GpuMemory
@@ -514,8 +514,7 @@ class StepRunner:
                         torch._dynamo.mark_dynamic(tensor, 0)
         if self.options.flow_once:  # the packed flow launches, on the main lane before its chunks
             for frames in sorted(self.options.flow_buckets, reverse=True):
-                empty = torch.zeros(FLOW_PACK_SEGMENTS, 5, dtype=torch.long, device=dev)
-                empty[:, 4] = frames  # no utterance: every position a masked gap
+                empty = torch.from_numpy(padding_table(frames)).to(dev)  # no utterance: every position masked
                 self._flow_steps[frames] = _Step(functools.partial(self._flow_fn, frames), [empty], main_pool,
                                                  main_capture)  # fmt: skip
         if use_graphs:
