@@ -37,6 +37,7 @@ class WsBackend:
                 f"--set=tts.encode_batch_buckets={bucket_levels(args)[1]}",
                 f"--set=tts.fast_lane={args.fast_lane}", f"--set=tts.fast_lanes={args.fast_lanes}",
                 f"--set=tts.speculate_frames={args.speculate_frames}", f"--set=tts.speculate_below={args.speculate_below}",
+                f"--set=tts.flow_once={'true' if getattr(args, 'flow_once', False) else 'false'}",
                 f"--set=tts.polyphase_upsampling={'true' if args.polyphase else 'false'}",
                 f"--set=tts.fused_blocks={'true' if args.fused_blocks else 'false'}",
                 f"--set=tts.fused_block_products={getattr(args, 'fused_block_products', 'model')}",
