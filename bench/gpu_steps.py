@@ -57,8 +57,9 @@ def graph_times(runner: StepRunner, sentences: list[list[int]], batches: tuple[i
     """Median ms of one replay of each captured graph the scheduler launches most, alone on the GPU:
     the encoder (first fast lane) at the phoneme bucket of the longest of ``sentences``, the first
     chunk (fast lane) and every later chunk size (main lane), at each of ``batches`` that was captured;
-    with ``flow_once`` the main lane's chunks (the decoder alone) as ``flowed b x frames`` and each
-    packed flow launch as ``flow 1 x frames``. Inputs are real: ``sentences`` encoded into the slots
+    with ``flow_once`` the main lane's chunks (the decoder alone) as ``flowed b x frames``, each
+    packed flow launch as ``flow 1 x frames`` and the chunks decoded ahead (windows with their flow,
+    the largest chunk size) as ``decode b x frames``. Inputs are real: ``sentences`` encoded into the slots
     first. Keys ``encode b x ids``, ``first b x frames``, ``decode b x frames``."""
     fill_slots(runner, sentences, noise=True)
     opts, lane = runner.options, runner.fast_lanes[0]
@@ -80,6 +81,8 @@ def graph_times(runner: StepRunner, sentences: list[list[int]], batches: tuple[i
             out[f"encode {b} x {t}"] = round(timed(step.graph.replay, reps), 3)
         main = "flowed" if opts.flow_once else "decode"
         keys = [(opts.chunk_frames, b, lane, "first")] + [(c, b, "main", main) for c in opts.chunk_sizes]
+        if opts.flow_once:  # chunks decoded ahead keep their flow windows: graphs of their own
+            keys.append((opts.chunk_sizes[-1], b, "ahead", "decode"))
         for chunk, bb, key_lane, name in keys:
             step = runner._decode_steps.get((chunk, bb, key_lane))
             if step is None or step.graph is None:

@@ -56,9 +56,8 @@ class GpuTimes:
                 self._points.setdefault(kind, {}).setdefault(int(size), []).append((int(rows), float(ms)))
             except ValueError:
                 raise ValueError(f"graph time key {key!r} is not '<{'|'.join(KINDS)}> <rows> x <size>'") from None
-        for kind in ("encode", "decode"):
-            if kind not in self._points:
-                raise ValueError(f"graph times have no {kind!r} keys: {sorted(graph_ms)}")
+        if "encode" not in self._points or not {"decode", "flowed"} & set(self._points):
+            raise ValueError(f"graph times need 'encode' keys and 'decode' or 'flowed' keys: {sorted(graph_ms)}")
         for sizes in self._points.values():
             for points in sizes.values():
                 points.sort()
@@ -72,8 +71,10 @@ class GpuTimes:
         """Seconds of one ``kind`` launch (``encode``, ``first``, ``decode``) of ``rows`` padded rows
         of ``size`` (phoneme bucket, or chunk frames)."""
         sizes = self._points.get(kind)
-        if not sizes or size > max(sizes):  # a fast lane's chunk size with no "first" keys: the main lane's
-            sizes = self._points["decode"] if kind == "first" else sizes
+        if (not sizes or size > max(sizes)) and kind == "first":  # a fast lane's size with no "first" keys: the main lane's
+            sizes = self._points.get("decode")
+        if not sizes:
+            raise ValueError(f"no {kind!r} graph times measured (kinds: {sorted(self._points)})")
         largest = max(sizes)
         if size <= largest:
             ms = self._row_ms(sizes[min(s for s in sizes if s >= size)], rows)

@@ -237,8 +237,15 @@ def test_gpu_times_interpolate_in_rows_and_take_the_next_measured_size():
     assert half.seconds("decode", 16, 32) == times.seconds("decode", 16, 32)
     with pytest.raises(ValueError, match="not '<encode"):
         GpuTimes({"encode 16 256": 1.0, "decode 1 x 32": 1.0})
-    with pytest.raises(ValueError, match="no 'encode' keys"):
+    with pytest.raises(ValueError, match="need 'encode' keys"):
         GpuTimes({"decode 1 x 32": 1.0})
+    with pytest.raises(ValueError, match="'decode' or 'flowed'"):
+        GpuTimes({"encode 1 x 256": 1.0, "first 1 x 32": 0.6})
+    # a flow_once run's times: no windowed main-lane chunks measured, so none is made up
+    once = GpuTimes({"encode 1 x 256": 1.0, "first 1 x 64": 0.7, "flowed 1 x 256": 0.3, "flow 1 x 512": 0.5})
+    assert once.seconds("flowed", 1, 128) == pytest.approx(0.3 / 1000) and once.kinds == {"encode", "first", "flowed", "flow"}
+    with pytest.raises(ValueError, match="no 'decode' graph times"):
+        once.seconds("decode", 1, 256)
 
 
 def test_shared_gpu_runs_lanes_in_order_and_shares_its_capacity():
@@ -281,9 +288,12 @@ def test_gpu_model_bench_binds_the_real_scheduler_to_graph_times(tmp_path):
     row of other settings does not, and a scaled row has no check."""
     from bench.tts_gpu_model import main
 
-    graph_ms = {"encode 1 x 256": 1.3, "encode 16 x 256": 3.1, "encode 64 x 256": 9.1, "first 1 x 32": 0.7,
-                "first 16 x 32": 1.2, "decode 1 x 32": 0.7, "decode 16 x 32": 1.2, "decode 1 x 256": 0.9,
-                "decode 16 x 256": 3.5, "decode 64 x 256": 11.1}  # fmt: skip
+    # a flow_once run's graph times (configs/gpu.toml; H100 2026-12-05, rounded): the main lane's chunks
+    # the decoder alone ("flowed"), packed flow launches ("flow"), chunks decoded ahead windowed ("decode")
+    graph_ms = {"encode 1 x 256": 1.3, "encode 16 x 256": 3.1, "encode 64 x 256": 9.3, "first 1 x 64": 0.74,
+                "first 16 x 64": 1.41, "flowed 1 x 64": 0.24, "flowed 16 x 64": 0.89, "flowed 1 x 256": 0.34,
+                "flowed 16 x 256": 2.3, "flowed 64 x 256": 7.95, "flow 1 x 512": 0.49, "flow 1 x 4096": 0.73,
+                "decode 1 x 256": 0.94, "decode 16 x 256": 3.56}  # fmt: skip
     times = tmp_path / "times.json"
     times.write_text(json.dumps([{"backend": "gpu", "mode": "engine", "concurrency": 1, "qps": 1.0},
                                  {"backend": "gpu", "graph_ms": graph_ms}]))  # fmt: skip
