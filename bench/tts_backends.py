@@ -52,6 +52,7 @@ def cuda_variant(args: argparse.Namespace, timing_tag: bool) -> str:
             + ("-fusedenc" if getattr(args, "fused_text_encoder", False) else "")
             + (f"-{args.text_encoder_products}" if getattr(args, "text_encoder_products", "cublas") != "cublas" else "")
             + ("-fusedprior" if getattr(args, "fused_prior", False) else "")
+            + ("-fusedattn" if getattr(args, "fused_attention", False) else "")
             + (f"-out{args.output_rate}" if getattr(args, "output_rate", 0) else ""))
 
 
@@ -93,6 +94,7 @@ class CudaBackend:
             fused_text_encoder=getattr(args, "fused_text_encoder", False),
             text_encoder_products=getattr(args, "text_encoder_products", "cublas"),
             fused_prior=getattr(args, "fused_prior", False),
+            fused_attention=getattr(args, "fused_attention", False),
             output_rate=getattr(args, "output_rate", 0),
             **({"phoneme_buckets": tuple(args.phoneme_buckets)} if getattr(args, "phoneme_buckets", None) else {}),
         )  # fmt: skip
@@ -121,7 +123,7 @@ class CudaBackend:
             "main_in_flight": opts.main_in_flight, "encoder_convs": opts.encoder_convs,
             "phoneme_buckets": list(opts.phoneme_buckets), "fused_duration_predictor": opts.fused_duration_predictor,
             "fused_text_encoder": opts.fused_text_encoder, "text_encoder_products": opts.text_encoder_products,
-            "fused_prior": opts.fused_prior,
+            "fused_prior": opts.fused_prior, "fused_attention": opts.fused_attention,
             "decode_batches": len(opts.decode_batches), "encode_batches": len(opts.encode_batches), "output_rate": opts.output_rate,
             "precision": args.precision, "max_batch": args.max_batch, "max_frames": opts.max_frames,
         }  # fmt: skip

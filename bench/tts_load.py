@@ -322,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--text-encoder-products", choices=TEXT_ENCODER_PRODUCTS, default="cublas",
                    help="tts.text_encoder_products: with --fused-text-encoder, its products through cuBLAS or as "
                         "Triton convolutions skipping the padding, in that precision")  # fmt: skip
+    p.add_argument("--fused-attention", action="store_true",
+                   help="tts.fused_attention: the text encoder's relative-position attention as one Triton kernel per layer")
     p.add_argument("--fused-prior", action="store_true",
                    help="tts.fused_prior: the prior's expansion to frames as one Triton kernel writing the slot latents")
     p.add_argument("--output-rate", type=int, default=0,

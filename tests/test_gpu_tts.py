@@ -466,6 +466,40 @@ def test_gpu_text_encoder_products_stay_close_and_speak_as_whole(model, voice_pa
                            fused_text_encoder=True, text_encoder_products=products, fused_prior=True)
 
 
+def test_gpu_fused_attention_stays_close_and_speaks_as_whole(model, voice_path):
+    """``tts.fused_attention``: the voice's text encoder with its relative-position attention as one
+    Triton kernel per layer gives PyTorch's states within 1e-5 of their peak for 40 sentences padded
+    to the 256-id bucket, moves no phoneme's frame count without noise, and the engine (fp32, every
+    encoder kernel of ``configs/gpu.toml``) speaks each of 6 sentences as the whole-utterance run does."""
+    import copy
+
+    from tts_engine.torch_vits import fused_attention
+    from tts_engine.torch_vits.gemm_conv import use_gemm_convs
+    from tts_engine.torch_vits.model import pad_ids
+
+    if not runs_here(voice_path, "test_gpu_fused_attention_stays_close_and_speaks_as_whole", fused_attention=True):
+        return
+    padded, lengths = pad_ids(bench_ids(40), 256, device="cuda")
+    plain = copy.deepcopy(model)
+    use_gemm_convs(plain.enc_p)
+    fused = copy.deepcopy(plain)
+    assert fused_attention.use_fused_attention(fused.enc_p) == 6
+    n = len(lengths)
+    quiet = dict(noise_w=torch.zeros(n, device="cuda"), length_scale=torch.ones(n, device="cuda"),
+                 noise=torch.zeros(n, 2, 256, device="cuda"))  # fmt: skip
+    with torch.inference_mode():
+        want, got = plain.encode(padded, lengths), fused.encode(padded, lengths)
+        moved = (plain.durations(want[0], want[3], **quiet)[0] != fused.durations(got[0], got[3], **quiet)[0]).sum()
+    assert torch.equal(want[3], got[3])
+    peak = float(want[0].abs().max())
+    assert all(float((a - b).abs().max()) < 1e-5 * peak for a, b in zip(want[:3], got[:3]))
+    assert int(moved) == 0
+
+    assert_speaks_as_whole(model, voice_path, encoder_convs="gemm", fused_duration_predictor=True,
+                           fused_text_encoder=True, text_encoder_products="tf32x3", fused_prior=True,
+                           fused_attention=True)  # fmt: skip
+
+
 def test_gpu_e4m3_block_products_keep_the_audio_intelligible(model, voice_path):
     """``tts.fused_block_products = "e4m3"`` (configs/gpu.toml's decoder otherwise, fp16): the residual
     blocks' products in FP8 keep every sentence's length and its waveform within bf16's SNR floor of

@@ -1273,6 +1273,8 @@ def test_engine_from_config_captures_the_configured_batch_buckets(cfg):
         CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, fused_text_encoder=True)))
     with pytest.raises(ValueError, match="fused_prior needs CUDA"):
         CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, fused_prior=True)))
+    with pytest.raises(ValueError, match="fused_attention needs CUDA"):
+        CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, fused_attention=True)))
     engine = CudaTtsEngine.from_config(replace(cfg, tts=tts))
     try:
         assert engine.runner.synth_model.dec.polyphase is not None

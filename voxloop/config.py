@@ -459,6 +459,13 @@ class TtsConfig:
     #: straight into the engine's slot buffer by one Triton kernel: the same latents bit for bit; needs
     #: gpu.allocator = "native" with CUDA graphs.
     fused_prior: bool = False
+    #: GPU: the text encoder's relative-position self-attention (everything between its 1x1
+    #: convolutions: scores, relative terms, mask, softmax, values) as one Triton kernel per layer that
+    #: skips keys and queries past each sentence's end (~80 fewer kernels per encoder launch). Not
+    #: PyTorch's order of the softmax's sums: a phoneme's frames can move where its length is within
+    #: rounding of a whole frame (python -m bench.tts_gpu_experiments --encoder-products counts them);
+    #: needs gpu.allocator = "native" with CUDA graphs.
+    fused_attention: bool = False
     #: GPU (cuda backend): the rate the engine delivers, Hz; 0 = the voice's own (22 050 Hz for Piper's
     #: medium voices). Each chunk is resampled inside its decoder step on the GPU (a 128-tap
     #: Kaiser-windowed sinc, ~80 dB stopband; the chunks join into the whole sentence resampled at

@@ -91,7 +91,7 @@ class CudaTtsEngine:
             # "Pointer argument cannot be accessed from Triton" (the pool's memory is not mapped yet);
             # with the native allocator both pass tests/test_gpu_tts.py.
             raise ConfigError("tts.compile / tts.compile_encoder / tts.fused_blocks / tts.fused_upsampling / "
-                              "tts.fused_flow / tts.fused_duration_predictor / tts.fused_text_encoder / tts.fused_prior with CUDA graphs need "
+                              "tts.fused_flow / tts.fused_duration_predictor / tts.fused_text_encoder / tts.fused_prior / tts.fused_attention with CUDA graphs need "
                               f"gpu.allocator = 'native' (got {gpu.allocator!r})")  # fmt: skip
         if on_cuda:
             configure_allocator(gpu.allocator)
@@ -174,6 +174,7 @@ class CudaTtsEngine:
             fused_text_encoder=tts.fused_text_encoder,
             text_encoder_products=tts.text_encoder_products,
             fused_prior=tts.fused_prior,
+            fused_attention=tts.fused_attention,
             phoneme_buckets=tts.phoneme_buckets,
             state_budget_mb=cfg.gpu.tts_state_budget_mb,
             encode_budget_mb=cfg.gpu.tts_encode_budget_mb,

@@ -169,6 +169,10 @@ class RunnerOptions:
     #: CUDA: the prior's expansion to frames written straight into the slot latents by one Triton
     #: kernel (``fused_prior``): the same latents, bit for bit.
     fused_prior: bool = False
+    #: CUDA: the text encoder's relative-position attention between its convolutions as one Triton
+    #: kernel per layer (``fused_attention``), skipping what lies past each sentence's end; the states
+    #: within fp32 rounding (another order of the softmax's sums).
+    fused_attention: bool = False
     #: The voice's rate and the rate the decoder steps deliver, Hz (0: the voice's): resampled on
     #: the device inside each step (``resample.ChunkResampler``), the chunks still joining into the
     #: whole utterance's audio resampled at once.
@@ -197,7 +201,7 @@ class RunnerOptions:
         """Any of the hand-written Triton kernels (fused blocks, upsampling, flow, duration predictor, text
         encoder, prior) is on."""
         return (self.fused_blocks or self.fused_upsampling or self.fused_flow or self.fused_duration_predictor
-                or self.fused_text_encoder or self.fused_prior)
+                or self.fused_text_encoder or self.fused_prior or self.fused_attention)
 
     @property
     def max_slots(self) -> int:
@@ -388,16 +392,19 @@ class StepRunner:
             raise ValueError(f"encoder_convs must be one of {ENCODER_CONVS}, got {options.encoder_convs!r}")
         if options.text_encoder_products != "cublas" and not options.fused_text_encoder:
             raise ValueError(f"text_encoder_products {options.text_encoder_products!r} needs fused_text_encoder")
-        if options.encoder_convs == "gemm" or options.fused_duration_predictor or options.fused_text_encoder:
+        if (options.encoder_convs == "gemm" or options.fused_duration_predictor or options.fused_text_encoder
+                or options.fused_attention):
             self.model = copy.deepcopy(self.model)  # the caller's model (and synth_model) stay as loaded
         if options.encoder_convs == "gemm":
             for part in (self.model.enc_p, self.model.dp):
                 use_gemm_convs(part)
-        encoder_kernels = [n for n in ("fused_duration_predictor", "fused_text_encoder", "fused_prior") if getattr(options, n)]
+        encoder_kernels = [n for n in ("fused_duration_predictor", "fused_text_encoder", "fused_prior", "fused_attention")
+                           if getattr(options, n)]
         if encoder_kernels:  # the fp32 encoder's Triton kernels: all checked before any is swapped in
-            from tts_engine.torch_vits import fused_duration, fused_ffn, fused_prior
+            from tts_engine.torch_vits import fused_attention, fused_duration, fused_ffn, fused_prior
 
-            modules = {"fused_duration_predictor": fused_duration, "fused_text_encoder": fused_ffn, "fused_prior": fused_prior}
+            modules = {"fused_duration_predictor": fused_duration, "fused_text_encoder": fused_ffn, "fused_prior": fused_prior,
+                       "fused_attention": fused_attention}
             for name in encoder_kernels:
                 if not cuda or not modules[name].available() or options.compile_encoder:
                     raise ValueError(f"{name} needs CUDA and triton, and not compile_encoder; got "
@@ -406,6 +413,8 @@ class StepRunner:
                 fused_duration.use_fused_duration_predictor(self.model.dp)
             if options.fused_text_encoder:
                 fused_ffn.use_fused_ffn(self.model.enc_p, options.text_encoder_products)
+            if options.fused_attention:
+                fused_attention.use_fused_attention(self.model.enc_p)
         if options.output_rate and not options.voice_rate:
             raise ValueError(f"output_rate {options.output_rate} needs the voice's rate (voice_rate)")
         rate = options.voice_rate or 1

@@ -1,0 +1,99 @@
+"""The text encoder's fused relative-position attention (``tts_engine/torch_vits/fused_attention.py``)
+against ``text_encoder.RelativeSelfAttention``.
+
+On a machine without CUDA the kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``, read when
+Triton compiles, hence a fresh process), float32: a small random encoder whose sentences span
+several query and key blocks, the last partial, one shorter than the band and one of length 0
+(a padding row), and the voice's own encoder on bench sentences in the engine's bucket. Skipped
+where Triton is not installed (PyTorch's CPU builds do not bring it). On a GPU, inside the engine:
+``tests/test_gpu_tts.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+from triton_interpreter import interpret, needs_triton
+
+torch = pytest.importorskip("torch")
+
+RANDOM = r"""
+import copy, json
+import torch
+from tts_engine.torch_vits import fused_attention
+from tts_engine.torch_vits.text_encoder import TextEncoder
+
+torch.manual_seed(0)
+enc = TextEncoder(40, 24, 24, 40, n_heads=2, n_layers=2, kernel_size=3, window_size=4).eval()
+for p in enc.parameters():
+    p.data.normal_(0, 0.5)
+lengths = torch.tensor([150, 97, 3, 64, 0])  # 150: three query blocks, the last partial; 3: inside the band
+ids = torch.randint(1, 40, (5, 150))
+fused = copy.deepcopy(enc)
+swapped = fused_attention.use_fused_attention(fused)
+with torch.inference_mode():
+    want, got = enc(ids, lengths), fused(ids, lengths)
+    # one layer alone, on the states where its inputs differ most: valid positions only
+    x = torch.randn(5, 24, 150)
+    mask = (torch.arange(150)[None, :] < lengths[:, None]).unsqueeze(1).float()
+    masked = (mask.unsqueeze(2) * mask.unsqueeze(-1)) == 0
+    layer, fused_layer = enc.encoder.attn_layers[0], fused.encoder.attn_layers[0]
+    a, b = layer(x, masked), fused_layer(x, masked)
+    # without the relative terms the layer's output changes: the check sees them
+    plain = copy.deepcopy(fused_layer)
+    plain.emb_k.zero_(); plain.emb_v.zero_()
+    c = plain(x, masked)
+valid = mask.bool().expand_as(a)
+print(json.dumps({"available": fused_attention.available(), "swapped": swapped,
+                  "diff": max(float((p - q).abs().max()) for p, q in zip(want, got)), "peak": float(want[0].abs().max()),
+                  "layer_diff": float((a - b)[valid].abs().max()), "layer_peak": float(a[valid].abs().max()),
+                  "relative_matters": float((a - c)[valid].abs().max()),
+                  "past_end_zero": bool((b - layer.conv_o.bias.view(1, -1, 1))[~valid].abs().max() == 0)}))
+"""
+
+VOICE = r"""
+import copy, json
+import torch
+from bench.harness import load_sentences
+from tts_engine.torch_vits import fused_attention
+from tts_engine.torch_vits.gemm_conv import use_gemm_convs
+from tts_engine.torch_vits.model import pad_ids
+from tts_engine.torch_vits.weights import load_vits
+from voxloop import models
+from voxloop.config import load_config
+
+model = load_vits(models.resolve_voice(load_config(None, [], environ={})).path)
+use_gemm_convs(model.enc_p)
+fused = copy.deepcopy(model)
+swapped = fused_attention.use_fused_attention(fused.enc_p)
+padded, lengths = pad_ids([s["ids"] for s in load_sentences()[:6]], 256)  # the engine's bucket
+with torch.inference_mode():
+    want, got = model.encode(padded, lengths), fused.encode(padded, lengths)
+    # durations without noise: the ceil'd frames per phoneme
+    w_want = model.durations(want[0], want[3], torch.zeros(6), torch.ones(6), noise=torch.zeros(6, 2, 256))[0]
+    w_got = model.durations(got[0], got[3], torch.zeros(6), torch.ones(6), noise=torch.zeros(6, 2, 256))[0]
+print(json.dumps({"swapped": swapped, "phonemes": int(want[3].sum()),
+                  "diff": max(float((a - b).abs().max()) for a, b in zip(want, got)), "peak": float(want[0].abs().max()),
+                  "moved": int((w_want != w_got).sum())}))
+"""
+
+
+@needs_triton
+def test_fused_attention_computes_what_pytorch_computes():
+    """The encoder with the fused attention gives PyTorch's states within fp32 rounding (another order
+    of the softmax's sums), with the relative key and value terms (zeroing them changes the output),
+    and positions past a sentence's end left at 0 (the output convolution's bias alone)."""
+    r = interpret(RANDOM)
+    assert r["available"] and r["swapped"] == 2
+    assert r["diff"] < 2e-5 * r["peak"], r
+    assert r["layer_diff"] < 2e-5 * r["layer_peak"], r
+    assert r["relative_matters"] > 1e-2 * r["layer_peak"], r
+    assert r["past_end_zero"], r
+
+
+@needs_triton
+@pytest.mark.slow
+def test_fused_attention_keeps_the_voices_encoder_and_durations():
+    r = interpret(VOICE)
+    assert r["swapped"] == 6 and r["phonemes"] > 800
+    assert r["diff"] < 1e-5 * r["peak"], r
+    assert r["moved"] == 0, r  # no phoneme's frame count moved on these sentences

@@ -1,0 +1,160 @@
+"""The text encoder's windowed relative-position self-attention as one Triton kernel per layer.
+
+``text_encoder.RelativeSelfAttention`` takes ~14 kernels per layer between its 1x1 convolutions:
+the query scaling, the two score products (keys and relative keys), the gather of the relative
+logits onto the band ``|j - i| <= window``, the mask, the softmax, the value product, the gather of
+the band's weights, the relative-value product, the sums and the head transpose. At the batches the
+engine's fast lanes launch (a dozen sentences) the encoder's graph is bound by its kernels' count,
+not by their arithmetic; ``FusedRelativeSelfAttention`` keeps the four convolutions (q, k, v, o) and
+computes everything between them in ``_attention``: per (query block, head, sentence) an online
+softmax over the sentence's keys outside the band (``tl.dot``, ``input_precision="ieee"``: fp32 on
+the CUDA cores, like cuBLAS's fp32 products with TF32 off), then the ``2 window + 1`` band keys one
+by one, each with its relative key logit, adding its relative value embedding to the value it
+weighs. Keys past a sentence's end are not read (PyTorch gives them ``-1e4`` before the softmax:
+weight ``exp(-1e4 - max)``, exactly 0 in fp32), and query blocks past its end are not computed:
+padding rows and the phoneme bucket's padding cost nothing. The positions past a sentence's end get
+0 where PyTorch gives them an average over all keys; nothing reads them (the feed-forward masks its
+input, the encoder's output is masked).
+
+Not PyTorch's sums in PyTorch's order (the softmax's maximum and sum run block by block): the states
+differ within fp32 rounding, and a phoneme's duration (ceil'd) can move where its length lies within
+rounding of a whole frame; ``bench.tts_gpu_experiments --encoder-products`` counts the phonemes that
+move over the bench sentences and noise draws (``tts.fused_attention``, opt-in until it has).
+
+Layouts: ``q``, ``k``, ``v`` and the output ``[B, H * D, T]`` (the convolutions' layout; head ``h``
+is channels ``h D .. h D + D - 1``), any strides; the sentence's length is read from the attention
+mask ``masked`` ``[B, 1, T, T]`` (True: no attention) as built by ``text_encoder.Encoder``: its row 0
+holds each key's mask (position 0 lies inside every sentence of length >= 1; a sentence of length 0
+gets 0 everywhere).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from tts_engine.torch_vits.fused_resblock import available, triton
+from tts_engine.torch_vits.text_encoder import RelativeSelfAttention
+
+#: Queries and keys per program and per step of its key loop.
+BLOCK_M = 64
+BLOCK_N = 64
+
+if triton is not None:
+    import triton.language as tl
+
+    @triton.jit
+    def _attention(q_ptr, k_ptr, v_ptr, masked_ptr, ek_ptr, ev_ptr, out_ptr, T, s_b, s_c, s_t, o_b, o_c, o_t,
+                   m_b, m_j, D: tl.constexpr, W: tl.constexpr, SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+        mb, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        # the sentence's length: keys whose mask (row 0 of ``masked``) is False form a prefix
+        length = 0
+        for start in range(0, T, BLOCK_N):
+            j = start + tl.arange(0, BLOCK_N)
+            free = tl.load(masked_ptr + b * m_b + j * m_j, mask=j < T, other=1) == 0
+            length += tl.sum(free.to(tl.int32), 0)
+        i = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+        d = tl.arange(0, BLOCK_D)
+        dok = d < D
+        i_in = i < length
+        chan = (h * D + d) * s_c
+        q = tl.load(q_ptr + b * s_b + chan[None, :] + i[:, None] * s_t, mask=i_in[:, None] & dok[None, :], other=0.0)
+        q = q / SCALE
+        big = -1.0e30  # a finite "minus infinity": rows with no key yet stay free of NaN
+        m = tl.full([BLOCK_M], big, tl.float32)
+        total = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        keys = tl.where(mb * BLOCK_M < length, length, 0)  # a block of queries past the end reads no key
+        for start in range(0, keys, BLOCK_N):
+            j = start + tl.arange(0, BLOCK_N)
+            j_in = j < length
+            kt = tl.load(k_ptr + b * s_b + chan[:, None] + j[None, :] * s_t, mask=dok[:, None] & j_in[None, :], other=0.0)
+            s = tl.dot(q, kt, input_precision="ieee")
+            offset = j[None, :] - i[:, None]
+            outside = (offset > W) | (offset < -W)  # the band's keys come after the loop, with their relative terms
+            s = tl.where(outside & j_in[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 1))
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m - m_new)
+            vt = tl.load(v_ptr + b * s_b + chan[None, :] + j[:, None] * s_t, mask=j_in[:, None] & dok[None, :], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p, vt, input_precision="ieee")
+            total = total * alpha + tl.sum(p, 1)
+            m = m_new
+        for r in tl.static_range(2 * W + 1):
+            j = i + (r - W)
+            ok = i_in & (j >= 0) & (j < length)
+            kj = tl.load(k_ptr + b * s_b + chan[None, :] + j[:, None] * s_t, mask=ok[:, None] & dok[None, :], other=0.0)
+            ek = tl.load(ek_ptr + r * D + d, mask=dok, other=0.0)
+            s = tl.sum(q * kj, 1) + tl.sum(q * ek[None, :], 1)
+            s = tl.where(ok, s, big)
+            m_new = tl.maximum(m, s)
+            p = tl.where(ok, tl.exp(s - m_new), 0.0)
+            alpha = tl.exp(m - m_new)
+            vj = tl.load(v_ptr + b * s_b + chan[None, :] + j[:, None] * s_t, mask=ok[:, None] & dok[None, :], other=0.0)
+            ev = tl.load(ev_ptr + r * D + d, mask=dok, other=0.0)
+            acc = acc * alpha[:, None] + p[:, None] * (vj + ev[None, :])
+            total = total * alpha + p
+            m = m_new
+        out = tl.where(i_in[:, None], acc / tl.where(i_in, total, 1.0)[:, None], 0.0)
+        tl.store(out_ptr + b * o_b + ((h * D + d) * o_c)[None, :] + i[:, None] * o_t, out,
+                 mask=(i < T)[:, None] & dok[None, :])  # fmt: skip
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: torch.Tensor, emb_rel_k: torch.Tensor,
+              emb_rel_v: torch.Tensor, n_heads: int, window: int) -> torch.Tensor:  # fmt: skip
+    """``_attention``: ``q``, ``k``, ``v`` [B, H * D, T] float32 (the 1x1 convolutions' outputs, one
+    layout and strides), ``masked`` [B, 1, T, T] bool, ``emb_rel_k`` / ``emb_rel_v`` [2 window + 1, D]
+    -> [B, H * D, T] contiguous: what ``RelativeSelfAttention`` computes before ``conv_o``."""
+    b, c, t = q.shape
+    if k.shape != q.shape or v.shape != q.shape or k.stride() != q.stride() or v.stride() != q.stride():
+        raise ValueError(f"q, k, v must share shape and strides, got {q.shape}/{q.stride()}, "
+                         f"{k.shape}/{k.stride()}, {v.shape}/{v.stride()}")  # fmt: skip
+    d = c // n_heads
+    if d * n_heads != c or emb_rel_k.shape != (2 * window + 1, d) or emb_rel_v.shape != emb_rel_k.shape:
+        raise ValueError(f"{c} channels in {n_heads} heads with relative embeddings [{2 * window + 1}, {d}], "
+                         f"got {tuple(emb_rel_k.shape)}, {tuple(emb_rel_v.shape)}")  # fmt: skip
+    if masked.shape != (b, 1, t, t) or masked.dtype != torch.bool:
+        raise ValueError(f"masked must be bool [{b}, 1, {t}, {t}], got {masked.dtype} {tuple(masked.shape)}")
+    out = torch.empty(b, c, t, device=q.device, dtype=torch.float32)
+    grid = (triton.cdiv(t, BLOCK_M), n_heads, b)
+    _attention[grid](q, k, v, masked.view(torch.uint8), emb_rel_k.contiguous(), emb_rel_v.contiguous(), out, t,
+                     *q.stride(), *out.stride(), masked.stride(0), masked.stride(3), D=d, W=window,
+                     SCALE=math.sqrt(d), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                     BLOCK_D=max(16, triton.next_power_of_2(d)), num_warps=4)  # fmt: skip
+    return out
+
+
+class FusedRelativeSelfAttention(nn.Module):
+    """``RelativeSelfAttention`` (same weights, same convolution modules) with everything between its
+    convolutions in ``attention``."""
+
+    def __init__(self, attn: RelativeSelfAttention) -> None:
+        super().__init__()
+        self.n_heads, self.window_size, self.k_channels = attn.n_heads, attn.window_size, attn.k_channels
+        self.conv_q, self.conv_k, self.conv_v, self.conv_o = attn.conv_q, attn.conv_k, attn.conv_v, attn.conv_o
+        self.register_buffer("emb_k", attn.emb_rel_k.detach()[0].float().contiguous())
+        self.register_buffer("emb_v", attn.emb_rel_v.detach()[0].float().contiguous())
+
+    def forward(self, x: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.conv_q(x), self.conv_k(x), self.conv_v(x)
+        if not (q.stride() == k.stride() == v.stride()):
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        return self.conv_o(attention(q, k, v, masked, self.emb_k, self.emb_v, self.n_heads, self.window_size))
+
+
+def use_fused_attention(module: nn.Module) -> int:
+    """Swap every ``RelativeSelfAttention`` inside ``module`` for ``FusedRelativeSelfAttention``; returns how many."""
+    swapped = 0
+    for name, child in list(module.named_children()):
+        if isinstance(child, RelativeSelfAttention):
+            setattr(module, name, FusedRelativeSelfAttention(child))
+            swapped += 1
+        else:
+            swapped += use_fused_attention(child)
+    return swapped
+
+
+__all__ = ["BLOCK_M", "BLOCK_N", "FusedRelativeSelfAttention", "attention", "available", "use_fused_attention"]
