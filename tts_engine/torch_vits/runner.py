@@ -199,7 +199,7 @@ class RunnerOptions:
     @property
     def fused_kernels(self) -> bool:
         """Any of the hand-written Triton kernels (fused blocks, upsampling, flow, duration predictor, text
-        encoder, prior) is on."""
+        encoder, prior, attention) is on."""
         return (self.fused_blocks or self.fused_upsampling or self.fused_flow or self.fused_duration_predictor
                 or self.fused_text_encoder or self.fused_prior or self.fused_attention)
 
