@@ -234,7 +234,7 @@ def encoder_products_rows(model, sentences: list[list[int]], tiles: list[str] = 
         m = copy.deepcopy(base)
         fused_ffn.use_fused_ffn(m.enc_p, products)
         if attention:
-            fused_attention.use_fused_attention(m.enc_p)
+            fused_attention.use_fused_attention(m.enc_p, products)
         fused_ffn.CONV_TILES = {**default_tiles, products: tuple(int(v) for v in spec.split("x"))} if spec else default_tiles
         fused_ffn.MIN_ROWS = 1  # every batch through the Triton convolution
         with torch.inference_mode():

@@ -111,3 +111,22 @@ def test_fused_attention_keeps_the_voices_encoder_and_durations():
     assert r["moved"] == 0, r  # no phoneme's frame count moved on these sentences
     # one layer against float64: the kernel is as close as PyTorch's own fp32 (both ~1e-6 of the peak)
     assert 0 < r["fused_err"] <= 2 * r["eager_err"], r
+
+
+def test_fused_attention_takes_the_text_encoders_products_and_refuses_others():
+    """Its products follow ``tts.text_encoder_products`` (fp16x3's scaled split is the feed-forward's:
+    the attention takes tf32x3's precision), one entry per setting; unknown ones are refused."""
+    from tts_engine.torch_vits import fused_attention
+    from tts_engine.torch_vits.text_encoder import RelativeSelfAttention, TextEncoder
+    from voxloop.config import TEXT_ENCODER_PRODUCTS
+
+    assert set(fused_attention.PRECISIONS) == set(TEXT_ENCODER_PRODUCTS)
+    assert fused_attention.PRECISIONS["cublas"] == "ieee" and fused_attention.PRECISIONS["fp16x3"] == "tf32x3"
+    enc = TextEncoder(40, 24, 24, 40, n_heads=2, n_layers=2, kernel_size=3, window_size=4)
+    assert fused_attention.use_fused_attention(enc, "tf32x3") == 2
+    assert {m.precision for m in enc.modules() if isinstance(m, fused_attention.FusedRelativeSelfAttention)} == {"tf32x3"}
+    with pytest.raises(ValueError, match="products must be one of"):
+        fused_attention.FusedRelativeSelfAttention(RelativeSelfAttention(24, 2, 4), "bf16")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        fused_attention.attention(*[torch.zeros(1, 24, 8)] * 3, torch.zeros(1, 1, 8, 8, dtype=torch.bool),
+                                  torch.zeros(9, 12), torch.zeros(9, 12), 2, 4, "bf16")  # fmt: skip

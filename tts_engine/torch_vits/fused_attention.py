@@ -7,8 +7,10 @@ the band's weights, the relative-value product, the sums and the head transpose.
 engine's fast lanes launch (a dozen sentences) the encoder's graph is bound by its kernels' count,
 not by their arithmetic; ``FusedRelativeSelfAttention`` keeps the four convolutions (q, k, v, o) and
 computes everything between them in ``_attention``: per (query block, head, sentence) an online
-softmax over the sentence's keys outside the band (``tl.dot``, ``input_precision="ieee"``: fp32 on
-the CUDA cores, like cuBLAS's fp32 products with TF32 off), then the ``2 window + 1`` band keys one
+softmax over the sentence's keys outside the band (``tl.dot`` in ``PRECISIONS[products]``: with the
+text encoder's "cublas" or "ieee" products fp32 on the CUDA cores, like cuBLAS's fp32 products with
+TF32 off; with "tf32x3" or "fp16x3" three TF32 tensor-core products, close to fp32; with "tf32" one),
+then the ``2 window + 1`` band keys one
 by one, each with its relative key logit, adding its relative value embedding to the value it
 weighs. Keys past a sentence's end are not read (PyTorch gives them ``-1e4`` before the softmax:
 weight ``exp(-1e4 - max)``, exactly 0 in fp32), and query blocks past its end are not computed:
@@ -41,14 +43,17 @@ from tts_engine.torch_vits.text_encoder import RelativeSelfAttention
 #: Queries and keys per program and per step of its key loop.
 BLOCK_M = 64
 BLOCK_N = 64
+#: ``tl.dot``'s precision per ``tts.text_encoder_products`` (the feed-forward's products; fp16x3's
+#: split needs scaled operands, the attention takes tf32x3's precision instead).
+PRECISIONS = {"cublas": "ieee", "ieee": "ieee", "tf32x3": "tf32x3", "tf32": "tf32", "fp16x3": "tf32x3"}
 
 if triton is not None:
     import triton.language as tl
 
     @triton.jit
     def _attention(q_ptr, k_ptr, v_ptr, masked_ptr, ek_ptr, ev_ptr, out_ptr, T, s_b, s_c, s_t, o_b, o_c, o_t,
-                   m_b, m_j, D: tl.constexpr, W: tl.constexpr, SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+                   m_b, m_j, D: tl.constexpr, W: tl.constexpr, SCALE: tl.constexpr, PREC: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
         mb, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         # the sentence's length: keys whose mask (row 0 of ``masked``) is False form a prefix
         length = 0
@@ -72,7 +77,7 @@ if triton is not None:
             j = start + tl.arange(0, BLOCK_N)
             j_in = j < length
             kt = tl.load(k_ptr + b * s_b + chan[:, None] + j[None, :] * s_t, mask=dok[:, None] & j_in[None, :], other=0.0)
-            s = tl.dot(q, kt, input_precision="ieee")
+            s = tl.dot(q, kt, input_precision=PREC)
             offset = j[None, :] - i[:, None]
             outside = (offset > W) | (offset < -W)  # the band's keys come after the loop, with their relative terms
             s = tl.where(outside & j_in[None, :], s, float("-inf"))
@@ -80,7 +85,7 @@ if triton is not None:
             p = tl.exp(s - m_new[:, None])
             alpha = tl.exp(m - m_new)
             vt = tl.load(v_ptr + b * s_b + chan[None, :] + j[:, None] * s_t, mask=j_in[:, None] & dok[None, :], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p, vt, input_precision="ieee")
+            acc = acc * alpha[:, None] + tl.dot(p, vt, input_precision=PREC)
             total = total * alpha + tl.sum(p, 1)
             m = m_new
         for r in tl.static_range(2 * W + 1):
@@ -104,10 +109,13 @@ if triton is not None:
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: torch.Tensor, emb_rel_k: torch.Tensor,
-              emb_rel_v: torch.Tensor, n_heads: int, window: int) -> torch.Tensor:  # fmt: skip
+              emb_rel_v: torch.Tensor, n_heads: int, window: int, precision: str = "ieee") -> torch.Tensor:  # fmt: skip
     """``_attention``: ``q``, ``k``, ``v`` [B, H * D, T] float32 (the 1x1 convolutions' outputs, one
     layout and strides), ``masked`` [B, 1, T, T] bool, ``emb_rel_k`` / ``emb_rel_v`` [2 window + 1, D]
-    -> [B, H * D, T] contiguous: what ``RelativeSelfAttention`` computes before ``conv_o``."""
+    -> [B, H * D, T] contiguous: what ``RelativeSelfAttention`` computes before ``conv_o``. ``precision``:
+    ``tl.dot``'s ("ieee", "tf32x3" or "tf32")."""
+    if precision not in set(PRECISIONS.values()):
+        raise ValueError(f"precision must be one of {sorted(set(PRECISIONS.values()))}, got {precision!r}")
     b, c, t = q.shape
     if k.shape != q.shape or v.shape != q.shape or k.stride() != q.stride() or v.stride() != q.stride():
         raise ValueError(f"q, k, v must share shape and strides, got {q.shape}/{q.stride()}, "
@@ -122,17 +130,20 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: torch.T
     grid = (triton.cdiv(t, BLOCK_M), n_heads, b)
     _attention[grid](q, k, v, masked.view(torch.uint8), emb_rel_k.contiguous(), emb_rel_v.contiguous(), out, t,
                      *q.stride(), *out.stride(), masked.stride(0), masked.stride(3), D=d, W=window,
-                     SCALE=math.sqrt(d), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                     SCALE=math.sqrt(d), PREC=precision, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                      BLOCK_D=max(16, triton.next_power_of_2(d)), num_warps=4)  # fmt: skip
     return out
 
 
 class FusedRelativeSelfAttention(nn.Module):
     """``RelativeSelfAttention`` (same weights, same convolution modules) with everything between its
-    convolutions in ``attention``."""
+    convolutions in ``attention``, its products in ``PRECISIONS[products]``."""
 
-    def __init__(self, attn: RelativeSelfAttention) -> None:
+    def __init__(self, attn: RelativeSelfAttention, products: str = "cublas") -> None:
         super().__init__()
+        if products not in PRECISIONS:
+            raise ValueError(f"products must be one of {sorted(PRECISIONS)}, got {products!r}")
+        self.precision = PRECISIONS[products]
         self.n_heads, self.window_size, self.k_channels = attn.n_heads, attn.window_size, attn.k_channels
         self.conv_q, self.conv_k, self.conv_v, self.conv_o = attn.conv_q, attn.conv_k, attn.conv_v, attn.conv_o
         self.register_buffer("emb_k", attn.emb_rel_k.detach()[0].float().contiguous())
@@ -142,19 +153,21 @@ class FusedRelativeSelfAttention(nn.Module):
         q, k, v = self.conv_q(x), self.conv_k(x), self.conv_v(x)
         if not (q.stride() == k.stride() == v.stride()):
             q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        return self.conv_o(attention(q, k, v, masked, self.emb_k, self.emb_v, self.n_heads, self.window_size))
+        out = attention(q, k, v, masked, self.emb_k, self.emb_v, self.n_heads, self.window_size, self.precision)
+        return self.conv_o(out)
 
 
-def use_fused_attention(module: nn.Module) -> int:
-    """Swap every ``RelativeSelfAttention`` inside ``module`` for ``FusedRelativeSelfAttention``; returns how many."""
+def use_fused_attention(module: nn.Module, products: str = "cublas") -> int:
+    """Swap every ``RelativeSelfAttention`` inside ``module`` for ``FusedRelativeSelfAttention`` (its
+    products after the text encoder's ``products``); returns how many."""
     swapped = 0
     for name, child in list(module.named_children()):
         if isinstance(child, RelativeSelfAttention):
-            setattr(module, name, FusedRelativeSelfAttention(child))
+            setattr(module, name, FusedRelativeSelfAttention(child, products))
             swapped += 1
         else:
-            swapped += use_fused_attention(child)
+            swapped += use_fused_attention(child, products)
     return swapped
 
 
-__all__ = ["BLOCK_M", "BLOCK_N", "FusedRelativeSelfAttention", "attention", "available", "use_fused_attention"]
+__all__ = ["BLOCK_M", "BLOCK_N", "PRECISIONS", "FusedRelativeSelfAttention", "attention", "available", "use_fused_attention"]

@@ -414,7 +414,7 @@ class StepRunner:
             if options.fused_text_encoder:
                 fused_ffn.use_fused_ffn(self.model.enc_p, options.text_encoder_products)
             if options.fused_attention:
-                fused_attention.use_fused_attention(self.model.enc_p)
+                fused_attention.use_fused_attention(self.model.enc_p, options.text_encoder_products)
         if options.output_rate and not options.voice_rate:
             raise ValueError(f"output_rate {options.output_rate} needs the voice's rate (voice_rate)")
         rate = options.voice_rate or 1
