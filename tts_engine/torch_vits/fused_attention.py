@@ -5,8 +5,8 @@ the query scaling, the two score products (keys and relative keys), the gather o
 logits onto the band ``|j - i| <= window``, the mask, the softmax, the value product, the gather of
 the band's weights, the relative-value product, the sums and the head transpose. At the batches the
 engine's fast lanes launch (a dozen sentences) the encoder's graph is bound by its kernels' count,
-not by their arithmetic; ``FusedRelativeSelfAttention`` keeps the four convolutions (q, k, v, o) and
-computes everything between them in ``_attention``: per (query block, head, sentence) an online
+not by their arithmetic; ``FusedRelativeSelfAttention`` stacks the query, key and value convolutions
+into one matrix product, keeps the output convolution and computes everything between them in ``_attention``: per (query block, head, sentence) an online
 softmax over the sentence's keys outside the band (``tl.dot`` in ``PRECISIONS[products]``: with the
 text encoder's "cublas" or "ieee" products fp32 on the CUDA cores, like cuBLAS's fp32 products with
 TF32 off; with "tf32x3" or "fp16x3" three TF32 tensor-core products, close to fp32; with "tf32" one),
@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from tts_engine.torch_vits.fused_resblock import available, triton
+from tts_engine.torch_vits.gemm_conv import GemmConv1d
 from tts_engine.torch_vits.text_encoder import RelativeSelfAttention
 
 #: Queries and keys per program and per step of its key loop.
@@ -136,8 +137,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: torch.T
 
 
 class FusedRelativeSelfAttention(nn.Module):
-    """``RelativeSelfAttention`` (same weights, same convolution modules) with everything between its
-    convolutions in ``attention``, its products in ``PRECISIONS[products]``."""
+    """``RelativeSelfAttention`` (same weights) with its query, key and value convolutions as one
+    matrix product (their weights stacked: one product and one bias add instead of three of each),
+    everything between them and ``conv_o`` in ``attention``, its products in ``PRECISIONS[products]``."""
 
     def __init__(self, attn: RelativeSelfAttention, products: str = "cublas") -> None:
         super().__init__()
@@ -145,16 +147,27 @@ class FusedRelativeSelfAttention(nn.Module):
             raise ValueError(f"products must be one of {sorted(PRECISIONS)}, got {products!r}")
         self.precision = PRECISIONS[products]
         self.n_heads, self.window_size, self.k_channels = attn.n_heads, attn.window_size, attn.k_channels
-        self.conv_q, self.conv_k, self.conv_v, self.conv_o = attn.conv_q, attn.conv_k, attn.conv_v, attn.conv_o
+        self.conv_o = attn.conv_o
+        weights, biases = zip(*(_pointwise(conv) for conv in (attn.conv_q, attn.conv_k, attn.conv_v)))
+        self.register_buffer("w_qkv", torch.cat(weights).contiguous())  # [3C, C]
+        self.register_buffer("b_qkv", torch.cat(biases).view(-1, 1).contiguous())  # [3C, 1]
         self.register_buffer("emb_k", attn.emb_rel_k.detach()[0].float().contiguous())
         self.register_buffer("emb_v", attn.emb_rel_v.detach()[0].float().contiguous())
 
     def forward(self, x: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.conv_q(x), self.conv_k(x), self.conv_v(x)
-        if not (q.stride() == k.stride() == v.stride()):
-            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        qkv = torch.matmul(self.w_qkv, x) + self.b_qkv  # [B, 3C, T]: q, k, v share their strides
+        q, k, v = qkv.chunk(3, dim=1)
         out = attention(q, k, v, masked, self.emb_k, self.emb_v, self.n_heads, self.window_size, self.precision)
         return self.conv_o(out)
+
+
+def _pointwise(conv: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """A 1x1 convolution's (``GemmConv1d`` or ``nn.Conv1d``) weight [out, in] and bias [out]."""
+    if isinstance(conv, GemmConv1d) and conv.kernel == 1 and not conv.depthwise and conv.bias is not None:
+        return conv.weight.detach(), conv.bias.detach().view(-1)
+    if isinstance(conv, nn.Conv1d) and conv.kernel_size == (1,) and conv.groups == 1 and conv.bias is not None:
+        return conv.weight.detach()[:, :, 0], conv.bias.detach()
+    raise ValueError(f"fused attention: 1x1 convolutions with a bias only, got {conv}")
 
 
 def use_fused_attention(module: nn.Module, products: str = "cublas") -> int:
