@@ -87,6 +87,36 @@ print(json.dumps({"swapped": swapped, "phonemes": int(want[3].sum()),
 """
 
 
+NORM = r"""
+import json, torch
+from tts_engine.torch_vits import fused_attention
+from tts_engine.torch_vits.text_encoder import ChannelLayerNorm
+
+torch.manual_seed(0)
+norm = ChannelLayerNorm(192)  # the voices' channels: not a power of two
+norm.gamma.data.normal_(1, 0.3)
+norm.beta.data.normal_(0, 0.3)
+x, y, b = torch.randn(3, 192, 100) * 3, torch.randn(3, 192, 100) * 2, torch.randn(192)
+n64 = ChannelLayerNorm(192).double()
+n64.load_state_dict(norm.state_dict())
+with torch.inference_mode():
+    ref = n64(x.double() + (y.double() + b.double()[:, None])).float()
+    eager, fused = norm(x + (y + b[:, None])), fused_attention.add_norm(x, y, b, norm)
+    no_bias = fused_attention.add_norm(x, y, None, norm) - norm(x + y)
+print(json.dumps({"eager_err": float((eager - ref).abs().max()), "fused_err": float((fused - ref).abs().max()),
+                  "no_bias": float(no_bias.abs().max())}))
+"""
+
+
+@needs_triton
+def test_add_norm_is_the_residual_and_layer_norm_within_fp32():
+    """``add_norm`` (bias, residual and the channel LayerNorm in one kernel) against float64, next to
+    PyTorch's fp32: as close, with and without a bias."""
+    r = interpret(NORM)
+    assert 0 < r["fused_err"] <= 2 * r["eager_err"] + 1e-6, r
+    assert r["no_bias"] < 1e-5, r
+
+
 @needs_triton
 def test_fused_attention_computes_what_pytorch_computes():
     """The encoder with the fused attention gives PyTorch's states within fp32 rounding (another order

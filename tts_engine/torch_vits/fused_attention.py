@@ -1,4 +1,5 @@
-"""The text encoder's windowed relative-position self-attention as one Triton kernel per layer.
+"""The text encoder's windowed relative-position self-attention as one Triton kernel per layer, and
+its residual sums and LayerNorms as one kernel each (``FusedEncoder``, ``add_norm``).
 
 ``text_encoder.RelativeSelfAttention`` takes ~14 kernels per layer between its 1x1 convolutions:
 the query scaling, the two score products (keys and relative keys), the gather of the relative
@@ -39,7 +40,7 @@ from torch import nn
 
 from tts_engine.torch_vits.fused_resblock import available, triton
 from tts_engine.torch_vits.gemm_conv import GemmConv1d
-from tts_engine.torch_vits.text_encoder import RelativeSelfAttention
+from tts_engine.torch_vits.text_encoder import ChannelLayerNorm, Encoder, RelativeSelfAttention
 
 #: Queries and keys per program and per step of its key loop.
 BLOCK_M = 64
@@ -109,6 +110,27 @@ if triton is not None:
                  mask=(i < T)[:, None] & dok[None, :])  # fmt: skip
 
 
+    @triton.jit
+    def _add_norm(x_ptr, y_ptr, bias_ptr, gamma_ptr, beta_ptr, out_ptr, C, T, eps, HAS_BIAS: tl.constexpr,
+                  BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr):  # fmt: skip
+        tb, b = tl.program_id(0), tl.program_id(1)
+        c = tl.arange(0, BLOCK_C)
+        t = tb * BLOCK_T + tl.arange(0, BLOCK_T)
+        cok = c < C
+        inside = cok[:, None] & (t < T)[None, :]
+        offs = b * C * T + c[:, None] * T + t[None, :]
+        y = tl.load(y_ptr + offs, mask=inside, other=0.0)
+        if HAS_BIAS:  # the convolution's bias first, then the residual: PyTorch's order
+            y = y + tl.load(bias_ptr + c, mask=cok, other=0.0)[:, None]
+        z = tl.load(x_ptr + offs, mask=inside, other=0.0) + y
+        mean = tl.sum(z, 0) / C
+        diff = tl.where(cok[:, None], z - mean[None, :], 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(diff * diff, 0) / C + eps)
+        gamma = tl.load(gamma_ptr + c, mask=cok, other=0.0)
+        beta = tl.load(beta_ptr + c, mask=cok, other=0.0)
+        tl.store(out_ptr + offs, diff * rstd[None, :] * gamma[:, None] + beta[:, None], mask=inside)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: torch.Tensor, emb_rel_k: torch.Tensor,
               emb_rel_v: torch.Tensor, n_heads: int, window: int, precision: str = "ieee") -> torch.Tensor:  # fmt: skip
     """``_attention``: ``q``, ``k``, ``v`` [B, H * D, T] float32 (the 1x1 convolutions' outputs, one
@@ -147,18 +169,25 @@ class FusedRelativeSelfAttention(nn.Module):
             raise ValueError(f"products must be one of {sorted(PRECISIONS)}, got {products!r}")
         self.precision = PRECISIONS[products]
         self.n_heads, self.window_size, self.k_channels = attn.n_heads, attn.window_size, attn.k_channels
-        self.conv_o = attn.conv_o
+        w_o, b_o = _pointwise(attn.conv_o)
+        self.register_buffer("w_o", w_o.contiguous())
+        self.register_buffer("b_o", b_o.view(-1, 1).contiguous())
         weights, biases = zip(*(_pointwise(conv) for conv in (attn.conv_q, attn.conv_k, attn.conv_v)))
         self.register_buffer("w_qkv", torch.cat(weights).contiguous())  # [3C, C]
         self.register_buffer("b_qkv", torch.cat(biases).view(-1, 1).contiguous())  # [3C, 1]
         self.register_buffer("emb_k", attn.emb_rel_k.detach()[0].float().contiguous())
         self.register_buffer("emb_v", attn.emb_rel_v.detach()[0].float().contiguous())
 
-    def forward(self, x: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+    def unbiased(self, x: torch.Tensor, masked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's output before its output convolution's bias, and that bias [C] (``add_norm`` adds it)."""
         qkv = torch.matmul(self.w_qkv, x) + self.b_qkv  # [B, 3C, T]: q, k, v share their strides
         q, k, v = qkv.chunk(3, dim=1)
         out = attention(q, k, v, masked, self.emb_k, self.emb_v, self.n_heads, self.window_size, self.precision)
-        return self.conv_o(out)
+        return torch.matmul(self.w_o, out), self.b_o.view(-1)
+
+    def forward(self, x: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+        y, bias = self.unbiased(x, masked)
+        return y + bias.view(-1, 1)
 
 
 def _pointwise(conv: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,17 +199,60 @@ def _pointwise(conv: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     raise ValueError(f"fused attention: 1x1 convolutions with a bias only, got {conv}")
 
 
+#: Time steps per program of ``_add_norm`` (all channels in one program).
+NORM_BLOCK_T = 32
+
+
+def add_norm(x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None, norm: ChannelLayerNorm) -> torch.Tensor:
+    """``norm(x + (y + bias))`` in one kernel (``_add_norm``): ``x``, ``y`` [B, C, T] float32, ``bias`` [C]
+    or None, ``norm`` a ``ChannelLayerNorm`` of C channels -> [B, C, T] contiguous."""
+    x, y = x.contiguous(), y.contiguous()
+    b, c, t = x.shape
+    if y.shape != x.shape or norm.channels != c:
+        raise ValueError(f"add_norm: x {tuple(x.shape)}, y {tuple(y.shape)}, a norm of {norm.channels} channels")
+    out = torch.empty_like(x)
+    grid = (triton.cdiv(t, NORM_BLOCK_T), b)
+    _add_norm[grid](x, y, x if bias is None else bias, norm.gamma, norm.beta, out, c, t, float(norm.eps),
+                    HAS_BIAS=bias is not None, BLOCK_C=triton.next_power_of_2(c), BLOCK_T=NORM_BLOCK_T,
+                    num_warps=4)  # fmt: skip
+    return out
+
+
+class FusedEncoder(nn.Module):
+    """``text_encoder.Encoder`` (same weights and submodules) whose layers run as: the stacked query,
+    key and value product, ``attention``, the output product, then its bias, the residual and the
+    first LayerNorm in one kernel (``add_norm``); the feed-forward (whichever it is), then the
+    residual and the second LayerNorm in one kernel."""
+
+    def __init__(self, encoder: Encoder, products: str = "cublas") -> None:
+        super().__init__()
+        self.attn_layers = nn.ModuleList(FusedRelativeSelfAttention(a, products) for a in encoder.attn_layers)
+        self.norm_layers_1, self.ffn_layers, self.norm_layers_2 = (encoder.norm_layers_1, encoder.ffn_layers,
+                                                                   encoder.norm_layers_2)  # fmt: skip
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        masked = (mask.unsqueeze(2) * mask.unsqueeze(-1)) == 0  # [B, 1, T, T], as Encoder builds it
+        x = x * mask
+        layers = zip(self.attn_layers, self.norm_layers_1, self.ffn_layers, self.norm_layers_2)
+        for attn, norm_1, ffn, norm_2 in layers:
+            y, bias = attn.unbiased(x, masked)
+            x = add_norm(x, y, bias, norm_1)
+            x = add_norm(x, ffn(x, mask), None, norm_2)
+        return x * mask
+
+
 def use_fused_attention(module: nn.Module, products: str = "cublas") -> int:
-    """Swap every ``RelativeSelfAttention`` inside ``module`` for ``FusedRelativeSelfAttention`` (its
-    products after the text encoder's ``products``); returns how many."""
+    """Swap every text ``Encoder`` inside ``module`` for a ``FusedEncoder`` (its attention products after
+    the text encoder's ``products``); returns how many attention layers were fused."""
     swapped = 0
     for name, child in list(module.named_children()):
-        if isinstance(child, RelativeSelfAttention):
-            setattr(module, name, FusedRelativeSelfAttention(child, products))
-            swapped += 1
+        if isinstance(child, Encoder):
+            fused = FusedEncoder(child, products)
+            setattr(module, name, fused)
+            swapped += len(fused.attn_layers)
         else:
             swapped += use_fused_attention(child, products)
     return swapped
 
 
-__all__ = ["BLOCK_M", "BLOCK_N", "PRECISIONS", "FusedRelativeSelfAttention", "attention", "available", "use_fused_attention"]
+__all__ = ["BLOCK_M", "BLOCK_N", "PRECISIONS", "FusedEncoder", "FusedRelativeSelfAttention", "add_norm", "attention", "available", "use_fused_attention"]
