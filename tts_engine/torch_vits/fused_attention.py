@@ -7,7 +7,8 @@ logits onto the band ``|j - i| <= window``, the mask, the softmax, the value pro
 the band's weights, the relative-value product, the sums and the head transpose. At the batches the
 engine's fast lanes launch (a dozen sentences) the encoder's graph is bound by its kernels' count,
 not by their arithmetic; ``FusedRelativeSelfAttention`` stacks the query, key and value convolutions
-into one matrix product, keeps the output convolution and computes everything between them in ``_attention``: per (query block, head, sentence) an online
+into one matrix product, keeps the output one as a product (its bias goes to ``add_norm``) and
+computes everything between them in ``_attention``: per (query block, head, sentence) an online
 softmax over the sentence's keys outside the band (``tl.dot`` in ``PRECISIONS[products]``: with the
 text encoder's "cublas" or "ieee" products fp32 on the CUDA cores, like cuBLAS's fp32 products with
 TF32 off; with "tf32x3" or "fp16x3" three TF32 tensor-core products, close to fp32; with "tf32" one),
