@@ -11,10 +11,9 @@ into one matrix product, keeps the output one as a product (its bias goes to ``a
 computes everything between them in ``_attention``: per (query block, head, sentence) an online
 softmax over the sentence's keys outside the band (``tl.dot`` in ``PRECISIONS[products]``: with the
 text encoder's "cublas" or "ieee" products fp32 on the CUDA cores, like cuBLAS's fp32 products with
-TF32 off; with "tf32x3" or "fp16x3" three TF32 tensor-core products, close to fp32; with "tf32" one),
-then the ``2 window + 1`` band keys one
-by one, each with its relative key logit, adding its relative value embedding to the value it
-weighs. Keys past a sentence's end are not read (PyTorch gives them ``-1e4`` before the softmax:
+TF32 off; with "tf32x3" or "fp16x3" three TF32 tensor-core products, close to fp32; with "tf32"
+one), then the ``2 window + 1`` band keys one by one, each with its relative key logit, adding its
+relative value embedding to the value it weighs. Keys past a sentence's end are not read (PyTorch gives them ``-1e4`` before the softmax:
 weight ``exp(-1e4 - max)``, exactly 0 in fp32), and query blocks past its end are not computed:
 padding rows and the phoneme bucket's padding cost nothing. The positions past a sentence's end get
 0 where PyTorch gives them an average over all keys; nothing reads them (the feed-forward masks its
