@@ -157,6 +157,16 @@ def test_fused_attention_takes_the_text_encoders_products_and_refuses_others():
     assert {m.precision for m in enc.modules() if isinstance(m, fused_attention.FusedRelativeSelfAttention)} == {"tf32x3"}
     with pytest.raises(ValueError, match="products must be one of"):
         fused_attention.FusedRelativeSelfAttention(RelativeSelfAttention(24, 2, 4), "bf16")
+    # with the fused feed-forward, in either order (the runner swaps the feed-forward first): both kept
+    from tts_engine.torch_vits import fused_ffn
+
+    for order in ("ffn first", "attention first"):
+        enc = TextEncoder(40, 24, 24, 40, n_heads=2, n_layers=2, kernel_size=3, window_size=4)
+        steps = [lambda: fused_ffn.use_fused_ffn(enc, "tf32x3"), lambda: fused_attention.use_fused_attention(enc, "tf32x3")]
+        for step in steps if order == "ffn first" else steps[::-1]:
+            assert step() == 2
+        assert isinstance(enc.encoder, fused_attention.FusedEncoder), order
+        assert all(isinstance(f, fused_ffn.FusedFeedForward) for f in enc.encoder.ffn_layers), order
     with pytest.raises(ValueError, match="precision must be one of"):
         fused_attention.attention(*[torch.zeros(1, 24, 8)] * 3, torch.zeros(1, 1, 8, 8, dtype=torch.bool),
                                   torch.zeros(9, 12), torch.zeros(9, 12), 2, 4, "bf16")  # fmt: skip
