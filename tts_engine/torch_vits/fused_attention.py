@@ -53,9 +53,10 @@ if triton is not None:
     import triton.language as tl
 
     @triton.jit
-    def _attention(q_ptr, k_ptr, v_ptr, masked_ptr, ek_ptr, ev_ptr, out_ptr, T, s_b, s_c, s_t, o_b, o_c, o_t,
-                   m_b, m_j, D: tl.constexpr, W: tl.constexpr, SCALE: tl.constexpr, PREC: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    def _attention(q_ptr, k_ptr, v_ptr, bias_ptr, masked_ptr, ek_ptr, ev_ptr, out_ptr, T, s_b, s_c, s_t, o_b, o_c,
+                   o_t, m_b, m_j, C: tl.constexpr, D: tl.constexpr, W: tl.constexpr, SCALE: tl.constexpr,
+                   PREC: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_D: tl.constexpr):  # fmt: skip
         mb, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         # the sentence's length: keys whose mask (row 0 of ``masked``) is False form a prefix
         length = 0
@@ -69,7 +70,14 @@ if triton is not None:
         i_in = i < length
         chan = (h * D + d) * s_c
         q = tl.load(q_ptr + b * s_b + chan[None, :] + i[:, None] * s_t, mask=i_in[:, None] & dok[None, :], other=0.0)
-        q = q / SCALE
+        bq = tl.zeros([BLOCK_D], tl.float32)
+        bk = tl.zeros([BLOCK_D], tl.float32)
+        bv = tl.zeros([BLOCK_D], tl.float32)
+        if HAS_BIAS:  # the convolutions' biases, added as their outputs are read (PyTorch adds them the same way)
+            bq = tl.load(bias_ptr + h * D + d, mask=dok, other=0.0)
+            bk = tl.load(bias_ptr + C + h * D + d, mask=dok, other=0.0)
+            bv = tl.load(bias_ptr + 2 * C + h * D + d, mask=dok, other=0.0)
+        q = (q + bq[None, :]) / SCALE
         big = -1.0e30  # a finite "minus infinity": rows with no key yet stay free of NaN
         m = tl.full([BLOCK_M], big, tl.float32)
         total = tl.zeros([BLOCK_M], tl.float32)
@@ -79,7 +87,7 @@ if triton is not None:
             j = start + tl.arange(0, BLOCK_N)
             j_in = j < length
             kt = tl.load(k_ptr + b * s_b + chan[:, None] + j[None, :] * s_t, mask=dok[:, None] & j_in[None, :], other=0.0)
-            s = tl.dot(q, kt, input_precision=PREC)
+            s = tl.dot(q, kt + bk[:, None], input_precision=PREC)
             offset = j[None, :] - i[:, None]
             outside = (offset > W) | (offset < -W)  # the band's keys come after the loop, with their relative terms
             s = tl.where(outside & j_in[None, :], s, float("-inf"))
@@ -87,7 +95,7 @@ if triton is not None:
             p = tl.exp(s - m_new[:, None])
             alpha = tl.exp(m - m_new)
             vt = tl.load(v_ptr + b * s_b + chan[None, :] + j[:, None] * s_t, mask=j_in[:, None] & dok[None, :], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p, vt, input_precision=PREC)
+            acc = acc * alpha[:, None] + tl.dot(p, vt + bv[None, :], input_precision=PREC)
             total = total * alpha + tl.sum(p, 1)
             m = m_new
         for r in tl.static_range(2 * W + 1):
@@ -95,14 +103,14 @@ if triton is not None:
             ok = i_in & (j >= 0) & (j < length)
             kj = tl.load(k_ptr + b * s_b + chan[None, :] + j[:, None] * s_t, mask=ok[:, None] & dok[None, :], other=0.0)
             ek = tl.load(ek_ptr + r * D + d, mask=dok, other=0.0)
-            s = tl.sum(q * kj, 1) + tl.sum(q * ek[None, :], 1)
+            s = tl.sum(q * (kj + bk[None, :]), 1) + tl.sum(q * ek[None, :], 1)
             s = tl.where(ok, s, big)
             m_new = tl.maximum(m, s)
             p = tl.where(ok, tl.exp(s - m_new), 0.0)
             alpha = tl.exp(m - m_new)
             vj = tl.load(v_ptr + b * s_b + chan[None, :] + j[:, None] * s_t, mask=ok[:, None] & dok[None, :], other=0.0)
             ev = tl.load(ev_ptr + r * D + d, mask=dok, other=0.0)
-            acc = acc * alpha[:, None] + p[:, None] * (vj + ev[None, :])
+            acc = acc * alpha[:, None] + p[:, None] * (vj + bv[None, :] + ev[None, :])
             total = total * alpha + p
             m = m_new
         out = tl.where(i_in[:, None], acc / tl.where(i_in, total, 1.0)[:, None], 0.0)
@@ -132,11 +140,13 @@ if triton is not None:
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: torch.Tensor, emb_rel_k: torch.Tensor,
-              emb_rel_v: torch.Tensor, n_heads: int, window: int, precision: str = "ieee") -> torch.Tensor:  # fmt: skip
+              emb_rel_v: torch.Tensor, n_heads: int, window: int, precision: str = "ieee",
+              qkv_bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """``_attention``: ``q``, ``k``, ``v`` [B, H * D, T] float32 (the 1x1 convolutions' outputs, one
-    layout and strides), ``masked`` [B, 1, T, T] bool, ``emb_rel_k`` / ``emb_rel_v`` [2 window + 1, D]
-    -> [B, H * D, T] contiguous: what ``RelativeSelfAttention`` computes before ``conv_o``. ``precision``:
-    ``tl.dot``'s ("ieee", "tf32x3" or "tf32")."""
+    layout and strides; with ``qkv_bias`` [3 H D], the q, k and v biases stacked, before their bias,
+    which is added as they are read), ``masked`` [B, 1, T, T] bool, ``emb_rel_k`` / ``emb_rel_v``
+    [2 window + 1, D] -> [B, H * D, T] contiguous: what ``RelativeSelfAttention`` computes before
+    ``conv_o``. ``precision``: ``tl.dot``'s ("ieee", "tf32x3" or "tf32")."""
     if precision not in set(PRECISIONS.values()):
         raise ValueError(f"precision must be one of {sorted(set(PRECISIONS.values()))}, got {precision!r}")
     b, c, t = q.shape
@@ -147,21 +157,24 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: torch.T
     if d * n_heads != c or emb_rel_k.shape != (2 * window + 1, d) or emb_rel_v.shape != emb_rel_k.shape:
         raise ValueError(f"{c} channels in {n_heads} heads with relative embeddings [{2 * window + 1}, {d}], "
                          f"got {tuple(emb_rel_k.shape)}, {tuple(emb_rel_v.shape)}")  # fmt: skip
+    if qkv_bias is not None and qkv_bias.shape != (3 * c,):
+        raise ValueError(f"qkv_bias must be [{3 * c}], got {tuple(qkv_bias.shape)}")
     if masked.shape != (b, 1, t, t) or masked.dtype != torch.bool:
         raise ValueError(f"masked must be bool [{b}, 1, {t}, {t}], got {masked.dtype} {tuple(masked.shape)}")
     out = torch.empty(b, c, t, device=q.device, dtype=torch.float32)
     grid = (triton.cdiv(t, BLOCK_M), n_heads, b)
-    _attention[grid](q, k, v, masked.view(torch.uint8), emb_rel_k.contiguous(), emb_rel_v.contiguous(), out, t,
-                     *q.stride(), *out.stride(), masked.stride(0), masked.stride(3), D=d, W=window,
-                     SCALE=math.sqrt(d), PREC=precision, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+    bias = q if qkv_bias is None else qkv_bias.contiguous()
+    _attention[grid](q, k, v, bias, masked.view(torch.uint8), emb_rel_k.contiguous(), emb_rel_v.contiguous(), out,
+                     t, *q.stride(), *out.stride(), masked.stride(0), masked.stride(3), C=c, D=d, W=window,
+                     SCALE=math.sqrt(d), PREC=precision, HAS_BIAS=qkv_bias is not None, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                      BLOCK_D=max(16, triton.next_power_of_2(d)), num_warps=4)  # fmt: skip
     return out
 
 
 class FusedRelativeSelfAttention(nn.Module):
     """``RelativeSelfAttention`` (same weights) with its query, key and value convolutions as one
-    matrix product (their weights stacked: one product and one bias add instead of three of each),
-    everything between them and ``conv_o`` in ``attention``, its products in ``PRECISIONS[products]``."""
+    matrix product of their stacked weights (their biases added inside ``attention``), everything
+    between them and ``conv_o`` in ``attention``, its products in ``PRECISIONS[products]``."""
 
     def __init__(self, attn: RelativeSelfAttention, products: str = "cublas") -> None:
         super().__init__()
@@ -174,15 +187,15 @@ class FusedRelativeSelfAttention(nn.Module):
         self.register_buffer("b_o", b_o.view(-1, 1).contiguous())
         weights, biases = zip(*(_pointwise(conv) for conv in (attn.conv_q, attn.conv_k, attn.conv_v)))
         self.register_buffer("w_qkv", torch.cat(weights).contiguous())  # [3C, C]
-        self.register_buffer("b_qkv", torch.cat(biases).view(-1, 1).contiguous())  # [3C, 1]
+        self.register_buffer("b_qkv", torch.cat(biases).contiguous())  # [3C]
         self.register_buffer("emb_k", attn.emb_rel_k.detach()[0].float().contiguous())
         self.register_buffer("emb_v", attn.emb_rel_v.detach()[0].float().contiguous())
 
     def unbiased(self, x: torch.Tensor, masked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's output before its output convolution's bias, and that bias [C] (``add_norm`` adds it)."""
-        qkv = torch.matmul(self.w_qkv, x) + self.b_qkv  # [B, 3C, T]: q, k, v share their strides
-        q, k, v = qkv.chunk(3, dim=1)
-        out = attention(q, k, v, masked, self.emb_k, self.emb_v, self.n_heads, self.window_size, self.precision)
+        q, k, v = torch.matmul(self.w_qkv, x).chunk(3, dim=1)  # [B, 3C, T] in three views of one layout
+        out = attention(q, k, v, masked, self.emb_k, self.emb_v, self.n_heads, self.window_size, self.precision,
+                        self.b_qkv)  # fmt: skip
         return torch.matmul(self.w_o, out), self.b_o.view(-1)
 
     def forward(self, x: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
