@@ -59,7 +59,7 @@ if triton is not None:
                    BLOCK_D: tl.constexpr):  # fmt: skip
         mb, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         # the sentence's length: keys whose mask (row 0 of ``masked``) is False form a prefix
-        length = 0
+        length = tl.sum(tl.zeros([BLOCK_N], tl.int32), 0)  # an int32 scalar, the type the loop adds
         for start in range(0, T, BLOCK_N):
             j = start + tl.arange(0, BLOCK_N)
             free = tl.load(masked_ptr + b * m_b + j * m_j, mask=j < T, other=1) == 0
