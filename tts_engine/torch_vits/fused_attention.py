@@ -26,8 +26,9 @@ move over the bench sentences and noise draws (``tts.fused_attention``, opt-in u
 
 Layouts: ``q``, ``k``, ``v`` and the output ``[B, H * D, T]`` (the convolutions' layout; head ``h``
 is channels ``h D .. h D + D - 1``), any strides; the sentence's length is read from the attention
-mask ``masked`` ``[B, 1, T, T]`` (True: no attention) as built by ``text_encoder.Encoder``: its row 0
-holds each key's mask (position 0 lies inside every sentence of length >= 1; a sentence of length 0
+mask ``masked`` ``[B, 1, T, T]`` (True: no attention) as built by ``text_encoder.Encoder``, or its
+row 0 alone ``[B, 1, 1, T]`` (what ``FusedEncoder`` builds: no ``T x T`` tensor): its row 0 holds each
+key's mask (position 0 lies inside every sentence of length >= 1; a sentence of length 0
 gets 0 everywhere).
 """
 
@@ -144,9 +145,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: torch.T
               qkv_bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """``_attention``: ``q``, ``k``, ``v`` [B, H * D, T] float32 (the 1x1 convolutions' outputs, one
     layout and strides; with ``qkv_bias`` [3 H D], the q, k and v biases stacked, before their bias,
-    which is added as they are read), ``masked`` [B, 1, T, T] bool, ``emb_rel_k`` / ``emb_rel_v``
-    [2 window + 1, D] -> [B, H * D, T] contiguous: what ``RelativeSelfAttention`` computes before
-    ``conv_o``. ``precision``: ``tl.dot``'s ("ieee", "tf32x3" or "tf32")."""
+    which is added as they are read), ``masked`` [B, 1, T, T] or [B, 1, 1, T] bool (row 0 is read),
+    ``emb_rel_k`` / ``emb_rel_v`` [2 window + 1, D] -> [B, H * D, T] contiguous: what
+    ``RelativeSelfAttention`` computes before ``conv_o``. ``precision``: ``tl.dot``'s ("ieee", "tf32x3"
+    or "tf32")."""
     if precision not in set(PRECISIONS.values()):
         raise ValueError(f"precision must be one of {sorted(set(PRECISIONS.values()))}, got {precision!r}")
     b, c, t = q.shape
@@ -159,8 +161,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: torch.T
                          f"got {tuple(emb_rel_k.shape)}, {tuple(emb_rel_v.shape)}")  # fmt: skip
     if qkv_bias is not None and qkv_bias.shape != (3 * c,):
         raise ValueError(f"qkv_bias must be [{3 * c}], got {tuple(qkv_bias.shape)}")
-    if masked.shape != (b, 1, t, t) or masked.dtype != torch.bool:
-        raise ValueError(f"masked must be bool [{b}, 1, {t}, {t}], got {masked.dtype} {tuple(masked.shape)}")
+    if masked.shape not in ((b, 1, t, t), (b, 1, 1, t)) or masked.dtype != torch.bool:
+        raise ValueError(f"masked must be bool [{b}, 1, {t}, {t}] or [{b}, 1, 1, {t}], got {masked.dtype} "
+                         f"{tuple(masked.shape)}")  # fmt: skip
     out = torch.empty(b, c, t, device=q.device, dtype=torch.float32)
     grid = (triton.cdiv(t, BLOCK_M), n_heads, b)
     bias = q if qkv_bias is None else qkv_bias.contiguous()
@@ -244,7 +247,7 @@ class FusedEncoder(nn.Module):
                                                                    encoder.norm_layers_2)  # fmt: skip
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        masked = (mask.unsqueeze(2) * mask.unsqueeze(-1)) == 0  # [B, 1, T, T], as Encoder builds it
+        masked = (mask == 0).unsqueeze(2)  # [B, 1, 1, T]: the row of Encoder's [B, 1, T, T] attention reads
         x = x * mask
         layers = zip(self.attn_layers, self.norm_layers_1, self.ffn_layers, self.norm_layers_2)
         for attn, norm_1, ffn, norm_2 in layers:
