@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from tts_engine.torch_vits.fused_resblock import available, triton
-from tts_engine.torch_vits.gemm_conv import GemmConv1d
+from tts_engine.torch_vits.fused_ffn import tap_major
 from tts_engine.torch_vits.text_encoder import ChannelLayerNorm, Encoder, RelativeSelfAttention
 
 #: Queries and keys per program and per step of its key loop.
@@ -184,10 +184,10 @@ class FusedRelativeSelfAttention(nn.Module):
         if products not in PRECISIONS:
             raise ValueError(f"products must be one of {sorted(PRECISIONS)}, got {products!r}")
         self.precision = PRECISIONS[products]
-        self.n_heads, self.window_size, self.k_channels = attn.n_heads, attn.window_size, attn.k_channels
+        self.n_heads, self.window_size = attn.n_heads, attn.window_size
         w_o, b_o = _pointwise(attn.conv_o)
         self.register_buffer("w_o", w_o.contiguous())
-        self.register_buffer("b_o", b_o.view(-1, 1).contiguous())
+        self.register_buffer("b_o", b_o.contiguous())  # [C]: add_norm adds it
         weights, biases = zip(*(_pointwise(conv) for conv in (attn.conv_q, attn.conv_k, attn.conv_v)))
         self.register_buffer("w_qkv", torch.cat(weights).contiguous())  # [3C, C]
         self.register_buffer("b_qkv", torch.cat(biases).contiguous())  # [3C]
@@ -199,20 +199,19 @@ class FusedRelativeSelfAttention(nn.Module):
         q, k, v = torch.matmul(self.w_qkv, x).chunk(3, dim=1)  # [B, 3C, T] in three views of one layout
         out = attention(q, k, v, masked, self.emb_k, self.emb_v, self.n_heads, self.window_size, self.precision,
                         self.b_qkv)  # fmt: skip
-        return torch.matmul(self.w_o, out), self.b_o.view(-1)
+        return torch.matmul(self.w_o, out), self.b_o
 
     def forward(self, x: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
         y, bias = self.unbiased(x, masked)
-        return y + bias.view(-1, 1)
+        return y + bias[:, None]
 
 
 def _pointwise(conv: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """A 1x1 convolution's (``GemmConv1d`` or ``nn.Conv1d``) weight [out, in] and bias [out]."""
-    if isinstance(conv, GemmConv1d) and conv.kernel == 1 and not conv.depthwise and conv.bias is not None:
-        return conv.weight.detach(), conv.bias.detach().view(-1)
-    if isinstance(conv, nn.Conv1d) and conv.kernel_size == (1,) and conv.groups == 1 and conv.bias is not None:
-        return conv.weight.detach()[:, :, 0], conv.bias.detach()
-    raise ValueError(f"fused attention: 1x1 convolutions with a bias only, got {conv}")
+    """A 1x1 convolution's weight [out, in] and bias [out] (``fused_ffn.tap_major``'s layout, kernel 1)."""
+    weight, bias, kernel = tap_major(conv)
+    if kernel != 1 or bias is None:
+        raise ValueError(f"fused attention: 1x1 convolutions with a bias only, got {conv}")
+    return weight, bias.view(-1)
 
 
 #: Time steps per program of ``_add_norm`` (all channels in one program).

@@ -190,16 +190,17 @@ def stack_taps(x: torch.Tensor, mask: torch.Tensor, kernel: int, pad: int, bias:
     return out
 
 
-def _tap_major(conv: nn.Module) -> tuple[torch.Tensor, torch.Tensor, int]:
+def tap_major(conv: nn.Module) -> tuple[torch.Tensor, torch.Tensor, int]:
     """A ``GemmConv1d``'s or ``nn.Conv1d``'s weight as ``[out, kernel * in]`` (tap-major, as ``GemmConv1d``
-    lays it out), its bias as ``[out, 1]`` and its kernel size."""
+    lays it out), its bias as ``[out, 1]`` (None without one) and its kernel size."""
     if isinstance(conv, GemmConv1d):
         if conv.depthwise or conv.dilation != 1 or conv.padding:
             raise ValueError(f"fused feed-forward: plain unpadded convolutions only, got {conv}")
         return conv.weight, conv.bias, conv.kernel
     if isinstance(conv, nn.Conv1d) and conv.groups == 1 and conv.dilation == (1,) and conv.padding == (0,):
         w = conv.weight.detach()
-        return w.permute(0, 2, 1).reshape(w.shape[0], -1).contiguous(), conv.bias.detach().view(-1, 1), w.shape[2]
+        bias = None if conv.bias is None else conv.bias.detach().view(-1, 1)
+        return w.permute(0, 2, 1).reshape(w.shape[0], -1).contiguous(), bias, w.shape[2]
     raise ValueError(f"fused feed-forward: plain unpadded convolutions only, got {conv}")
 
 
@@ -212,8 +213,8 @@ class FusedFeedForward(nn.Module):
         if products not in PRODUCTS:
             raise ValueError(f"products must be one of {PRODUCTS}, got {products!r}")
         self.products = products
-        w1, b1, self.kernel = _tap_major(ffn.conv_1)
-        w2, b2, kernel_2 = _tap_major(ffn.conv_2)
+        w1, b1, self.kernel = tap_major(ffn.conv_1)
+        w2, b2, kernel_2 = tap_major(ffn.conv_2)
         if kernel_2 != self.kernel or ffn.pad[0] + ffn.pad[1] != self.kernel - 1:
             raise ValueError("fused feed-forward: both convolutions 'same'-padded with one kernel size")
         self.pad = ffn.pad[0]
@@ -245,4 +246,4 @@ def use_fused_ffn(module: nn.Module, products: str = "cublas") -> int:
     return swapped
 
 
-__all__ = ["PRODUCTS", "FusedFeedForward", "available", "conv", "fp16_weight_scale", "stack_taps", "use_fused_ffn"]
+__all__ = ["PRODUCTS", "FusedFeedForward", "available", "conv", "fp16_weight_scale", "stack_taps", "tap_major", "use_fused_ffn"]
