@@ -114,6 +114,23 @@ def assert_speaks_as_whole(model, voice_path, **options: object) -> None:
         eng.close()
 
 
+def gemm_encoder_pair(model, fuse, device: str = "cuda"):
+    """The voice's model with ``gemm`` encoder convolutions, a copy whose text encoder ``fuse`` changes
+    (it must swap 6 layers), and 40 bench sentences padded to the 256-id bucket on ``device``:
+    ``(plain, fused, padded, lengths)``."""
+    import copy
+
+    from tts_engine.torch_vits.gemm_conv import use_gemm_convs
+    from tts_engine.torch_vits.model import pad_ids
+
+    padded, lengths = pad_ids(bench_ids(40), 256, device=device)
+    plain = copy.deepcopy(model)
+    use_gemm_convs(plain.enc_p)
+    fused = copy.deepcopy(plain)
+    assert fuse(fused.enc_p) == 6
+    return plain, fused, padded, lengths
+
+
 def whole(model, ids: list[int]) -> np.ndarray:
     audio, _ = model.infer(torch.tensor([ids], device="cuda"), torch.tensor([len(ids)], device="cuda"), 0.0, 1.0, 0.0)
     return audio[0].float().cpu().numpy()
@@ -414,19 +431,11 @@ def test_gpu_fused_text_encoder_keeps_the_encoder_bit_for_bit(model, voice_path)
     sentences padded to the 256-id bucket (so the same durations), and the engine (fp32, every encoder
     kernel of ``configs/gpu.toml``) speaks each sentence as the whole-utterance run does (same length,
     within 3 int16 steps)."""
-    import copy
-
     from tts_engine.torch_vits import fused_ffn
-    from tts_engine.torch_vits.gemm_conv import use_gemm_convs
-    from tts_engine.torch_vits.model import pad_ids
 
     if not runs_here(voice_path, "test_gpu_fused_text_encoder_keeps_the_encoder_bit_for_bit", fused_text_encoder=True):
         return
-    padded, lengths = pad_ids(bench_ids(40), 256, device="cuda")
-    plain = copy.deepcopy(model)
-    use_gemm_convs(plain.enc_p)
-    fused = copy.deepcopy(plain)
-    assert fused_ffn.use_fused_ffn(fused.enc_p) == 6
+    plain, fused, padded, lengths = gemm_encoder_pair(model, fused_ffn.use_fused_ffn)
     with torch.inference_mode():
         want, got = plain.encode(padded, lengths), fused.encode(padded, lengths)
     assert all(torch.equal(a, b) for a, b in zip(want, got))
@@ -441,21 +450,13 @@ def test_gpu_text_encoder_products_stay_close_and_speak_as_whole(model, voice_pa
     within 1e-5 of their peak for 40 sentences padded to the 256-id bucket, and the engine (fp32, every
     encoder kernel of ``configs/gpu.toml``) speaks each of 6 sentences as the whole-utterance run does
     (same length, within 3 int16 steps); every batch through the Triton convolution (``MIN_ROWS`` 1)."""
-    import copy
-
     from tts_engine.torch_vits import fused_ffn
-    from tts_engine.torch_vits.gemm_conv import use_gemm_convs
-    from tts_engine.torch_vits.model import pad_ids
 
     name = f"test_gpu_text_encoder_products_stay_close_and_speak_as_whole[{products}]"
     if not runs_here(voice_path, name, fused_text_encoder=True, text_encoder_products=products):
         return
     monkeypatch.setattr(fused_ffn, "MIN_ROWS", 1)
-    padded, lengths = pad_ids(bench_ids(40), 256, device="cuda")
-    plain = copy.deepcopy(model)
-    use_gemm_convs(plain.enc_p)
-    fused = copy.deepcopy(plain)
-    assert fused_ffn.use_fused_ffn(fused.enc_p, products) == 6
+    plain, fused, padded, lengths = gemm_encoder_pair(model, lambda enc: fused_ffn.use_fused_ffn(enc, products))
     with torch.inference_mode():
         want, got = plain.encode(padded, lengths), fused.encode(padded, lengths)
     assert torch.equal(want[3], got[3])
@@ -471,19 +472,11 @@ def test_gpu_fused_attention_stays_close_and_speaks_as_whole(model, voice_path):
     Triton kernel per layer gives PyTorch's states within 1e-5 of their peak for 40 sentences padded
     to the 256-id bucket, moves no phoneme's frame count without noise, and the engine (fp32, every
     encoder kernel of ``configs/gpu.toml``) speaks each of 6 sentences as the whole-utterance run does."""
-    import copy
-
     from tts_engine.torch_vits import fused_attention
-    from tts_engine.torch_vits.gemm_conv import use_gemm_convs
-    from tts_engine.torch_vits.model import pad_ids
 
     if not runs_here(voice_path, "test_gpu_fused_attention_stays_close_and_speaks_as_whole", fused_attention=True):
         return
-    padded, lengths = pad_ids(bench_ids(40), 256, device="cuda")
-    plain = copy.deepcopy(model)
-    use_gemm_convs(plain.enc_p)
-    fused = copy.deepcopy(plain)
-    assert fused_attention.use_fused_attention(fused.enc_p) == 6
+    plain, fused, padded, lengths = gemm_encoder_pair(model, fused_attention.use_fused_attention)
     n = len(lengths)
     quiet = dict(noise_w=torch.zeros(n, device="cuda"), length_scale=torch.ones(n, device="cuda"),
                  noise=torch.zeros(n, 2, 256, device="cuda"))  # fmt: skip
