@@ -201,7 +201,7 @@ def flow_precision_rows(model, sentences: list[list[int]]) -> list[dict]:
 
 
 def encoder_products_rows(model, sentences: list[list[int]], tiles: list[str] = (), batches=(1, 16, 64),
-                          draws: int = 8) -> list[dict]:
+                          draws: int = 8, profile_batch: int = 0) -> list[dict]:
     """Per ``fused_ffn.PRODUCTS`` (the voice's text encoder with ``gemm`` convolutions and the fused
     feed-forward in that precision; "cublas" first, the shipped reference, bit for bit
     ``encoder_convs = "gemm"``): the encoder's CUDA graph ms at each batch (256-id bucket, the sentences
@@ -212,7 +212,8 @@ def encoder_products_rows(model, sentences: list[list[int]], tiles: list[str] = 
     "tf32x3", "tf32" and "fp16x3" with the Triton convolution in those tile shapes ("COxTxKxWxS": output
     channels, time steps, input channels per product, warps, stages; ``fused_ffn.CONV_TILES``). Then
     "cublas" and "tf32x3" again with the relative-position attention as one kernel per layer
-    (``tts.fused_attention``; ``"attention": true`` in their rows)."""
+    (``tts.fused_attention``; ``"attention": true`` in their rows). ``profile_batch``: also the GPU time
+    by kernel of the text encoder and the duration predictor (eager) at that many sentences."""
     from tts_engine.torch_vits import fused_attention, fused_ffn
     from tts_engine.torch_vits.gemm_conv import use_gemm_convs
 
@@ -257,6 +258,15 @@ def encoder_products_rows(model, sentences: list[list[int]], tiles: list[str] = 
                 pick = torch.arange(b, device="cuda") % n
                 g, _ = graphed(m.encode, padded[pick].contiguous(), lengths[pick].contiguous())
                 row[f"graph_ms_{b}"] = round(timed(g.replay, 20), 3)
+            if profile_batch:
+                pick = torch.arange(profile_batch, device="cuda") % n
+                ids, lens = padded[pick].contiguous(), lengths[pick].contiguous()
+
+                def encode_and_durations(ids=ids, lens=lens, m=m, pick=pick):
+                    x, _, _, mask = m.encode(ids, lens)
+                    m.durations(x, mask, noise_w[0][pick], length_scale[pick], noise=noises[0][pick])
+
+                row[f"profile_{profile_batch}"] = kernel_profile(encode_and_durations)
         rows.append(row)
         print(json.dumps(row), flush=True)
     fused_ffn.CONV_TILES, fused_ffn.MIN_ROWS = default_tiles, default_rows
@@ -364,7 +374,8 @@ def main() -> int:
     p.add_argument("--conv-tiles", nargs="+", default=[], metavar="COxTxKxWxS",
                    help="with --encoder-products: also the Triton convolution in these tile shapes")
     p.add_argument("--profile", action="store_true",
-                   help="per shape: GPU time by kernel of the eager decoder (and the fused one with --fused)")
+                   help="per shape: GPU time by kernel of the eager decoder (and the fused one with --fused); "
+                        "with --encoder-products: of the text encoder and duration predictor at 16 sentences")
     args = p.parse_args()
     if args.plot:
         print(f"wrote {plot(args.plot)}")
@@ -390,7 +401,7 @@ def main() -> int:
         from tts_engine.torch_vits.int8 import CALIBRATION_SENTENCES
 
         calibration = [s["ids"] for s in json.loads(CALIBRATION_SENTENCES.read_text())["sentences"]]
-        rows += encoder_products_rows(model, sentences + calibration, args.conv_tiles)
+        rows += encoder_products_rows(model, sentences + calibration, args.conv_tiles, profile_batch=16 if args.profile else 0)
     torch._dynamo.config.cache_size_limit = 64
     from tts_engine.torch_vits import fused_flow, fused_upsample
 
