@@ -135,6 +135,15 @@ def test_gpu_tts_start_up_settings_are_checked():
         cfg = load_config(None, [f"tts.{kernel}=true", f"tts.{option}={good}"], environ={})
         assert getattr(cfg.tts, option) == good
         assert getattr(load_config(None, [], environ={}).tts, option) == default
+    # The fused attention takes the feed-forward's products' precision: tensor-core ones only
+    for products in ("cublas", "ieee"):
+        with pytest.raises(ConfigError, match=r"tts\.fused_attention computes in tts\.text_encoder_products' precision"):
+            load_config(None, ["tts.fused_attention=true", "tts.fused_text_encoder=true",
+                               f"tts.text_encoder_products={products}"], environ={})  # fmt: skip
+    for products in ("tf32x3", "fp16x3", "tf32"):
+        cfg = load_config(None, ["tts.fused_attention=true", "tts.fused_text_encoder=true",
+                                 f"tts.text_encoder_products={products}"], environ={})  # fmt: skip
+        assert (cfg.tts.fused_attention, cfg.tts.text_encoder_products) == (True, products)
     for bad in ("", "64,32", "0,32", "32,32", "1024,8192"):
         with pytest.raises(ConfigError, match=r"tts\.phoneme_buckets"):
             load_config(None, [f"tts.phoneme_buckets={bad}"], environ={})

@@ -447,7 +447,8 @@ def test_gpu_fused_text_encoder_keeps_the_encoder_bit_for_bit(model, voice_path)
 def test_gpu_text_encoder_products_stay_close_and_speak_as_whole(model, voice_path, products, monkeypatch):
     """``tts.text_encoder_products``: the voice's text encoder with its feed-forward as Triton convolutions
     (padding skipped; ``tl.dot`` in fp32, three TF32 or three fp16 products) gives the states of cuBLAS's products
-    within 1e-5 of their peak for 40 sentences padded to the 256-id bucket, and the engine (fp32, every
+    within 1e-5 of their peak (fp16x3: 1e-4; H100, 2026-12-05: its prior means 6.3e-5 of the peak off,
+    its encoder states 6.0e-6) for 40 sentences padded to the 256-id bucket, and the engine (fp32, every
     encoder kernel of ``configs/gpu.toml``) speaks each of 6 sentences as the whole-utterance run does
     (same length, within 3 int16 steps); every batch through the Triton convolution (``MIN_ROWS`` 1)."""
     from tts_engine.torch_vits import fused_ffn
@@ -461,7 +462,8 @@ def test_gpu_text_encoder_products_stay_close_and_speak_as_whole(model, voice_pa
         want, got = plain.encode(padded, lengths), fused.encode(padded, lengths)
     assert torch.equal(want[3], got[3])
     peak = float(want[0].abs().max())
-    assert all(float((a - b).abs().max()) < 1e-5 * peak for a, b in zip(want[:3], got[:3]))
+    diffs = [float((a - b).abs().max()) for a, b in zip(want[:3], got[:3])]
+    assert max(diffs) < (1e-4 if products == "fp16x3" else 1e-5) * peak, f"states off by {diffs} of a peak of {peak}"
 
     assert_speaks_as_whole(model, voice_path, encoder_convs="gemm", fused_duration_predictor=True,
                            fused_text_encoder=True, text_encoder_products=products, fused_prior=True)
@@ -474,7 +476,8 @@ def test_gpu_fused_attention_stays_close_and_speaks_as_whole(model, voice_path):
     encoder kernel of ``configs/gpu.toml``) speaks each of 6 sentences as the whole-utterance run does."""
     from tts_engine.torch_vits import fused_attention
 
-    if not runs_here(voice_path, "test_gpu_fused_attention_stays_close_and_speaks_as_whole", fused_attention=True):
+    if not runs_here(voice_path, "test_gpu_fused_attention_stays_close_and_speaks_as_whole", fused_attention=True,
+                     fused_text_encoder=True, text_encoder_products="tf32x3"):  # fmt: skip
         return
     plain, fused, padded, lengths = gemm_encoder_pair(model, fused_attention.use_fused_attention)
     n = len(lengths)

@@ -1273,8 +1273,9 @@ def test_engine_from_config_captures_the_configured_batch_buckets(cfg):
         CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, fused_text_encoder=True)))
     with pytest.raises(ValueError, match="fused_prior needs CUDA"):
         CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, fused_prior=True)))
-    with pytest.raises(ValueError, match="fused_attention needs CUDA"):
-        CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, fused_attention=True)))
+    with pytest.raises(ValueError, match="fused_text_encoder and fused_attention need CUDA"):
+        CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, fused_attention=True, fused_text_encoder=True,
+                                                           text_encoder_products="tf32x3")))  # fmt: skip
     engine = CudaTtsEngine.from_config(replace(cfg, tts=tts))
     try:
         assert engine.runner.synth_model.dec.polyphase is not None
@@ -1294,6 +1295,8 @@ def test_engine_from_config_captures_the_configured_batch_buckets(cfg):
             StepRunner(engine.runner.model, replace(engine.runner.options, text_encoder_products="tf32x3"), "cpu")
         with pytest.raises(ValueError, match=r"fused_block_products must be one of .* and needs fused_blocks"):
             StepRunner(engine.runner.model, replace(engine.runner.options, fused_block_products="e4m3"), "cpu")
+        with pytest.raises(ValueError, match="fused_attention needs tensor-core text_encoder_products .* got 'cublas'"):
+            StepRunner(engine.runner.model, replace(engine.runner.options, fused_attention=True), "cpu")
     finally:
         engine.close()
     with pytest.raises(ValueError, match="fused_text_encoder needs CUDA"):

@@ -37,6 +37,9 @@ ENCODER_CONVS = ("cudnn", "gemm")
 #: ``tts.text_encoder_products`` values: the fused feed-forward's products through cuBLAS (bit for bit
 #: ``encoder_convs = "gemm"``) or as Triton convolutions skipping padding, in ``tl.dot``'s precisions.
 TEXT_ENCODER_PRODUCTS = ("cublas", "ieee", "tf32x3", "tf32", "fp16x3")
+#: The ``tts.text_encoder_products`` that ``tts.fused_attention`` takes its precision from: tensor-core
+#: products only (fp32 ``tl.dot`` on the CUDA cores made its kernel ~10x the encoder it replaces).
+ATTENTION_PRODUCTS = ("tf32x3", "fp16x3", "tf32")
 #: ``tts.fused_block_products`` values: the fused residual blocks' products in the model's dtype or in FP8 e4m3
 #: (``tts_engine.torch_vits.fused_resblock.PRODUCTS``; not imported here: config loads no torch).
 FUSED_BLOCK_PRODUCTS = ("model", "e4m3")
@@ -465,7 +468,8 @@ class TtsConfig:
     #: each residual sum and LayerNorm one kernel (~140 fewer kernels per encoder launch). Not
     #: PyTorch's order of the softmax's sums: a phoneme's frames can move where its length is within
     #: rounding of a whole frame (python -m bench.tts_gpu_experiments --encoder-products counts them);
-    #: needs gpu.allocator = "native" with CUDA graphs.
+    #: its products in tts.text_encoder_products' precision, which must be "tf32x3", "fp16x3" or "tf32"
+    #: (tensor cores); needs gpu.allocator = "native" with CUDA graphs.
     fused_attention: bool = False
     #: GPU (cuda backend): the rate the engine delivers, Hz; 0 = the voice's own (22 050 Hz for Piper's
     #: medium voices). Each chunk is resampled inside its decoder step on the GPU (a 128-tap
@@ -528,6 +532,11 @@ class TtsConfig:
                 raise ConfigError(f"tts.{name} must be one of {', '.join(values)}, got {value!r}")
             if value != values[0] and not getattr(self, kernel):
                 raise ConfigError(f"tts.{name} = {value!r} is {whose}: it needs tts.{kernel} = true")
+        if self.fused_attention and self.text_encoder_products not in ATTENTION_PRODUCTS:
+            raise ConfigError("tts.fused_attention computes in tts.text_encoder_products' precision, which must be "
+                              f"one of {', '.join(ATTENTION_PRODUCTS)} (tensor-core products; with tts.fused_text_encoder "
+                              f"= true), got {self.text_encoder_products!r}: in fp32 on the CUDA cores its kernel made the "
+                              "text encoder ~10x slower (H100: 30 instead of 2.6 ms at 16 sentences)")  # fmt: skip
         if not self.cudnn_benchmark_stages or not set(self.cudnn_benchmark_stages) <= {"encode", "decode"}:
             raise ConfigError("tts.cudnn_benchmark_stages must name one or both of 'encode', 'decode' (no timing: "
                               f"tts.cudnn_benchmark = false), got {list(self.cudnn_benchmark_stages)}")  # fmt: skip

@@ -46,6 +46,10 @@ from tts_engine.torch_vits.text_encoder import ChannelLayerNorm, Encoder, Relati
 #: Queries and keys per program and per step of its key loop.
 BLOCK_M = 64
 BLOCK_N = 64
+#: Software pipelining of the key loop: a sentence has at most a few key blocks, and Triton's default
+#: (3 stages of 64 keys x 128 channels of keys and values in fp32) needs 256 KiB of shared memory,
+#: more than a Hopper SM has (227 KiB).
+NUM_STAGES = 1
 #: ``tl.dot``'s precision per ``tts.text_encoder_products`` (the feed-forward's products; fp16x3's
 #: split needs scaled operands, the attention takes tf32x3's precision instead).
 PRECISIONS = {"cublas": "ieee", "ieee": "ieee", "tf32x3": "tf32x3", "tf32": "tf32", "fp16x3": "tf32x3"}
@@ -170,7 +174,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: torch.T
     _attention[grid](q, k, v, bias, masked.view(torch.uint8), emb_rel_k.contiguous(), emb_rel_v.contiguous(), out,
                      t, *q.stride(), *out.stride(), masked.stride(0), masked.stride(3), C=c, D=d, W=window,
                      SCALE=math.sqrt(d), PREC=precision, HAS_BIAS=qkv_bias is not None, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                     BLOCK_D=max(16, triton.next_power_of_2(d)), num_warps=4)  # fmt: skip
+                     BLOCK_D=max(16, triton.next_power_of_2(d)), num_warps=4, num_stages=NUM_STAGES)  # fmt: skip
     return out
 
 

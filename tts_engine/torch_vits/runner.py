@@ -392,6 +392,9 @@ class StepRunner:
             raise ValueError(f"encoder_convs must be one of {ENCODER_CONVS}, got {options.encoder_convs!r}")
         if options.text_encoder_products != "cublas" and not options.fused_text_encoder:
             raise ValueError(f"text_encoder_products {options.text_encoder_products!r} needs fused_text_encoder")
+        if options.fused_attention and options.text_encoder_products in ("cublas", "ieee"):
+            raise ValueError("fused_attention needs tensor-core text_encoder_products (tf32x3, fp16x3 or tf32), got "
+                             f"{options.text_encoder_products!r}: fp32 products on the CUDA cores make its kernel slow")  # fmt: skip
         if (options.encoder_convs == "gemm" or options.fused_duration_predictor or options.fused_text_encoder
                 or options.fused_attention):
             self.model = copy.deepcopy(self.model)  # the caller's model (and synth_model) stay as loaded
@@ -405,10 +408,9 @@ class StepRunner:
 
             modules = {"fused_duration_predictor": fused_duration, "fused_text_encoder": fused_ffn, "fused_prior": fused_prior,
                        "fused_attention": fused_attention}
-            for name in encoder_kernels:
-                if not cuda or not modules[name].available() or options.compile_encoder:
-                    raise ValueError(f"{name} needs CUDA and triton, and not compile_encoder; got "
-                                     f"{self.device}, compile_encoder={options.compile_encoder}")  # fmt: skip
+            if not cuda or not all(modules[n].available() for n in encoder_kernels) or options.compile_encoder:
+                raise ValueError(f"{' and '.join(encoder_kernels)} need{'s' if len(encoder_kernels) == 1 else ''} CUDA and "
+                                 f"triton, and not compile_encoder; got {self.device}, compile_encoder={options.compile_encoder}")  # fmt: skip
             if options.fused_duration_predictor:
                 fused_duration.use_fused_duration_predictor(self.model.dp)
             if options.fused_text_encoder:
