@@ -465,7 +465,7 @@ class TtsConfig:
     #: GPU: the text encoder's relative-position self-attention (everything between its 1x1
     #: convolutions: scores, relative terms, mask, softmax, values) as one Triton kernel per layer that
     #: skips keys and queries past each sentence's end, its query/key/value convolutions one product,
-    #: each residual sum and LayerNorm one kernel (~140 fewer kernels per encoder launch). Not
+    #: each residual sum and LayerNorm one kernel (107 fewer kernels per encoder launch on an H100). Not
     #: PyTorch's order of the softmax's sums: a phoneme's frames can move where its length is within
     #: rounding of a whole frame (python -m bench.tts_gpu_experiments --encoder-products counts them);
     #: its products in tts.text_encoder_products' precision, which must be "tf32x3", "fp16x3" or "tf32"
