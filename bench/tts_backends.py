@@ -53,6 +53,7 @@ def cuda_variant(args: argparse.Namespace, timing_tag: bool) -> str:
             + (f"-{args.text_encoder_products}" if getattr(args, "text_encoder_products", "cublas") != "cublas" else "")
             + ("-fusedprior" if getattr(args, "fused_prior", False) else "")
             + ("-fusedattn" if getattr(args, "fused_attention", False) else "")
+            + ("-fusedproj" if getattr(args, "fused_projections", False) else "")
             + (f"-out{args.output_rate}" if getattr(args, "output_rate", 0) else ""))
 
 
@@ -95,6 +96,7 @@ class CudaBackend:
             text_encoder_products=getattr(args, "text_encoder_products", "cublas"),
             fused_prior=getattr(args, "fused_prior", False),
             fused_attention=getattr(args, "fused_attention", False),
+            fused_attention_projections=getattr(args, "fused_projections", False),
             output_rate=getattr(args, "output_rate", 0),
             **({"phoneme_buckets": tuple(args.phoneme_buckets)} if getattr(args, "phoneme_buckets", None) else {}),
         )  # fmt: skip
@@ -124,6 +126,7 @@ class CudaBackend:
             "phoneme_buckets": list(opts.phoneme_buckets), "fused_duration_predictor": opts.fused_duration_predictor,
             "fused_text_encoder": opts.fused_text_encoder, "text_encoder_products": opts.text_encoder_products,
             "fused_prior": opts.fused_prior, "fused_attention": opts.fused_attention,
+            "fused_attention_projections": opts.fused_attention_projections,
             "decode_batches": len(opts.decode_batches), "encode_batches": len(opts.encode_batches), "output_rate": opts.output_rate,
             "precision": args.precision, "max_batch": args.max_batch, "max_frames": opts.max_frames,
         }  # fmt: skip

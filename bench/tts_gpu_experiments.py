@@ -17,7 +17,8 @@ fp32 of the fp16 flow (PyTorch's and fused) and of the audio after it; ``--tiles
 activation, mask, bias, residual) per channel count, cuDNN + PyTorch's pointwise ops against the
 fused kernel in each tile shape; ``--resample`` times the decoder step's resampling to 24 kHz both
 ways (``resample.FUSED_MAX_SAMPLES``); ``--encoder-products`` compares the text encoder's feed-forward
-products (``tts.text_encoder_products``) and its fused attention (``tts.fused_attention``): graph ms
+products (``tts.text_encoder_products``) and its fused attention (``tts.fused_attention``, with its
+projections: ``tts.fused_attention_projections``): graph ms
 per batch, and the durations against cuBLAS's
 (phonemes whose frames move over the bench and calibration sentences x noise draws). Writes ``<out>/tts_gpu_experiments-<hardware>-<date>.json``. Example::
 
@@ -211,8 +212,10 @@ def encoder_products_rows(model, sentences: list[list[int]], tiles: list[str] = 
     length moves. The duration predictor is the same (``gemm``) in every row. ``tiles``: more rows for
     "tf32x3", "tf32" and "fp16x3" with the Triton convolution in those tile shapes ("COxTxKxWxS": output
     channels, time steps, input channels per product, warps, stages; ``fused_ffn.CONV_TILES``). Then
-    "cublas" and "tf32x3" again with the relative-position attention as one kernel per layer
-    (``tts.fused_attention``; ``"attention": true`` in their rows). ``profile_batch``: also the GPU time
+    "tf32x3" again with the relative-position attention as one kernel per layer (``tts.fused_attention``;
+    ``"attention": true`` in its row), and "tf32x3" and "fp16x3" with its q/k/v and output products in
+    that precision too (``tts.fused_attention_projections``, ``"projections": true``; at every batch,
+    where the engine keeps cuBLAS's under ``fused_ffn.MIN_ROWS``). ``profile_batch``: also the GPU time
     by kernel of the text encoder and the duration predictor (eager) at that many sentences."""
     from tts_engine.torch_vits import fused_attention, fused_ffn
     from tts_engine.torch_vits.gemm_conv import use_gemm_convs
@@ -228,20 +231,21 @@ def encoder_products_rows(model, sentences: list[list[int]], tiles: list[str] = 
     length_scale = torch.ones(n, device="cuda")
     rows, ref = [], None
     default_tiles, default_rows = fused_ffn.CONV_TILES, fused_ffn.MIN_ROWS
-    variants = [(p, None, False) for p in fused_ffn.PRODUCTS]
-    variants += [(p, spec, False) for spec in tiles for p in ("tf32x3", "tf32", "fp16x3")]
-    variants += [("cublas", None, True), ("tf32x3", None, True)]
-    for products, spec, attention in variants:
+    variants = [(p, None, False, False) for p in fused_ffn.PRODUCTS]
+    variants += [(p, spec, False, False) for spec in tiles for p in ("tf32x3", "tf32", "fp16x3")]
+    variants += [("tf32x3", None, True, False), ("tf32x3", None, True, True), ("fp16x3", None, True, True)]
+    for products, spec, attention, projections in variants:
         m = copy.deepcopy(base)
         fused_ffn.use_fused_ffn(m.enc_p, products)
         if attention:
-            fused_attention.use_fused_attention(m.enc_p, products)
+            fused_attention.use_fused_attention(m.enc_p, products, projections)
         fused_ffn.CONV_TILES = {**default_tiles, products: tuple(int(v) for v in spec.split("x"))} if spec else default_tiles
         fused_ffn.MIN_ROWS = 1  # every batch through the Triton convolution
         with torch.inference_mode():
             x, _, _, mask = m.encode(padded, lengths)
             w = [m.durations(x, mask, nw, length_scale, noise=nz)[0] for nw, nz in zip(noise_w, [*noises, noises[0]])]
-            row = {"what": "encoder_products", "products": products, "attention": attention, "sentences": n, "draws": draws,
+            row = {"what": "encoder_products", "products": products, "attention": attention, "projections": projections,
+                   "sentences": n, "draws": draws,
                    "phonemes": int(mask.sum()) * len(w), "ids_of_bucket_pct": round(100 * float(lengths.float().mean()) / 256, 1)}  # fmt: skip
             if products != "cublas":
                 row["tiles"] = "x".join(map(str, fused_ffn.CONV_TILES[products]))
@@ -328,7 +332,8 @@ def plot(path: Path) -> Path:
         for j, b in enumerate(batches):
             ax.bar([i + (j - 1) * 0.27 for i in range(len(enc))], [r[f"graph_ms_{b}"] for r in enc], width=0.27,
                    label=f"{b} sentences x 256 ids")  # fmt: skip
-        names = [r["products"] + (" + attention" if r.get("attention") else "") for r in enc]
+        names = [r["products"] + (" + attention" if r.get("attention") else "") + (" + projections" if r.get("projections") else "")
+                 for r in enc]  # fmt: skip
         labels = [f"{name} {r.get('tiles', '')}\n{r['phonemes_moved']} moved" if "phonemes_moved" in r else name
                   for name, r in zip(names, enc)]  # fmt: skip
         ax.set_xticks(range(len(enc)), labels, rotation=60, ha="right", fontsize=7)

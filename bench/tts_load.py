@@ -324,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
                         "Triton convolutions skipping the padding, in that precision")  # fmt: skip
     p.add_argument("--fused-attention", action="store_true",
                    help="tts.fused_attention: the text encoder's relative-position attention as one Triton kernel per layer")
+    p.add_argument("--fused-projections", action="store_true",
+                   help="tts.fused_attention_projections: with --fused-attention, its q/k/v and output products as "
+                        "Triton kernels in --text-encoder-products' precision")  # fmt: skip
     p.add_argument("--fused-prior", action="store_true",
                    help="tts.fused_prior: the prior's expansion to frames as one Triton kernel writing the slot latents")
     p.add_argument("--output-rate", type=int, default=0,

@@ -50,6 +50,7 @@ class WsBackend:
                 f"--set=tts.text_encoder_products={args.text_encoder_products}",
                 f"--set=tts.fused_prior={'true' if args.fused_prior else 'false'}",
                 f"--set=tts.fused_attention={'true' if getattr(args, 'fused_attention', False) else 'false'}",
+                f"--set=tts.fused_attention_projections={'true' if getattr(args, 'fused_projections', False) else 'false'}",
                 f"--set=tts.output_rate={args.output_rate}",
                 *([f"--set=tts.phoneme_buckets={','.join(map(str, args.phoneme_buckets))}"] if args.phoneme_buckets else []),
                 *args.server_arg,

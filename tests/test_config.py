@@ -144,6 +144,11 @@ def test_gpu_tts_start_up_settings_are_checked():
         cfg = load_config(None, ["tts.fused_attention=true", "tts.fused_text_encoder=true",
                                  f"tts.text_encoder_products={products}"], environ={})  # fmt: skip
         assert (cfg.tts.fused_attention, cfg.tts.text_encoder_products) == (True, products)
+    with pytest.raises(ConfigError, match=r"tts\.fused_attention_projections .* needs tts\.fused_attention = true"):
+        load_config(None, ["tts.fused_attention_projections=true"], environ={})
+    cfg = load_config(None, ["tts.fused_attention=true", "tts.fused_text_encoder=true", "tts.text_encoder_products=tf32x3",
+                             "tts.fused_attention_projections=true"], environ={})  # fmt: skip
+    assert cfg.tts.fused_attention_projections and not load_config(None, [], environ={}).tts.fused_attention_projections
     for bad in ("", "64,32", "0,32", "32,32", "1024,8192"):
         with pytest.raises(ConfigError, match=r"tts\.phoneme_buckets"):
             load_config(None, [f"tts.phoneme_buckets={bad}"], environ={})

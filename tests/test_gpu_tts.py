@@ -496,6 +496,44 @@ def test_gpu_fused_attention_stays_close_and_speaks_as_whole(model, voice_path):
                            fused_attention=True)  # fmt: skip
 
 
+@pytest.mark.parametrize("products", ["tf32x3", "fp16x3"])
+def test_gpu_fused_attention_projections_stay_close_and_speak_as_whole(model, voice_path, products, monkeypatch):
+    """``tts.fused_attention_projections``: the voice's text encoder with the fused attention and its q/k/v
+    and output products as Triton kernels in ``products`` (with the feed-forward's, every batch through
+    them: ``MIN_ROWS`` 1) gives PyTorch's states within 1e-5 of their peak (fp16x3: 1e-4, as its
+    feed-forward alone) for 40 sentences padded to the 256-id bucket, moves no phoneme's frame count
+    without noise, and the engine (fp32, every encoder kernel of ``configs/gpu.toml``) speaks each of 6
+    sentences as the whole-utterance run does."""
+    from tts_engine.torch_vits import fused_attention, fused_ffn
+
+    name = f"test_gpu_fused_attention_projections_stay_close_and_speak_as_whole[{products}]"
+    options = dict(fused_attention=True, fused_attention_projections=True, fused_text_encoder=True,
+                   text_encoder_products=products)  # fmt: skip
+    if not runs_here(voice_path, name, **options):
+        return
+    monkeypatch.setattr(fused_ffn, "MIN_ROWS", 1)
+
+    def fuse(enc):
+        fused_ffn.use_fused_ffn(enc, products)
+        return fused_attention.use_fused_attention(enc, products, projections=True)
+
+    plain, fused, padded, lengths = gemm_encoder_pair(model, fuse)
+    n = len(lengths)
+    quiet = dict(noise_w=torch.zeros(n, device="cuda"), length_scale=torch.ones(n, device="cuda"),
+                 noise=torch.zeros(n, 2, 256, device="cuda"))  # fmt: skip
+    with torch.inference_mode():
+        want, got = plain.encode(padded, lengths), fused.encode(padded, lengths)
+        moved = (plain.durations(want[0], want[3], **quiet)[0] != fused.durations(got[0], got[3], **quiet)[0]).sum()
+    assert torch.equal(want[3], got[3])
+    peak = float(want[0].abs().max())
+    diffs = [float((a - b).abs().max()) for a, b in zip(want[:3], got[:3])]
+    assert max(diffs) < (1e-4 if products == "fp16x3" else 1e-5) * peak, f"states off by {diffs} of a peak of {peak}"
+    assert int(moved) == 0
+
+    assert_speaks_as_whole(model, voice_path, encoder_convs="gemm", fused_duration_predictor=True, fused_prior=True,
+                           **options)  # fmt: skip
+
+
 def test_gpu_e4m3_block_products_keep_the_audio_intelligible(model, voice_path):
     """``tts.fused_block_products = "e4m3"`` (configs/gpu.toml's decoder otherwise, fp16): the residual
     blocks' products in FP8 keep every sentence's length and its waveform within bf16's SNR floor of

@@ -1297,6 +1297,8 @@ def test_engine_from_config_captures_the_configured_batch_buckets(cfg):
             StepRunner(engine.runner.model, replace(engine.runner.options, fused_block_products="e4m3"), "cpu")
         with pytest.raises(ValueError, match="fused_attention needs tensor-core text_encoder_products .* got 'cublas'"):
             StepRunner(engine.runner.model, replace(engine.runner.options, fused_attention=True), "cpu")
+        with pytest.raises(ValueError, match="fused_attention_projections needs fused_attention"):
+            StepRunner(engine.runner.model, replace(engine.runner.options, fused_attention_projections=True), "cpu")
     finally:
         engine.close()
     with pytest.raises(ValueError, match="fused_text_encoder needs CUDA"):

@@ -471,6 +471,12 @@ class TtsConfig:
     #: its products in tts.text_encoder_products' precision, which must be "tf32x3", "fp16x3" or "tf32"
     #: (tensor cores); needs gpu.allocator = "native" with CUDA graphs.
     fused_attention: bool = False
+    #: GPU, with tts.fused_attention: its query/key/value and output products as the feed-forward's
+    #: Triton kernels in tts.text_encoder_products' precision (tensor cores instead of fp32 on the CUDA
+    #: cores), skipping each sentence's padding, for encoder batches of 16 sentences or more. Not bit
+    #: for bit cuBLAS's sums: python -m bench.tts_gpu_experiments --encoder-products counts the
+    #: phonemes whose frames move.
+    fused_attention_projections: bool = False
     #: GPU (cuda backend): the rate the engine delivers, Hz; 0 = the voice's own (22 050 Hz for Piper's
     #: medium voices). Each chunk is resampled inside its decoder step on the GPU (a 128-tap
     #: Kaiser-windowed sinc, ~80 dB stopband; the chunks join into the whole sentence resampled at
@@ -537,6 +543,9 @@ class TtsConfig:
                               f"one of {', '.join(ATTENTION_PRODUCTS)} (tensor-core products; with tts.fused_text_encoder "
                               f"= true), got {self.text_encoder_products!r}: in fp32 on the CUDA cores its kernel made the "
                               "text encoder ~10x slower (H100: 30 instead of 2.6 ms at 16 sentences)")  # fmt: skip
+        if self.fused_attention_projections and not self.fused_attention:
+            raise ConfigError("tts.fused_attention_projections are the fused attention's products: it needs "
+                              "tts.fused_attention = true")  # fmt: skip
         if not self.cudnn_benchmark_stages or not set(self.cudnn_benchmark_stages) <= {"encode", "decode"}:
             raise ConfigError("tts.cudnn_benchmark_stages must name one or both of 'encode', 'decode' (no timing: "
                               f"tts.cudnn_benchmark = false), got {list(self.cudnn_benchmark_stages)}")  # fmt: skip

@@ -175,6 +175,7 @@ class CudaTtsEngine:
             text_encoder_products=tts.text_encoder_products,
             fused_prior=tts.fused_prior,
             fused_attention=tts.fused_attention,
+            fused_attention_projections=tts.fused_attention_projections,
             phoneme_buckets=tts.phoneme_buckets,
             state_budget_mb=cfg.gpu.tts_state_budget_mb,
             encode_budget_mb=cfg.gpu.tts_encode_budget_mb,

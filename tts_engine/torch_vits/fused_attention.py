@@ -19,6 +19,12 @@ padding rows and the phoneme bucket's padding cost nothing. The positions past a
 0 where PyTorch gives them an average over all keys; nothing reads them (the feed-forward masks its
 input, the encoder's output is masked).
 
+With ``projections`` (``tts.fused_attention_projections``) the query/key/value and output products
+run as the feed-forward's Triton convolutions (``fused_ffn.conv``, kernel 1) in the text encoder's
+tensor-core ``products``, skipping the time blocks past each sentence's end, for batches of
+``fused_ffn.MIN_ROWS`` sentences or more (fewer keep cuBLAS's fp32 products, as the feed-forward does);
+otherwise they are cuBLAS's fp32 products on the CUDA cores.
+
 Not PyTorch's sums in PyTorch's order (the softmax's maximum and sum run block by block): the states
 differ within fp32 rounding, and a phoneme's duration (ceil'd) can move where its length lies within
 rounding of a whole frame; ``bench.tts_gpu_experiments --encoder-products`` counts the phonemes that
@@ -39,6 +45,7 @@ import math
 import torch
 from torch import nn
 
+from tts_engine.torch_vits import fused_ffn
 from tts_engine.torch_vits.fused_resblock import available, triton
 from tts_engine.torch_vits.fused_ffn import tap_major
 from tts_engine.torch_vits.text_encoder import ChannelLayerNorm, Encoder, RelativeSelfAttention
@@ -183,11 +190,17 @@ class FusedRelativeSelfAttention(nn.Module):
     matrix product of their stacked weights (their biases added inside ``attention``), everything
     between them and ``conv_o`` in ``attention``, its products in ``PRECISIONS[products]``."""
 
-    def __init__(self, attn: RelativeSelfAttention, products: str = "cublas") -> None:
+    def __init__(self, attn: RelativeSelfAttention, products: str = "cublas", projections: bool = False) -> None:
         super().__init__()
         if products not in PRECISIONS:
             raise ValueError(f"products must be one of {sorted(PRECISIONS)}, got {products!r}")
+        if projections and products in ("cublas", "ieee"):
+            raise ValueError(f"projections as Triton products need tensor-core products (tf32x3, fp16x3 or tf32), "
+                             f"got {products!r}")  # fmt: skip
         self.precision = PRECISIONS[products]
+        #: The q/k/v and output products as ``fused_ffn.conv`` in ``products`` (batches of ``fused_ffn.MIN_ROWS``
+        #: sentences or more; smaller ones keep cuBLAS's fp32 products, faster there)
+        self.projections, self.products = projections, products
         self.n_heads, self.window_size = attn.n_heads, attn.window_size
         w_o, b_o = _pointwise(attn.conv_o)
         self.register_buffer("w_o", w_o.contiguous())
@@ -197,17 +210,29 @@ class FusedRelativeSelfAttention(nn.Module):
         self.register_buffer("b_qkv", torch.cat(biases).contiguous())  # [3C]
         self.register_buffer("emb_k", attn.emb_rel_k.detach()[0].float().contiguous())
         self.register_buffer("emb_v", attn.emb_rel_v.detach()[0].float().contiguous())
+        #: "fp16x3": the weights' power-of-two scales (host numbers: no read-back inside a graph capture)
+        self.scales = (fused_ffn.fp16_weight_scale(self.w_qkv), fused_ffn.fp16_weight_scale(self.w_o)) \
+            if projections and products == "fp16x3" else (1.0, 1.0)  # fmt: skip
 
-    def unbiased(self, x: torch.Tensor, masked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layer's output before its output convolution's bias, and that bias [C] (``add_norm`` adds it)."""
+    def unbiased(self, x: torch.Tensor, masked: torch.Tensor,
+                 mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+        """The layer's output before its output convolution's bias, and that bias [C] (``add_norm`` adds
+        it). With ``projections`` and ``mask`` ([B, 1, T] float) at ``fused_ffn.MIN_ROWS`` sentences or
+        more: the products as ``fused_ffn.conv`` kernels (their time blocks past each sentence's end
+        skipped, q/k/v and the output 0 there, nothing reads them), the output with its bias (None)."""
+        if self.projections and mask is not None and x.shape[0] >= fused_ffn.MIN_ROWS:
+            qkv = fused_ffn.conv(x, mask, self.w_qkv, self.b_qkv, 1, 0, False, self.products, self.scales[0])
+            q, k, v = qkv.chunk(3, dim=1)
+            out = attention(q, k, v, masked, self.emb_k, self.emb_v, self.n_heads, self.window_size, self.precision)
+            return fused_ffn.conv(out, mask, self.w_o, self.b_o, 1, 0, False, self.products, self.scales[1]), None
         q, k, v = torch.matmul(self.w_qkv, x).chunk(3, dim=1)  # [B, 3C, T] in three views of one layout
         out = attention(q, k, v, masked, self.emb_k, self.emb_v, self.n_heads, self.window_size, self.precision,
                         self.b_qkv)  # fmt: skip
         return torch.matmul(self.w_o, out), self.b_o
 
-    def forward(self, x: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
-        y, bias = self.unbiased(x, masked)
-        return y + bias[:, None]
+    def forward(self, x: torch.Tensor, masked: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        y, bias = self.unbiased(x, masked, mask)
+        return y if bias is None else y + bias[:, None]
 
 
 def _pointwise(conv: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
@@ -243,9 +268,9 @@ class FusedEncoder(nn.Module):
     first LayerNorm in one kernel (``add_norm``); the feed-forward (whichever it is), then the
     residual and the second LayerNorm in one kernel."""
 
-    def __init__(self, encoder: Encoder, products: str = "cublas") -> None:
+    def __init__(self, encoder: Encoder, products: str = "cublas", projections: bool = False) -> None:
         super().__init__()
-        self.attn_layers = nn.ModuleList(FusedRelativeSelfAttention(a, products) for a in encoder.attn_layers)
+        self.attn_layers = nn.ModuleList(FusedRelativeSelfAttention(a, products, projections) for a in encoder.attn_layers)
         self.norm_layers_1, self.ffn_layers, self.norm_layers_2 = (encoder.norm_layers_1, encoder.ffn_layers,
                                                                    encoder.norm_layers_2)  # fmt: skip
 
@@ -254,23 +279,24 @@ class FusedEncoder(nn.Module):
         x = x * mask
         layers = zip(self.attn_layers, self.norm_layers_1, self.ffn_layers, self.norm_layers_2)
         for attn, norm_1, ffn, norm_2 in layers:
-            y, bias = attn.unbiased(x, masked)
+            y, bias = attn.unbiased(x, masked, mask)
             x = add_norm(x, y, bias, norm_1)
             x = add_norm(x, ffn(x, mask), None, norm_2)
         return x * mask
 
 
-def use_fused_attention(module: nn.Module, products: str = "cublas") -> int:
+def use_fused_attention(module: nn.Module, products: str = "cublas", projections: bool = False) -> int:
     """Swap every text ``Encoder`` inside ``module`` for a ``FusedEncoder`` (its attention products after
-    the text encoder's ``products``); returns how many attention layers were fused."""
+    the text encoder's ``products``; with ``projections`` its q/k/v and output products too); returns
+    how many attention layers were fused."""
     swapped = 0
     for name, child in list(module.named_children()):
         if isinstance(child, Encoder):
-            fused = FusedEncoder(child, products)
+            fused = FusedEncoder(child, products, projections)
             setattr(module, name, fused)
             swapped += len(fused.attn_layers)
         else:
-            swapped += use_fused_attention(child, products)
+            swapped += use_fused_attention(child, products, projections)
     return swapped
 
 

@@ -173,6 +173,9 @@ class RunnerOptions:
     #: kernel per layer (``fused_attention``), skipping what lies past each sentence's end; the states
     #: within fp32 rounding (another order of the softmax's sums).
     fused_attention: bool = False
+    #: With ``fused_attention`` and tensor-core ``text_encoder_products``: its q/k/v and output products
+    #: as ``fused_ffn.conv`` kernels in that precision (batches of ``fused_ffn.MIN_ROWS`` or more).
+    fused_attention_projections: bool = False
     #: The voice's rate and the rate the decoder steps deliver, Hz (0: the voice's): resampled on
     #: the device inside each step (``resample.ChunkResampler``), the chunks still joining into the
     #: whole utterance's audio resampled at once.
@@ -392,6 +395,8 @@ class StepRunner:
             raise ValueError(f"encoder_convs must be one of {ENCODER_CONVS}, got {options.encoder_convs!r}")
         if options.text_encoder_products != "cublas" and not options.fused_text_encoder:
             raise ValueError(f"text_encoder_products {options.text_encoder_products!r} needs fused_text_encoder")
+        if options.fused_attention_projections and not options.fused_attention:
+            raise ValueError("fused_attention_projections needs fused_attention")
         if options.fused_attention and options.text_encoder_products in ("cublas", "ieee"):
             raise ValueError("fused_attention needs tensor-core text_encoder_products (tf32x3, fp16x3 or tf32), got "
                              f"{options.text_encoder_products!r}: fp32 products on the CUDA cores make its kernel slow")  # fmt: skip
@@ -416,7 +421,8 @@ class StepRunner:
             if options.fused_text_encoder:
                 fused_ffn.use_fused_ffn(self.model.enc_p, options.text_encoder_products)
             if options.fused_attention:
-                fused_attention.use_fused_attention(self.model.enc_p, options.text_encoder_products)
+                fused_attention.use_fused_attention(self.model.enc_p, options.text_encoder_products,
+                                                    options.fused_attention_projections)  # fmt: skip
         if options.output_rate and not options.voice_rate:
             raise ValueError(f"output_rate {options.output_rate} needs the voice's rate (voice_rate)")
         rate = options.voice_rate or 1
