@@ -16,18 +16,23 @@ from triton_interpreter import interpret, needs_triton
 
 torch = pytest.importorskip("torch")
 
-RANDOM = r"""
-import copy, json
+#: A small random text encoder and a batch for it: sentences over several query and key blocks (150:
+#: three query blocks, the last partial), one inside the band (3), a padding row (0).
+RANDOM_ENCODER = r"""
+import copy, json, sys
 import torch
-from tts_engine.torch_vits import fused_attention
+from tts_engine.torch_vits import fused_attention, fused_ffn
 from tts_engine.torch_vits.text_encoder import TextEncoder
 
 torch.manual_seed(0)
 enc = TextEncoder(40, 24, 24, 40, n_heads=2, n_layers=2, kernel_size=3, window_size=4).eval()
 for p in enc.parameters():
     p.data.normal_(0, 0.5)
-lengths = torch.tensor([150, 97, 3, 64, 0])  # 150: three query blocks, the last partial; 3: inside the band
+lengths = torch.tensor([150, 97, 3, 64, 0])
 ids = torch.randint(1, 40, (5, 150))
+"""
+
+RANDOM = RANDOM_ENCODER + r"""
 fused = copy.deepcopy(enc)
 swapped = fused_attention.use_fused_attention(fused)
 with torch.inference_mode():
@@ -86,19 +91,8 @@ print(json.dumps({"swapped": swapped, "phonemes": int(want[3].sum()),
                   "moved": int((w_want != w_got).sum()), "eager_err": eager_err, "fused_err": fused_err}))
 """
 
-PROJECTIONS = r"""
-import copy, json, sys
-import torch
-from tts_engine.torch_vits import fused_attention, fused_ffn
-from tts_engine.torch_vits.text_encoder import TextEncoder
-
+PROJECTIONS = RANDOM_ENCODER + r"""
 products = sys.argv[1]
-torch.manual_seed(0)
-enc = TextEncoder(40, 24, 24, 40, n_heads=2, n_layers=2, kernel_size=3, window_size=4).eval()
-for p in enc.parameters():
-    p.data.normal_(0, 0.5)
-lengths = torch.tensor([150, 97, 3, 64, 0])
-ids = torch.randint(1, 40, (5, 150))
 attn_only, projected = copy.deepcopy(enc), copy.deepcopy(enc)
 for m, projections in ((attn_only, False), (projected, True)):
     fused_ffn.use_fused_ffn(m, products)  # the engine's order: the feed-forward first

@@ -131,6 +131,24 @@ def gemm_encoder_pair(model, fuse, device: str = "cuda"):
     return plain, fused, padded, lengths
 
 
+def assert_encoders_agree(plain, fused, padded, lengths, bound: float) -> int:
+    """The two encoders' outputs on ``padded``: the same mask, states, means and log-deviations within
+    ``bound`` of the states' peak (the message says how far off); returns the phonemes whose frame
+    count (no noise) differs."""
+    n = len(lengths)
+    dev = padded.device
+    quiet = dict(noise_w=torch.zeros(n, device=dev), length_scale=torch.ones(n, device=dev),
+                 noise=torch.zeros(n, 2, padded.shape[1], device=dev))  # fmt: skip
+    with torch.inference_mode():
+        want, got = plain.encode(padded, lengths), fused.encode(padded, lengths)
+        moved = (plain.durations(want[0], want[3], **quiet)[0] != fused.durations(got[0], got[3], **quiet)[0]).sum()
+    assert torch.equal(want[3], got[3])
+    peak = float(want[0].abs().max())
+    diffs = [float((a - b).abs().max()) for a, b in zip(want[:3], got[:3])]
+    assert max(diffs) < bound * peak, f"states off by {diffs} of a peak of {peak}"
+    return int(moved)
+
+
 def whole(model, ids: list[int]) -> np.ndarray:
     audio, _ = model.infer(torch.tensor([ids], device="cuda"), torch.tensor([len(ids)], device="cuda"), 0.0, 1.0, 0.0)
     return audio[0].float().cpu().numpy()
@@ -457,13 +475,8 @@ def test_gpu_text_encoder_products_stay_close_and_speak_as_whole(model, voice_pa
     if not runs_here(voice_path, name, fused_text_encoder=True, text_encoder_products=products):
         return
     monkeypatch.setattr(fused_ffn, "MIN_ROWS", 1)
-    plain, fused, padded, lengths = gemm_encoder_pair(model, lambda enc: fused_ffn.use_fused_ffn(enc, products))
-    with torch.inference_mode():
-        want, got = plain.encode(padded, lengths), fused.encode(padded, lengths)
-    assert torch.equal(want[3], got[3])
-    peak = float(want[0].abs().max())
-    diffs = [float((a - b).abs().max()) for a, b in zip(want[:3], got[:3])]
-    assert max(diffs) < (1e-4 if products == "fp16x3" else 1e-5) * peak, f"states off by {diffs} of a peak of {peak}"
+    pair = gemm_encoder_pair(model, lambda enc: fused_ffn.use_fused_ffn(enc, products))
+    assert_encoders_agree(*pair, 1e-4 if products == "fp16x3" else 1e-5)
 
     assert_speaks_as_whole(model, voice_path, encoder_convs="gemm", fused_duration_predictor=True,
                            fused_text_encoder=True, text_encoder_products=products, fused_prior=True)
@@ -479,17 +492,7 @@ def test_gpu_fused_attention_stays_close_and_speaks_as_whole(model, voice_path):
     if not runs_here(voice_path, "test_gpu_fused_attention_stays_close_and_speaks_as_whole", fused_attention=True,
                      fused_text_encoder=True, text_encoder_products="tf32x3"):  # fmt: skip
         return
-    plain, fused, padded, lengths = gemm_encoder_pair(model, fused_attention.use_fused_attention)
-    n = len(lengths)
-    quiet = dict(noise_w=torch.zeros(n, device="cuda"), length_scale=torch.ones(n, device="cuda"),
-                 noise=torch.zeros(n, 2, 256, device="cuda"))  # fmt: skip
-    with torch.inference_mode():
-        want, got = plain.encode(padded, lengths), fused.encode(padded, lengths)
-        moved = (plain.durations(want[0], want[3], **quiet)[0] != fused.durations(got[0], got[3], **quiet)[0]).sum()
-    assert torch.equal(want[3], got[3])
-    peak = float(want[0].abs().max())
-    assert all(float((a - b).abs().max()) < 1e-5 * peak for a, b in zip(want[:3], got[:3]))
-    assert int(moved) == 0
+    assert assert_encoders_agree(*gemm_encoder_pair(model, fused_attention.use_fused_attention), 1e-5) == 0
 
     assert_speaks_as_whole(model, voice_path, encoder_convs="gemm", fused_duration_predictor=True,
                            fused_text_encoder=True, text_encoder_products="tf32x3", fused_prior=True,
@@ -517,18 +520,7 @@ def test_gpu_fused_attention_projections_stay_close_and_speak_as_whole(model, vo
         fused_ffn.use_fused_ffn(enc, products)
         return fused_attention.use_fused_attention(enc, products, projections=True)
 
-    plain, fused, padded, lengths = gemm_encoder_pair(model, fuse)
-    n = len(lengths)
-    quiet = dict(noise_w=torch.zeros(n, device="cuda"), length_scale=torch.ones(n, device="cuda"),
-                 noise=torch.zeros(n, 2, 256, device="cuda"))  # fmt: skip
-    with torch.inference_mode():
-        want, got = plain.encode(padded, lengths), fused.encode(padded, lengths)
-        moved = (plain.durations(want[0], want[3], **quiet)[0] != fused.durations(got[0], got[3], **quiet)[0]).sum()
-    assert torch.equal(want[3], got[3])
-    peak = float(want[0].abs().max())
-    diffs = [float((a - b).abs().max()) for a, b in zip(want[:3], got[:3])]
-    assert max(diffs) < (1e-4 if products == "fp16x3" else 1e-5) * peak, f"states off by {diffs} of a peak of {peak}"
-    assert int(moved) == 0
+    assert assert_encoders_agree(*gemm_encoder_pair(model, fuse), 1e-4 if products == "fp16x3" else 1e-5) == 0
 
     assert_speaks_as_whole(model, voice_path, encoder_convs="gemm", fused_duration_predictor=True, fused_prior=True,
                            **options)  # fmt: skip
