@@ -12,7 +12,7 @@ where Triton is not installed (PyTorch's CPU builds do not bring it). On a GPU, 
 from __future__ import annotations
 
 import pytest
-from triton_interpreter import interpret, needs_triton
+from triton_interpreter import GEMM_VOICE_PAIR, interpret, needs_triton
 
 torch = pytest.importorskip("torch")
 
@@ -55,20 +55,9 @@ print(json.dumps({"available": fused_attention.available(), "swapped": swapped,
                   "past_end_zero": bool((b - layer.conv_o.bias.view(1, -1, 1))[~valid].abs().max() == 0)}))
 """
 
-VOICE = r"""
-import copy, json
-import torch
-from bench.harness import load_sentences
+VOICE = GEMM_VOICE_PAIR + r"""
 from tts_engine.torch_vits import fused_attention
-from tts_engine.torch_vits.gemm_conv import use_gemm_convs
-from tts_engine.torch_vits.model import pad_ids
-from tts_engine.torch_vits.weights import load_vits
-from voxloop import models
-from voxloop.config import load_config
 
-model = load_vits(models.resolve_voice(load_config(None, [], environ={})).path)
-use_gemm_convs(model.enc_p)
-fused = copy.deepcopy(model)
 swapped = fused_attention.use_fused_attention(fused.enc_p)
 padded, lengths = pad_ids([s["ids"] for s in load_sentences()[:6]], 256)  # the engine's bucket
 with torch.inference_mode():

@@ -12,7 +12,7 @@ bench sentences, whose frames per phoneme must not change. Skipped where Triton 
 from __future__ import annotations
 
 import pytest
-from triton_interpreter import interpret, needs_triton
+from triton_interpreter import VOICE_MODEL, interpret, needs_triton
 
 pytest.importorskip("torch")
 pytestmark = needs_triton
@@ -49,17 +49,9 @@ print(json.dumps({"available": fused_duration.available(), "swapped": swapped,
                   "outside": float((noise.abs() > 5.0).float().mean())}))
 """
 
-VOICE = r"""
-import copy, json
-import torch
-from bench.harness import load_sentences
+VOICE = VOICE_MODEL + r"""
 from tts_engine.torch_vits import fused_duration
-from tts_engine.torch_vits.model import pad_ids
-from tts_engine.torch_vits.weights import load_vits
-from voxloop import models
-from voxloop.config import load_config
 
-model = load_vits(models.resolve_voice(load_config(None, [], environ={})).path)
 ids = [s["ids"] for s in load_sentences()[:10]]
 padded, lengths = pad_ids(ids)
 noise = torch.randn(len(ids), 2, padded.shape[1], generator=torch.Generator().manual_seed(3))

@@ -13,7 +13,7 @@ GPU, inside the engine: ``tests/test_gpu_tts.py``.
 from __future__ import annotations
 
 import pytest
-from triton_interpreter import interpret, needs_triton
+from triton_interpreter import GEMM_VOICE_PAIR, interpret, needs_triton
 
 torch = pytest.importorskip("torch")
 
@@ -45,20 +45,9 @@ print(json.dumps({"available": fused_ffn.available(), "swapped": swapped,
                   "mask_matters": float((x_u - want[0])[valid].abs().max())}))
 """
 
-VOICE = r"""
-import copy, json
-import torch
-from bench.harness import load_sentences
+VOICE = GEMM_VOICE_PAIR + r"""
 from tts_engine.torch_vits import fused_ffn
-from tts_engine.torch_vits.gemm_conv import use_gemm_convs
-from tts_engine.torch_vits.model import pad_ids
-from tts_engine.torch_vits.weights import load_vits
-from voxloop import models
-from voxloop.config import load_config
 
-model = load_vits(models.resolve_voice(load_config(None, [], environ={})).path)
-use_gemm_convs(model.enc_p)
-fused = copy.deepcopy(model)
 swapped = fused_ffn.use_fused_ffn(fused.enc_p)
 padded, lengths = pad_ids([s["ids"] for s in load_sentences()[:8]], 256)  # the engine's bucket
 with torch.inference_mode():

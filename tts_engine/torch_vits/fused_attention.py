@@ -28,7 +28,10 @@ otherwise they are cuBLAS's fp32 products on the CUDA cores.
 Not PyTorch's sums in PyTorch's order (the softmax's maximum and sum run block by block): the states
 differ within fp32 rounding, and a phoneme's duration (ceil'd) can move where its length lies within
 rounding of a whole frame; ``bench.tts_gpu_experiments --encoder-products`` counts the phonemes that
-move over the bench sentences and noise draws (``tts.fused_attention``, opt-in until it has).
+move over the bench sentences and noise draws (none of 84 636 on an H100 with "tf32x3", the
+products ``configs/gpu.toml`` ships it with). The engine and the configuration take it only with
+tensor-core products (``voxloop.config.ATTENTION_PRODUCTS``): with IEEE fp32 ``tl.dot`` the kernel is
+~10x the encoder it replaces.
 
 Layouts: ``q``, ``k``, ``v`` and the output ``[B, H * D, T]`` (the convolutions' layout; head ``h``
 is channels ``h D .. h D + D - 1``), any strides; the sentence's length is read from the attention
@@ -49,6 +52,7 @@ from tts_engine.torch_vits import fused_ffn
 from tts_engine.torch_vits.fused_resblock import available, triton
 from tts_engine.torch_vits.fused_ffn import tap_major
 from tts_engine.torch_vits.text_encoder import ChannelLayerNorm, Encoder, RelativeSelfAttention
+from voxloop.config import ATTENTION_PRODUCTS
 
 #: Queries and keys per program and per step of its key loop.
 BLOCK_M = 64
@@ -194,8 +198,8 @@ class FusedRelativeSelfAttention(nn.Module):
         super().__init__()
         if products not in PRECISIONS:
             raise ValueError(f"products must be one of {sorted(PRECISIONS)}, got {products!r}")
-        if projections and products in ("cublas", "ieee"):
-            raise ValueError(f"projections as Triton products need tensor-core products (tf32x3, fp16x3 or tf32), "
+        if projections and products not in ATTENTION_PRODUCTS:
+            raise ValueError(f"projections as Triton products need tensor-core products ({', '.join(ATTENTION_PRODUCTS)}), "
                              f"got {products!r}")  # fmt: skip
         self.precision = PRECISIONS[products]
         #: The q/k/v and output products as ``fused_ffn.conv`` in ``products`` (batches of ``fused_ffn.MIN_ROWS``

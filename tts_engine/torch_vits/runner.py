@@ -51,7 +51,7 @@ from tts_engine.torch_vits.gemm_conv import use_gemm_convs
 from tts_engine.torch_vits.gpu_memory import GpuMemory
 from tts_engine.torch_vits.model import Vits
 from tts_engine.torch_vits.resample import ChunkResampler
-from voxloop.config import ENCODER_CONVS, MAX_MAIN_IN_FLIGHT
+from voxloop.config import ATTENTION_PRODUCTS, ENCODER_CONVS, MAX_MAIN_IN_FLIGHT
 from voxloop.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -397,8 +397,8 @@ class StepRunner:
             raise ValueError(f"text_encoder_products {options.text_encoder_products!r} needs fused_text_encoder")
         if options.fused_attention_projections and not options.fused_attention:
             raise ValueError("fused_attention_projections needs fused_attention")
-        if options.fused_attention and options.text_encoder_products in ("cublas", "ieee"):
-            raise ValueError("fused_attention needs tensor-core text_encoder_products (tf32x3, fp16x3 or tf32), got "
+        if options.fused_attention and options.text_encoder_products not in ATTENTION_PRODUCTS:
+            raise ValueError(f"fused_attention needs tensor-core text_encoder_products ({', '.join(ATTENTION_PRODUCTS)}), got "
                              f"{options.text_encoder_products!r}: fp32 products on the CUDA cores make its kernel slow")  # fmt: skip
         if (options.encoder_convs == "gemm" or options.fused_duration_predictor or options.fused_text_encoder
                 or options.fused_attention):
