@@ -38,7 +38,8 @@ class GpuTimes:
     main lane's chunks); with ``tts.flow_once``, ``flowed <rows> x <frames>`` (its main-lane chunks,
     the decoder alone) and ``flow 1 x <frames>`` (its packed flow launches)), for any padded batch: piecewise linear in rows between the rows
     measured, the last piece extended beyond them. A phoneme bucket or chunk size not measured
-    takes the next larger measured one's times; one larger than every size measured, the line
+    between two measured sizes: the line between their times (a chunk of 96 frames half-way between
+    64's and 128's); below every size measured, the smallest one's times; one larger than every size measured, the line
     through the two largest sizes' times extended (in proportion with one size measured); a fast
     lane's chunks larger than every ``first`` key take ``decode``'s. ``scale``: a factor per kind
     (``encode``, ``decode``; ``decode`` also scales ``first``), for what-if runs (0.5: twice as
@@ -77,7 +78,12 @@ class GpuTimes:
             raise ValueError(f"no {kind!r} graph times measured (kinds: {sorted(self._points)})")
         largest = max(sizes)
         if size <= largest:
-            ms = self._row_ms(sizes[min(s for s in sizes if s >= size)], rows)
+            above = min(s for s in sizes if s >= size)
+            below = max((s for s in sizes if s < size), default=None)
+            ms = self._row_ms(sizes[above], rows)
+            if below is not None and above != size:  # between two sizes measured: the line between them
+                m0 = self._row_ms(sizes[below], rows)
+                ms = m0 + (size - below) * (ms - m0) / (above - below)
         elif len(sizes) == 1:  # larger than measured, one size: in proportion to it
             ms = self._row_ms(sizes[largest], rows) * size / largest
         else:  # larger than measured: the line through the two largest sizes, extended

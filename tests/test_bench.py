@@ -217,8 +217,8 @@ def test_bucket_levels_of_the_load_bench_and_of_older_namespaces():
 
 def test_gpu_times_interpolate_in_rows_and_take_the_next_measured_size():
     """A launch's modeled time: linear in padded rows between the rows measured (and beyond the
-    last), a size not measured takes the next larger one's (beyond the largest: extended along
-    the sizes), a fast lane's first chunk larger than every ``first`` key the main lane's; scales
+    last), a size not measured between two measured takes the line between their times (below the
+    smallest: the smallest's; beyond the largest: extended along the sizes), a fast lane's first chunk larger than every ``first`` key the main lane's; scales
     per kind; bad keys are refused."""
     from bench.instant_runner import GpuTimes
 
@@ -228,7 +228,10 @@ def test_gpu_times_interpolate_in_rows_and_take_the_next_measured_size():
     assert times.seconds("encode", 32, 256) == pytest.approx((4.0 + 16 * 3.0 / 15) / 1000)  # extended
     assert times.seconds("encode", 1, 128) == pytest.approx(1.0 / 1000)  # bucket 128 not measured: 256's
     assert times.seconds("first", 1, 32) == pytest.approx(0.6 / 1000)  # one point: its time at any rows
-    assert times.seconds("first", 16, 64) == pytest.approx(8.0 / 1000)  # no first x 64: decode's next size, 256
+    # no first x 64: decode's sizes, 64 between 32 (2.0 ms at 16 rows) and 256 (8.0 ms)
+    assert times.seconds("first", 16, 64) == pytest.approx((2.0 + 32 * 6.0 / 224) / 1000)
+    assert times.seconds("decode", 16, 144) == pytest.approx(5.0 / 1000)  # half-way: half-way between the times
+    assert times.seconds("decode", 8, 144) == pytest.approx((times.seconds("decode", 8, 32) + times.seconds("decode", 8, 256)) / 2)
     # larger than measured: the line through the two largest sizes (32: 2.0, 256: 8.0 ms at 16 rows) extended
     assert times.seconds("decode", 16, 512) == pytest.approx((8.0 + 256 * 6.0 / 224) / 1000)
     assert times.seconds("encode", 16, 512) == pytest.approx(2 * 4.0 / 1000)  # one size (256) measured: in proportion
