@@ -55,7 +55,8 @@ def decode_one(runner: StepRunner, slot: int, frames: int) -> np.ndarray:
 def graph_times(runner: StepRunner, sentences: list[list[int]], batches: tuple[int, ...] = (1, 16, 64),
                 reps: int = 20) -> dict[str, float]:
     """Median ms of one replay of each captured graph the scheduler launches most, alone on the GPU:
-    the encoder (first fast lane) at the phoneme bucket of the longest of ``sentences``, the first
+    the encoder (first fast lane) at each phoneme bucket some of ``sentences`` fall in (its rows
+    those sentences, in turn: padded as the engine pads them), the first
     chunk (fast lane) and every later chunk size (main lane), at each of ``batches`` that was captured;
     with ``flow_once`` the main lane's chunks (the decoder alone) as ``flowed b x frames``, each
     packed flow launch as ``flow 1 x frames`` and the chunks decoded ahead (windows with their flow,
@@ -63,22 +64,26 @@ def graph_times(runner: StepRunner, sentences: list[list[int]], batches: tuple[i
     first. Keys ``encode b x ids``, ``first b x frames``, ``decode b x frames``."""
     fill_slots(runner, sentences, noise=True)
     opts, lane = runner.options, runner.fast_lanes[0]
-    longest = max(len(s) for s in sentences)
-    t = min(b for b in opts.phoneme_buckets if b >= longest)
+    by_bucket: dict[int, list[list[int]]] = {}
+    for s in sentences:
+        by_bucket.setdefault(min(b for b in opts.phoneme_buckets if b >= len(s)), []).append(s)
     out: dict[str, float] = {}
     dev = runner.device
-    for b in batches:
-        step = runner._encode_steps.get((b, t, lane))
-        if step is not None and step.graph is not None:
+    for t, group in sorted(by_bucket.items()):
+        for b in batches:
+            step = runner._encode_steps.get((b, t, lane))
+            if step is None or step.graph is None:
+                continue
             ids, lengths, scales, slots, sids = step.inputs
             ids.zero_()
             for i in range(b):
-                s = sentences[i % len(sentences)]
+                s = group[i % len(group)]
                 ids[i, : len(s)] = torch.tensor(s, device=dev)
                 lengths[i] = len(s)
             scales.copy_(torch.tensor([[0.667, 1.0, 0.8]] * b, device=dev))
             slots.copy_(torch.arange(b, device=dev) % opts.max_slots)
             out[f"encode {b} x {t}"] = round(timed(step.graph.replay, reps), 3)
+    for b in batches:
         main = "flowed" if opts.flow_once else "decode"
         keys = [(opts.chunk_frames, b, lane, "first")] + [(c, b, "main", main) for c in opts.chunk_sizes]
         if opts.flow_once:  # chunks decoded ahead keep their flow windows: graphs of their own

@@ -533,3 +533,39 @@ def test_precision_variants_name_the_decoder_kernels_and_their_products():
     for bad in ("fp32-e4m3", "int8-e4m3", "fp16-static", "fp8"):
         with pytest.raises(SystemExit, match="unknown precision variant"):
             parse_variant(bad)
+
+
+def test_graph_times_time_the_encoder_at_each_phoneme_bucket_the_sentences_fall_in(monkeypatch):
+    """``bench.gpu_steps.graph_times``: an encoder graph per phoneme bucket that some sentence falls in,
+    its rows those sentences (padded to the bucket, as the engine pads them), none for buckets no
+    sentence needs; the decoder's graphs once per batch size. CUDA graphs stand in as replay counters."""
+    torch = pytest.importorskip("torch")
+    from bench import gpu_steps
+    from tts_engine.torch_vits.runner import RunnerOptions
+
+    options = RunnerOptions(chunk_frames=32, tail_chunk_frames=64, decode_batches=(1, 4), encode_batches=(1, 4),
+                            phoneme_buckets=(16, 32, 64, 128))  # fmt: skip
+    seen: dict[tuple, list] = {}
+
+    def step(key, inputs):
+        graph = type("Graph", (), {"replay": lambda self: seen.setdefault(key, []).append(
+            [row[row > 0].tolist() for row in inputs[0]] if key[0] == "encode" else None)})()
+        return type("Step", (), {"graph": graph, "inputs": inputs})()
+
+    encode = {(b, t, "fast"): step(("encode", b, t), (torch.zeros(b, t, dtype=torch.long), torch.zeros(b, dtype=torch.long),
+                                                       torch.zeros(b, 3), torch.zeros(b, dtype=torch.long), None))
+              for b in (1, 4) for t in (16, 32, 64, 128)}  # fmt: skip
+    decode = {(c, b, lane): step(("decode", c, b, lane), (torch.zeros(b, dtype=torch.long), torch.zeros(b, dtype=torch.long),
+                                                           torch.zeros(b, dtype=torch.long)))
+              for b in (1, 4) for c, lane in ((32, "fast"), (32, "main"), (64, "main"))}  # fmt: skip
+    runner = type("Runner", (), {"options": options, "fast_lanes": ["fast"], "device": "cpu", "_encode_steps": encode,
+                                 "_decode_steps": decode, "_flow_steps": {}})()  # fmt: skip
+    monkeypatch.setattr(gpu_steps, "fill_slots", lambda runner, sentences, noise: [])
+    monkeypatch.setattr(gpu_steps, "timed", lambda fn, reps: fn() or 1.0)
+    sentences = [[1] * 10, [2] * 30, [3] * 31, [4] * 100]  # buckets 16, 32, 32, 128: none in 64
+    out = gpu_steps.graph_times(runner, sentences, batches=(1, 4), reps=1)
+    assert sorted(k for k in out if k.startswith("encode")) == [f"encode {b} x {t}" for b in (1, 4) for t in (128, 16, 32)]
+    assert seen[("encode", 4, 32)] == [[[2] * 30, [3] * 31, [2] * 30, [3] * 31]]  # that bucket's sentences, in turn
+    assert seen[("encode", 1, 128)] == [[[4] * 100]] and ("encode", 1, 64) not in seen
+    assert {k for k in out if not k.startswith("encode")} == {"first 1 x 32", "first 4 x 32", "decode 1 x 32",
+                                                              "decode 4 x 32", "decode 1 x 64", "decode 4 x 64"}
