@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bench.harness import Listening, cpu_name
 
 if TYPE_CHECKING:
-    from voxloop.config import GpuConfig
+    from voxloop.config import Config, GpuConfig
 
 
 def bucket_levels(args: argparse.Namespace) -> tuple[str, str]:
@@ -24,6 +25,21 @@ def bucket_levels(args: argparse.Namespace) -> tuple[str, str]:
     decode = getattr(args, "batch_buckets", None) or ("coarse" if getattr(args, "coarse", False) else "fine")
     encode = getattr(args, "encode_batch_buckets", None) or ("fine" if getattr(args, "encode_fine", False) else "coarse")
     return decode, encode
+
+
+def config_of(args: argparse.Namespace) -> Config:
+    """``bench.tts_load --config``: that file with ``--voice`` and each ``--set`` over it, and the
+    environment's ``VOXLOOP_*`` settings as the server of a ws run reads them."""
+    from voxloop.config import load_config
+
+    return load_config(args.config, [f"tts.voice_path={args.voice}", *args.sets])
+
+
+def config_tag(args: argparse.Namespace) -> str:
+    """The backend-name suffix of a ``--config`` run: the file's stem and each ``--set``, e.g.
+    ``-gpu-fused_attention_projections=true``."""
+    sets = "".join(f"-{s.removeprefix('tts.')}" for s in args.sets)
+    return f"-{Path(args.config).stem}{sets}"
 
 
 def cuda_variant(args: argparse.Namespace, timing_tag: bool) -> str:
@@ -66,12 +82,58 @@ class CudaBackend:
         """``gpu``: the engine's ``GpuConfig`` (default: ``args.allocator``, other fields default)."""
         import torch
 
+        from tts_engine.torch_vits.cuda_engine import CudaTtsEngine
+
+        self.torch = torch
+        t0 = time.perf_counter()
+        if getattr(args, "config", None) is not None:  # the settings of a config file, as the server has them
+            cfg = config_of(args)
+            self.engine = CudaTtsEngine.from_config(cfg.replace("tts", device=args.device))
+            self.startup_s = time.perf_counter() - t0
+            self.name = f"cuda-{cfg.tts.precision}" + config_tag(args)
+            allocator, max_batch = cfg.gpu.allocator, cfg.tts.max_batch
+        else:
+            self.engine = self._from_flags(args, gpu)
+            self.startup_s = time.perf_counter() - t0
+            self.name = f"cuda-{args.precision}" + cuda_variant(args, timing_tag=True)
+            allocator, max_batch = args.allocator, args.max_batch
+        opts = self.engine.runner.options
+        self.sample_rate = self.engine.sample_rate
+        self.output_rate = opts.output_rate
+        runner = self.engine.runner
+        self.info = {
+            "startup_s": round(self.startup_s, 2), "graph_capture_s": round(runner.capture_s, 2),
+            "capture_s_by_stage": {k: round(v, 2) for k, v in runner.stage_capture_s.items()},
+            "graphs": len(runner._encode_steps) + len(runner._decode_steps) + len(runner._flow_steps),
+            "capture_peak_mb": round(runner.capture_peak_mb, 1),
+            "memory_after_capture_mb": round(self.torch.cuda.memory_reserved() / 2**20, 1),
+            "chunk_frames": opts.chunk_frames, "tail_chunk_frames": opts.tail_chunk_frames, "compile": opts.compile,
+            "compile_encoder": opts.compile_encoder, "cudnn_benchmark": opts.cudnn_benchmark,
+            "cudnn_benchmark_limit": opts.cudnn_benchmark_limit,
+            "cudnn_benchmark_stages": list(opts.cudnn_benchmark_stages), "allocator": allocator, "fast_lane": opts.fast_lane,
+            "fast_lanes": opts.fast_lanes, "speculate_frames": opts.speculate_frames, "speculate_below": opts.speculate_below,
+            "flow_once": opts.flow_once,
+            "polyphase": opts.polyphase, "fused_blocks": opts.fused_blocks, "fused_block_products": opts.fused_block_products,
+            "fused_upsampling": opts.fused_upsampling, "fused_flow": opts.fused_flow, "chunks_per_step": opts.chunks_per_step,
+            "main_in_flight": opts.main_in_flight, "encoder_convs": opts.encoder_convs,
+            "phoneme_buckets": list(opts.phoneme_buckets), "fused_duration_predictor": opts.fused_duration_predictor,
+            "fused_text_encoder": opts.fused_text_encoder, "text_encoder_products": opts.text_encoder_products,
+            "fused_prior": opts.fused_prior, "fused_attention": opts.fused_attention,
+            "fused_attention_projections": opts.fused_attention_projections,
+            "decode_batches": len(opts.decode_batches), "encode_batches": len(opts.encode_batches), "output_rate": opts.output_rate,
+            "precision": opts.precision, "max_batch": max_batch, "max_frames": opts.max_frames,
+        }  # fmt: skip
+        if getattr(args, "config", None) is not None:
+            self.info.update(config=str(args.config), sets=list(args.sets))
+
+    @staticmethod
+    def _from_flags(args: argparse.Namespace, gpu: GpuConfig | None):  # noqa: ANN205 - CudaTtsEngine
+        """The engine of ``bench.tts_load``'s per-setting flags (the engine's own defaults where not given)."""
         from tts_engine.torch_vits.cuda_engine import CudaTtsEngine, batch_buckets
         from tts_engine.torch_vits.runner import RunnerOptions
         from tts_engine.voice import Voice
         from voxloop.config import GpuConfig
 
-        self.torch = torch
         fast_lane = getattr(args, "fast_lane", "overlap")  # callers building their own Namespace may omit it
         fast_lanes = getattr(args, "fast_lanes", 1)
         decode_level, encode_level = bucket_levels(args)
@@ -100,36 +162,8 @@ class CudaBackend:
             output_rate=getattr(args, "output_rate", 0),
             **({"phoneme_buckets": tuple(args.phoneme_buckets)} if getattr(args, "phoneme_buckets", None) else {}),
         )  # fmt: skip
-        t0 = time.perf_counter()
-        self.engine = CudaTtsEngine(Voice.load(args.voice), opts, device=args.device, queue_size=4096,
-                                    gpu=gpu or GpuConfig(allocator=args.allocator))  # fmt: skip
-        self.startup_s = time.perf_counter() - t0
-        self.sample_rate = self.engine.sample_rate
-        self.output_rate = opts.output_rate
-        self.name = f"cuda-{args.precision}" + cuda_variant(args, timing_tag=True)
-        runner = self.engine.runner
-        self.info = {
-            "startup_s": round(self.startup_s, 2), "graph_capture_s": round(runner.capture_s, 2),
-            "capture_s_by_stage": {k: round(v, 2) for k, v in runner.stage_capture_s.items()},
-            "graphs": len(runner._encode_steps) + len(runner._decode_steps) + len(runner._flow_steps),
-            "capture_peak_mb": round(runner.capture_peak_mb, 1),
-            "memory_after_capture_mb": round(self.torch.cuda.memory_reserved() / 2**20, 1),
-            "chunk_frames": args.chunk_frames, "tail_chunk_frames": args.tail_chunk_frames, "compile": args.compile,
-            "compile_encoder": opts.compile_encoder, "cudnn_benchmark": args.cudnn_benchmark,
-            "cudnn_benchmark_limit": opts.cudnn_benchmark_limit,
-            "cudnn_benchmark_stages": list(opts.cudnn_benchmark_stages), "allocator": args.allocator, "fast_lane": fast_lane,
-            "fast_lanes": fast_lanes, "speculate_frames": opts.speculate_frames, "speculate_below": opts.speculate_below,
-            "flow_once": opts.flow_once,
-            "polyphase": opts.polyphase, "fused_blocks": opts.fused_blocks, "fused_block_products": opts.fused_block_products,
-            "fused_upsampling": opts.fused_upsampling, "fused_flow": opts.fused_flow, "chunks_per_step": opts.chunks_per_step,
-            "main_in_flight": opts.main_in_flight, "encoder_convs": opts.encoder_convs,
-            "phoneme_buckets": list(opts.phoneme_buckets), "fused_duration_predictor": opts.fused_duration_predictor,
-            "fused_text_encoder": opts.fused_text_encoder, "text_encoder_products": opts.text_encoder_products,
-            "fused_prior": opts.fused_prior, "fused_attention": opts.fused_attention,
-            "fused_attention_projections": opts.fused_attention_projections,
-            "decode_batches": len(opts.decode_batches), "encode_batches": len(opts.encode_batches), "output_rate": opts.output_rate,
-            "precision": args.precision, "max_batch": args.max_batch, "max_frames": opts.max_frames,
-        }  # fmt: skip
+        return CudaTtsEngine(Voice.load(args.voice), opts, device=args.device, queue_size=4096,
+                             gpu=gpu or GpuConfig(allocator=args.allocator))  # fmt: skip
 
     def speak(self, ids: list[int]) -> tuple[float, int, float]:
         """Blocks until the clause is spoken; returns (first-audio delay s, samples, stall s)."""

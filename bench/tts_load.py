@@ -26,7 +26,11 @@ JSON/base64 and, in a second set of rows, binary: ``--ws-formats``) against a TT
 faster-whisper or llama.cpp needed) the bench starts per backend (``onnx``:
 ``tts.streaming=false``, ``onnx-stream``: true; ``cuda``: ``configs/gpu.toml`` with the
 ``--precision``/``--chunk-frames``/``--tail-chunk-frames``/``--max-batch``/``--max-frames``/
-``--compile`` values, rows ``ws-cuda-<precision>``; ``--server-arg`` adds settings). Peak
+``--compile`` values, rows ``ws-cuda-<precision>``; ``--server-arg`` adds settings). ``--config FILE``
+(``cuda``, both modes) takes the GPU engine's settings from a config file instead of those flags, with
+``--set SECTION.KEY=VALUE`` over it: in-process ``CudaTtsEngine.from_config``, served the server started
+with that file and those ``--set``s: both modes run what a server of that file runs (rows
+``cuda-<precision>-<stem>[-<key=value>...]``, ``config`` and ``sets`` in each). Peak
 VRAM in ws mode (``peak_vram_source`` says which): the server's CUDA pool high-water mark
 from ``/metrics`` when it exports ``voxloop_gpu_pool_bytes``; else sampled from
 ``nvidia-smi`` once a second: the server process's own memory when nvidia-smi lists its
@@ -45,6 +49,12 @@ Examples::
         --allocator native --fast-lanes 2 --chunk-frames 32 --polyphase --fused-blocks --fused-upsampling --fused-flow \\
         --chunks-per-step 0 --main-in-flight 2 --encoder-convs gemm --fused-duration-predictor --output-rate 24000 \\
         --speculate-frames 512
+    # configs/gpu.toml as shipped, and with one setting changed, engine then served:
+    python -m bench.tts_load --config configs/gpu.toml --backends cuda --concurrency 1 50 --hardware h200
+    python -m bench.tts_load --config configs/gpu.toml --set tts.fused_attention_projections=true --backends cuda \
+        --concurrency 50 --hardware h200 --append
+    python -m bench.tts_load --mode ws --config configs/gpu.toml --backends cuda --concurrency 50 1 --ws-formats json \
+        --hardware h200 --append
     python -m bench.tts_load --plot bench/results/tts_load-h200-2026-11-29.json
     python -m bench.tts_load --make-sentences   # rebuild the JSON from tts_sentences.txt
 
@@ -104,6 +114,16 @@ def make_sentences() -> None:
     body = ",\n  ".join(json.dumps(r, ensure_ascii=False) for r in rows)  # one sentence per line
     SENTENCES.write_text(json.dumps(meta, ensure_ascii=False)[:-1] + ',\n "sentences": [\n  ' + body + "\n ]\n}\n")
     print(f"wrote {len(rows)} sentences, mean {np.mean([r['audio_s'] for r in rows]):.2f} s of audio")
+
+
+#: ``bench.tts_load``'s flags that set the GPU engine (argparse destinations); ``--config`` replaces them.
+ENGINE_FLAGS = ("precision", "chunk_frames", "tail_chunk_frames", "max_batch", "max_frames", "compile", "compile_encoder",
+                "cudnn_benchmark", "cudnn_benchmark_limit", "cudnn_benchmark_stages", "allocator", "batch_buckets",
+                "encode_batch_buckets", "fast_lane", "fast_lanes", "speculate_frames", "speculate_below", "flow_once",
+                "polyphase", "fused_blocks", "fused_block_products", "fused_upsampling", "fused_flow", "chunks_per_step",
+                "main_in_flight", "encoder_convs", "fused_duration_predictor", "fused_text_encoder",
+                "text_encoder_products", "fused_attention", "fused_projections", "fused_prior", "output_rate",
+                "phoneme_buckets")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> Path:
@@ -271,6 +291,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="ws: client sessions per client process (each process one asyncio loop; a user's client holds one)")
     p.add_argument("--ws-workers", type=int, help="ws: the server's tts.onnx_workers (default: CPU count)")
     p.add_argument("--server-arg", action="append", default=[], help="ws: extra server args, e.g. --server-arg=--set=x.y=z")
+    p.add_argument("--config", type=Path,
+                   help="cuda, both modes: the GPU engine's settings from this config file, as a server started with "
+                        "it has them (e.g. configs/gpu.toml as shipped), with --set over it; the per-setting flags "
+                        "below (--precision .. --phoneme-buckets) are then refused")  # fmt: skip
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="with --config: a setting over the file (repeatable), e.g. --set tts.fused_attention_projections=true")
     p.add_argument("--chunk-frames", type=int, default=64)
     p.add_argument("--tail-chunk-frames", type=int, default=256)
     p.add_argument("--max-batch", type=int, default=128)
@@ -348,6 +374,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", type=Path, help="only render PNGs from this results JSON")
     p.add_argument("--make-sentences", action="store_true")
     args = p.parse_args(argv)
+    if args.sets and args.config is None:
+        p.error("--set needs --config (the per-setting flags set the engine without one)")
+    if args.config is not None:
+        given = [f"--{dest.replace('_', '-')}" for dest in ENGINE_FLAGS if getattr(args, dest) != p.get_default(dest)]
+        if given:
+            p.error(f"--config takes the GPU engine's settings from {args.config}; {', '.join(given)} would not "
+                    "apply: set them with --set SECTION.KEY=VALUE")  # fmt: skip
     args.backends = [b for item in args.backends for b in item.split(",") if b]
     args.concurrency = [int(n) for item in args.concurrency for n in item.split(",") if n]
     args.ws_formats = [f for item in args.ws_formats for f in item.split(",") if f]

@@ -14,7 +14,7 @@ import threading
 import time
 
 from bench.harness import ROOT, cpu_name, free_port, gpu_name, metrics_url, scrape_metrics, start_server, stop_server
-from bench.tts_backends import bucket_levels, cuda_variant
+from bench.tts_backends import bucket_levels, config_of, config_tag, cuda_variant
 
 
 class WsBackend:
@@ -23,7 +23,15 @@ class WsBackend:
     def __init__(self, args: argparse.Namespace, backend: str, max_clients: int) -> None:
         common = ["--set=server.stages=tts", "--set=server.host=127.0.0.1", f"--set=tts.voice_path={args.voice}",
                   f"--set=limits.max_sessions={max(16, max_clients)}"]  # fmt: skip
-        if backend == "cuda":
+        if backend == "cuda" and getattr(args, "config", None) is not None:  # the file's settings, as served
+            cfg = config_of(args)
+            self.server_args = ["--config", str(args.config), *common, *[f"--set={s}" for s in args.sets],
+                                *args.server_arg]  # fmt: skip
+            self.name = f"ws-cuda-{cfg.tts.precision}" + config_tag(args)
+            self.info = {"precision": cfg.tts.precision, "max_batch": cfg.tts.max_batch, "gpu": gpu_name(),
+                         "fast_lane": cfg.tts.fast_lane, "fast_lanes": cfg.tts.fast_lanes, "config": str(args.config),
+                         "sets": list(args.sets)}  # fmt: skip
+        elif backend == "cuda":
             self.server_args = [
                 "--config", str(ROOT / "configs" / "gpu.toml"), *common, f"--set=tts.precision={args.precision}",
                 f"--set=tts.chunk_frames={args.chunk_frames}", f"--set=tts.tail_chunk_frames={args.tail_chunk_frames}",

@@ -215,7 +215,7 @@ def test_bucket_levels_of_the_load_bench_and_of_older_namespaces():
     assert cuda_variant(ns(coarse=True), False) == "-coarse"
 
 
-def test_gpu_times_interpolate_in_rows_and_take_the_next_measured_size():
+def test_gpu_times_interpolate_in_rows_and_between_measured_sizes():
     """A launch's modeled time: linear in padded rows between the rows measured (and beyond the
     last), a size not measured between two measured takes the line between their times (below the
     smallest: the smallest's; beyond the largest: extended along the sizes), a fast lane's first chunk larger than every ``first`` key the main lane's; scales
@@ -569,3 +569,68 @@ def test_graph_times_time_the_encoder_at_each_phoneme_bucket_the_sentences_fall_
     assert seen[("encode", 1, 128)] == [[[4] * 100]] and ("encode", 1, 64) not in seen
     assert {k for k in out if not k.startswith("encode")} == {"first 1 x 32", "first 4 x 32", "decode 1 x 32",
                                                               "decode 4 x 32", "decode 1 x 64", "decode 4 x 64"}
+
+
+def test_load_bench_runs_the_gpu_engine_of_a_config_file(tmp_path, monkeypatch):
+    """``bench.tts_load --config FILE --set K=V``: the GPU engine is the one ``CudaTtsEngine.from_config``
+    makes of that file with the overrides (as a server started with it), its rows named and tagged
+    after them; the per-setting flags are refused beside ``--config``, ``--set`` without it. The GPU
+    runner is a stand-in (no CUDA here): what is checked is which settings reach the engine."""
+    pytest.importorskip("torch")
+    from bench.instant_runner import InstantRunner
+    from bench.tts_load import main
+    from tts_engine.torch_vits.cuda_engine import CudaTtsEngine
+
+    class Runner(InstantRunner):  # what the bench reports of a real runner's start-up: nothing captured
+        capture_s, capture_peak_mb, stage_capture_s = 0.0, 0.0, {}
+        _encode_steps = _decode_steps = _flow_steps = {}
+
+    built = []
+    real = CudaTtsEngine.from_config.__func__
+
+    def from_config(cls, cfg, runner=None):
+        built.append(cfg)
+        return real(cls, cfg, runner=lambda options: Runner(options, lambda ids: 120, 0.0005))
+
+    monkeypatch.setattr(CudaTtsEngine, "from_config", classmethod(from_config))
+    common = ["--backends", "cuda", "--concurrency", "2", "--duration", "0.4", "--warmup", "0.1", "--device", "cpu",
+              "--out", str(tmp_path), "--hardware", "test", "--date", "d"]  # fmt: skip
+    assert main(["--config", str(ROOT / "configs" / "gpu.toml"), "--set", "tts.fused_attention_projections=true",
+                 *common]) == 0  # fmt: skip
+    (cfg,) = built
+    assert cfg.tts.fused_attention_projections and cfg.tts.flow_once and cfg.tts.device == "cpu"  # the file's, the set's
+    (row,) = json.loads((tmp_path / "tts_load-test-d.json").read_text())
+    assert row["backend"] == "cuda-fp16-gpu-fused_attention_projections=true" and row["qps"] > 0
+    assert row["sets"] == ["tts.fused_attention_projections=true"] and row["config"].endswith("gpu.toml")
+    assert row["fused_attention_projections"] and row["fast_lanes"] == cfg.tts.fast_lanes
+    assert row["allocator"] == cfg.gpu.allocator and row["max_batch"] == cfg.tts.max_batch
+    for argv, message in ([["--config", "configs/gpu.toml", "--fused-attention"], "--fused-attention would not apply"],
+                          [["--set", "tts.flow_once=false"], "--set needs --config"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            main([*argv, *common])
+    assert len(built) == 1
+
+
+def test_ws_load_bench_starts_the_server_with_the_config_file_and_its_sets(monkeypatch):
+    """``--mode ws --config FILE --set K=V``: the server gets that file and each override as they are
+    (not the per-setting flags' translation), and its rows the file's name and sets."""
+    import argparse
+
+    from bench import tts_load_ws
+
+    started = []
+
+    def start_server(port, server_args, timeout_s):
+        started.append(server_args)
+        raise KeyboardInterrupt  # stop before any process exists
+
+    monkeypatch.setattr(tts_load_ws, "start_server", start_server)
+    config = str(ROOT / "configs" / "gpu.toml")
+    args = argparse.Namespace(config=config, sets=["tts.fused_attention_projections=true"], voice="/v.onnx",
+                              server_arg=["--set=server.port_hint=1"])  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        tts_load_ws.WsBackend(args, "cuda", 50)
+    (server_args,) = started
+    assert server_args[:2] == ["--config", config]
+    assert "--set=tts.fused_attention_projections=true" in server_args and "--set=tts.voice_path=/v.onnx" in server_args
+    assert server_args[-1] == "--set=server.port_hint=1" and not any("fused_attention=" in a for a in server_args)
