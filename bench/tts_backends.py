@@ -79,7 +79,9 @@ class CudaBackend:
     name = "cuda"
 
     def __init__(self, args: argparse.Namespace, gpu: GpuConfig | None = None) -> None:
-        """``gpu``: the engine's ``GpuConfig`` (default: ``args.allocator``, other fields default)."""
+        """The engine of ``args.config`` with ``args.sets`` (``bench.tts_load --config``: its ``[gpu]`` too),
+        else of the per-setting flags; ``gpu``: then the engine's ``GpuConfig`` (default: ``args.allocator``,
+        other fields default)."""
         import torch
 
         from tts_engine.torch_vits.cuda_engine import CudaTtsEngine
