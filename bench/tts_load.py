@@ -116,16 +116,6 @@ def make_sentences() -> None:
     print(f"wrote {len(rows)} sentences, mean {np.mean([r['audio_s'] for r in rows]):.2f} s of audio")
 
 
-#: ``bench.tts_load``'s flags that set the GPU engine (argparse destinations); ``--config`` replaces them.
-ENGINE_FLAGS = ("precision", "chunk_frames", "tail_chunk_frames", "max_batch", "max_frames", "compile", "compile_encoder",
-                "cudnn_benchmark", "cudnn_benchmark_limit", "cudnn_benchmark_stages", "allocator", "batch_buckets",
-                "encode_batch_buckets", "fast_lane", "fast_lanes", "speculate_frames", "speculate_below", "flow_once",
-                "polyphase", "fused_blocks", "fused_block_products", "fused_upsampling", "fused_flow", "chunks_per_step",
-                "main_in_flight", "encoder_convs", "fused_duration_predictor", "fused_text_encoder",
-                "text_encoder_products", "fused_attention", "fused_projections", "fused_prior", "output_rate",
-                "phoneme_buckets")  # fmt: skip
-
-
 def run(args: argparse.Namespace) -> Path:
     """Every (backend, level) row is written as soon as it is measured (a timeout loses no rows)."""
     sentences = load_sentences()
@@ -280,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu-duration", type=float, default=10.0, help="measured seconds per level (CPU backends, both modes)")
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--device", default="cuda")
-    p.add_argument("--precision", default="fp16", choices=["fp32", "bf16", "fp16"])
+    engine = p.add_argument_group("GPU engine settings (cuda; refused beside --config, which takes them from its file)")
+    engine.add_argument("--precision", default="fp16", choices=["fp32", "bf16", "fp16"])
     p.add_argument("--cpu-chunk-frames", type=int, help="onnx-stream first chunk, frames (default: tts.chunk_frames)")
     p.add_argument("--cpu-tail-chunk-frames", type=int, help="onnx-stream later chunks (default: tts.tail_chunk_frames)")
     p.add_argument("--ws-formats", nargs="+", default=["json,binary"],
@@ -294,70 +285,70 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", type=Path,
                    help="cuda, both modes: the GPU engine's settings from this config file, as a server started with "
                         "it has them (e.g. configs/gpu.toml as shipped), with --set over it; the per-setting flags "
-                        "below (--precision .. --phoneme-buckets) are then refused")  # fmt: skip
+                        "below (GPU engine settings) are then refused")  # fmt: skip
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="with --config: a setting over the file (repeatable), e.g. --set tts.fused_attention_projections=true")
-    p.add_argument("--chunk-frames", type=int, default=64)
-    p.add_argument("--tail-chunk-frames", type=int, default=256)
-    p.add_argument("--max-batch", type=int, default=128)
-    p.add_argument("--max-frames", type=int, default=3072)
-    p.add_argument("--compile", action="store_true", help="torch.compile the chunk decoder before capture")
-    p.add_argument("--compile-encoder", action="store_true", help="torch.compile the encoder step too")
-    p.add_argument("--cudnn-benchmark", action="store_true", help="cuDNN algorithm timing at start-up (tts.cudnn_benchmark)")
-    p.add_argument("--cudnn-benchmark-limit", type=int, default=10,
+    engine.add_argument("--chunk-frames", type=int, default=64)
+    engine.add_argument("--tail-chunk-frames", type=int, default=256)
+    engine.add_argument("--max-batch", type=int, default=128)
+    engine.add_argument("--max-frames", type=int, default=3072)
+    engine.add_argument("--compile", action="store_true", help="torch.compile the chunk decoder before capture")
+    engine.add_argument("--compile-encoder", action="store_true", help="torch.compile the encoder step too")
+    engine.add_argument("--cudnn-benchmark", action="store_true", help="cuDNN algorithm timing at start-up (tts.cudnn_benchmark)")
+    engine.add_argument("--cudnn-benchmark-limit", type=int, default=10,
                    help="most cuDNN algorithms timed per shape (tts.cudnn_benchmark_limit; 0: all)")
-    p.add_argument("--cudnn-benchmark-stages", nargs="+", choices=("encode", "decode"), default=["encode", "decode"],
+    engine.add_argument("--cudnn-benchmark-stages", nargs="+", choices=("encode", "decode"), default=["encode", "decode"],
                    help="tts.cudnn_benchmark_stages: with --cudnn-benchmark, the stages whose convolutions are timed")
-    p.add_argument("--allocator", default="async", choices=["async", "native"], help="gpu.allocator")
-    p.add_argument("--batch-buckets", choices=BATCH_BUCKET_LEVELS, default="fine",
+    engine.add_argument("--allocator", default="async", choices=["async", "native"], help="gpu.allocator")
+    engine.add_argument("--batch-buckets", choices=BATCH_BUCKET_LEVELS, default="fine",
                    help="decoder batch buckets (tts.batch_buckets; default: %(default)s)")
-    p.add_argument("--coarse", dest="batch_buckets", action="store_const", const="coarse",
+    engine.add_argument("--coarse", dest="batch_buckets", action="store_const", const="coarse",
                    help="--batch-buckets coarse: power-of-two decoder batches only (faster start-up)")
-    p.add_argument("--encode-batch-buckets", choices=BATCH_BUCKET_LEVELS, default="coarse",
+    engine.add_argument("--encode-batch-buckets", choices=BATCH_BUCKET_LEVELS, default="coarse",
                    help="encoder batch buckets (tts.encode_batch_buckets; default: %(default)s)")
-    p.add_argument("--encode-fine", dest="encode_batch_buckets", action="store_const", const="fine",
+    engine.add_argument("--encode-fine", dest="encode_batch_buckets", action="store_const", const="fine",
                    help="--encode-batch-buckets fine: less row padding, more graphs")
     add_common_arguments(p)
     p.add_argument("--engine-clients", choices=("threads", "sinks"), default="threads",
                    help="engine mode, cuda: one thread per client iterating its request (threads), or clients "
                         "as sinks called on the scheduler thread per launch, as the served path receives (sinks)")
     p.add_argument("--steps-report", action="store_true", help="also print the scheduler breakdown of the whole run")
-    p.add_argument("--fast-lane", choices=("overlap", "exclusive", "off"), default="overlap",
+    engine.add_argument("--fast-lane", choices=("overlap", "exclusive", "off"), default="overlap",
                    help="tts.fast_lane: new requests' encoder + first chunk on a high-priority stream (default overlap)")
-    p.add_argument("--fast-lanes", type=int, default=1, help="tts.fast_lanes: fast-lane streams side by side (overlap)")
-    p.add_argument("--speculate-frames", type=int, default=0, help="tts.speculate_frames: frames decoded ahead (0: off)")
-    p.add_argument("--speculate-below", type=int, default=2, help="tts.speculate_below: ... while at most this many run")
-    p.add_argument("--flow-once", action="store_true",
+    engine.add_argument("--fast-lanes", type=int, default=1, help="tts.fast_lanes: fast-lane streams side by side (overlap)")
+    engine.add_argument("--speculate-frames", type=int, default=0, help="tts.speculate_frames: frames decoded ahead (0: off)")
+    engine.add_argument("--speculate-below", type=int, default=2, help="tts.speculate_below: ... while at most this many run")
+    engine.add_argument("--flow-once", action="store_true",
                    help="tts.flow_once: the later chunks' flow once per utterance, packed, not per chunk window")
-    p.add_argument("--polyphase", action="store_true", help="tts.polyphase_upsampling: upsampling as plain convolutions")
-    p.add_argument("--fused-blocks", action="store_true", help="tts.fused_blocks: residual blocks as fused Triton kernels")
-    p.add_argument("--fused-block-products", choices=FUSED_BLOCK_PRODUCTS, default="model",
+    engine.add_argument("--polyphase", action="store_true", help="tts.polyphase_upsampling: upsampling as plain convolutions")
+    engine.add_argument("--fused-blocks", action="store_true", help="tts.fused_blocks: residual blocks as fused Triton kernels")
+    engine.add_argument("--fused-block-products", choices=FUSED_BLOCK_PRODUCTS, default="model",
                    help="tts.fused_block_products: with --fused-blocks, their products in the model's dtype or FP8 e4m3")
-    p.add_argument("--fused-upsampling", action="store_true",
+    engine.add_argument("--fused-upsampling", action="store_true",
                    help="tts.fused_upsampling: the decoder's input, upsampling and output convolutions as fused Triton kernels")
-    p.add_argument("--fused-flow", action="store_true", help="tts.fused_flow: the flow's WaveNet layers as fused Triton kernels")
-    p.add_argument("--chunks-per-step", type=int, default=1,
+    engine.add_argument("--fused-flow", action="store_true", help="tts.fused_flow: the flow's WaveNet layers as fused Triton kernels")
+    engine.add_argument("--chunks-per-step", type=int, default=1,
                    help="tts.chunks_per_step: later chunks of a request per scheduler step (0: all it has left)")
-    p.add_argument("--main-in-flight", type=int, default=1, help="tts.main_in_flight: main-lane launches queued at once")
-    p.add_argument("--encoder-convs", choices=ENCODER_CONVS, default="cudnn",
+    engine.add_argument("--main-in-flight", type=int, default=1, help="tts.main_in_flight: main-lane launches queued at once")
+    engine.add_argument("--encoder-convs", choices=ENCODER_CONVS, default="cudnn",
                    help="tts.encoder_convs: the fp32 encoder's convolutions through cuDNN or as cuBLAS products")
-    p.add_argument("--fused-duration-predictor", action="store_true",
+    engine.add_argument("--fused-duration-predictor", action="store_true",
                    help="tts.fused_duration_predictor: the duration predictor's layers and splines as fused Triton kernels")
-    p.add_argument("--fused-text-encoder", action="store_true",
+    engine.add_argument("--fused-text-encoder", action="store_true",
                    help="tts.fused_text_encoder: the text encoder's feed-forward elementwise work fused into its tap stacking")
-    p.add_argument("--text-encoder-products", choices=TEXT_ENCODER_PRODUCTS, default="cublas",
+    engine.add_argument("--text-encoder-products", choices=TEXT_ENCODER_PRODUCTS, default="cublas",
                    help="tts.text_encoder_products: with --fused-text-encoder, its products through cuBLAS or as "
                         "Triton convolutions skipping the padding, in that precision")  # fmt: skip
-    p.add_argument("--fused-attention", action="store_true",
+    engine.add_argument("--fused-attention", action="store_true",
                    help="tts.fused_attention: the text encoder's relative-position attention as one Triton kernel per layer")
-    p.add_argument("--fused-projections", action="store_true",
+    engine.add_argument("--fused-projections", action="store_true",
                    help="tts.fused_attention_projections: with --fused-attention, its q/k/v and output products as "
                         "Triton kernels in --text-encoder-products' precision")  # fmt: skip
-    p.add_argument("--fused-prior", action="store_true",
+    engine.add_argument("--fused-prior", action="store_true",
                    help="tts.fused_prior: the prior's expansion to frames as one Triton kernel writing the slot latents")
-    p.add_argument("--output-rate", type=int, default=0,
+    engine.add_argument("--output-rate", type=int, default=0,
                    help="tts.output_rate: the engine resamples each chunk to this rate on the GPU, Hz (0: the voice's)")
-    p.add_argument("--phoneme-buckets", type=int, nargs="+",
+    engine.add_argument("--phoneme-buckets", type=int, nargs="+",
                    help="tts.phoneme_buckets: phoneme-id lengths of the encoder's graphs (default: the engine's)")
     p.add_argument("--gpu-profile", type=float, default=0.0, metavar="SECONDS",
                    help="engine cuda: after a level, run it this long again under the profiler and add the kernel "
@@ -377,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.sets and args.config is None:
         p.error("--set needs --config (the per-setting flags set the engine without one)")
     if args.config is not None:
-        given = [f"--{dest.replace('_', '-')}" for dest in ENGINE_FLAGS if getattr(args, dest) != p.get_default(dest)]
+        dests = dict.fromkeys(action.dest for action in engine._group_actions)  # --coarse, --encode-fine share theirs
+        given = [f"--{dest.replace('_', '-')}" for dest in dests if getattr(args, dest) != p.get_default(dest)]
         if given:
             p.error(f"--config takes the GPU engine's settings from {args.config}; {', '.join(given)} would not "
                     "apply: set them with --set SECTION.KEY=VALUE")  # fmt: skip
