@@ -89,7 +89,9 @@ def tile_rows(synth, batch: int = 48, frames: int = 278) -> list[dict]:
     256-frame chunk's decoder window for ``batch`` rows: cuDNN + pointwise ops (graph), the same
     compiled, and the fused kernel in each tile shape (graph); then in the shipped tile's channel block
     with ``time_rows`` tiles and with e4m3 products (``fused_resblock.quantize_e4m3``), each in
-    three time blocks and two warp counts: keys ``fused_<CO>x<T>w<W>[t][_e4m3]_ms`` (``t``: time rows)."""
+    three time blocks and two warp counts: keys ``fused_<CO>x<T>w<W>[t][_e4m3]_ms`` (``t``: time rows);
+    time-major (``channels_last``) in four time blocks, ``fused_cl_<CO>x<T>w<W>_ms``, and one
+    ``[B, C, T]`` -> ``[B, T, C]`` transpose (``transpose_ms``: a time-major stage adds two)."""
     from torch.nn import functional as F
 
     from tts_engine.torch_vits import fused_resblock as fr
@@ -130,6 +132,19 @@ def tile_rows(synth, batch: int = 48, frames: int = 278) -> list[dict]:
                 row[f"{key}_diff"] = float((out.float() - ref.float()).abs().max())
             except Exception as exc:  # a tile shape out of the GPU's resources
                 row[f"{key}_error"] = str(exc)[:120]
+        x_cl, out_cl = x.transpose(1, 2).contiguous(), torch.empty_like(x).transpose(1, 2).contiguous()
+        cl_variants = [(bc, bt, nw) for bc in {c, min(c, 64)} for bt in (32, 64, 128, 256) for nw in (4, 8)]
+        for tiles in cl_variants:  # time-major steps (channels_last): x, residual and out [B, T, C]
+            key = f"fused_cl_{tiles[0]}x{tiles[1]}w{tiles[2]}"
+            try:
+                g, _ = graphed(lambda tiles=tiles: fr.conv_step(x_cl, w, b, conv.dilation[0], m, x_cl, out_cl,
+                                                                tiles=tiles, channels_last=True))  # fmt: skip
+                row[f"{key}_ms"] = round(timed(g.replay, 20), 3)
+                row[f"{key}_diff"] = float((out_cl.transpose(1, 2).float() - ref.float()).abs().max())
+            except Exception as exc:
+                row[f"{key}_error"] = str(exc)[:120]
+        g, _ = graphed(lambda: x.transpose(1, 2).contiguous())  # what a stage adds: one of its two transposes
+        row["transpose_ms"] = round(timed(g.replay, 20), 3)
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
@@ -368,6 +383,8 @@ def main() -> int:
     p.add_argument("--row-tiles", nargs="+", default=[], metavar="RxMxW",
                    help="with --fused-upsampling: also time it with these (BLOCK_R, BLOCK_M, num_warps) of "
                         "fused_upsample's row kernel, e.g. 64x64x4 (default: its ROW_TILES)")
+    p.add_argument("--channels-last", action="store_true",
+                   help="with --fused-flow: add that decoder with its residual blocks time-major (fused_blocks_channels_last)")
     p.add_argument("--tiles", action="store_true", help="time one residual step per channel count and tile shape")
     p.add_argument("--flow-precision", type=int, default=0, metavar="N",
                    help="per sentence of the first N: SNR against fp32 of the fp16 flow (PyTorch's and fused) and "
@@ -427,6 +444,8 @@ def main() -> int:
             variants.append((f"fused_up_{spec}", True, True, tuple(int(v) for v in spec.split("x")), False))
         if args.fused_flow:
             variants.append(("fused_up_flow", True, True, default_tiles, default_gate))
+            if args.channels_last:
+                variants.append(("fused_up_flow_cl", "cl", True, default_tiles, default_gate))
             for spec in args.gate_tiles:
                 tiles = tuple(int(v) for v in spec.split("x"))
                 variants.append((f"fused_up_flow_{spec}", True, True, default_tiles, (tiles, tiles)))
@@ -442,7 +461,7 @@ def main() -> int:
             row = {"what": "decode", "chunk": chunk, "batch": b}
             out_eager = None
             for name, fused, poly, up_tiles, flow in variants:
-                synth.dec.use_fused_blocks(fused)
+                synth.dec.use_fused_blocks(bool(fused), channels_last=fused == "cl")
                 synth.dec.use_polyphase(poly)
                 if flow:
                     fused_flow.GATE_TILES, fused_flow.RES_SKIP_TILES = flow

@@ -176,6 +176,36 @@ def test_time_rows_tiles_compute_what_channel_rows_tiles_compute():
     assert r["model"] < 1e-5 * max(1.0, r["peak"]) and r["e4m3"] < 1e-4 * max(1.0, r["peak"]), r
 
 
+CHANNELS_LAST_SCRIPT = r"""
+import json
+""" + VOICE_SHAPED + r"""
+out = {}
+with torch.inference_mode():
+    for products in ("model", "e4m3"):
+        g.use_fused_blocks(products=products)
+        channel_major = g(z, mask)
+        g.use_fused_blocks(products=products, channels_last=True)
+        time_major = g(z, mask)
+        out[products] = float((time_major - channel_major).abs().max())
+        out[products + "_stages"] = [s.channels_last for s in g.fused]
+    out["peak"] = float(channel_major.abs().max())
+    g.use_fused_blocks(False)
+    out["masked"] = float((g(z, mask) - time_major).abs().max())  # e4m3 against PyTorch: the mask still applies
+print(json.dumps(out))
+"""
+
+
+def test_channels_last_steps_compute_what_channel_major_steps_compute():
+    """``FusedStage(channels_last=True)``: the stage's input transposed to ``[B, T, C]`` once, every step
+    reading and writing time-major rows, the output transposed back: the voice-shaped decoder's
+    output (a masked tail, all three stages) within float32 rounding of the channel-major kernels',
+    with model and with e4m3 products."""
+    r = interpret(CHANNELS_LAST_SCRIPT, timeout=600)
+    assert r["peak"] > 0.01
+    assert r["model_stages"] == [True] * 3 and r["e4m3_stages"] == [True] * 3
+    assert r["model"] < 1e-5 * max(1.0, r["peak"]) and r["e4m3"] < 1e-4 * max(1.0, r["peak"]), r
+
+
 def test_fused_block_kernels_compile_for_hopper():
     """Without a GPU, Triton (with its own ptxas) compiles the residual-step kernel for sm_90 in every
     form: the shipped channel-rows tiles in fp16; with time rows the 32-channel stage's products become
@@ -189,16 +219,21 @@ def test_fused_block_kernels_compile_for_hopper():
 
     from tts_engine.torch_vits import fused_resblock as fr
 
-    def mma(channels: int, fp8: bool, time_rows: bool) -> set[str]:
+    def ptx(channels: int, fp8: bool, time_rows: bool, channels_last: bool = False) -> str:
         block_co, block_t, warps = fr.TILES[channels]
         signature = {"x_ptr": "*fp16", "w_ptr": "*fp8e4nv" if fp8 else "*fp16", "ws_ptr": "*fp32", "b_ptr": "*fp16",
                      "m_ptr": "*fp16", "r_ptr": "*fp16", "y_ptr": "*fp16", "T": "i32", "scale": "fp32"}  # fmt: skip
         constants = {"C": channels, "K": 7, "DIL": 3, "SLOPE": 0.1, "BLOCK_CO": block_co, "BLOCK_T": block_t,
-                     "HAS_MASK": True, "RESIDUAL": True, "ACCUM": True, "FP8": fp8, "TIME_ROWS": time_rows}  # fmt: skip
+                     "HAS_MASK": True, "RESIDUAL": True, "ACCUM": True, "FP8": fp8, "TIME_ROWS": time_rows or channels_last,
+                     "CL": channels_last}  # fmt: skip
         signature.update(dict.fromkeys(constants, "constexpr"))
-        kernel = triton.compile(ASTSource(fn=fr._conv_step, signature=signature, constexprs=constants),
+        aligned = {(i,): [["tt.divisibility", 16]] for i in range(7)}  # the pointers, as a launch specializes them
+        kernel = triton.compile(ASTSource(fn=fr._conv_step, signature=signature, constexprs=constants, attrs=aligned),
                                 target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})  # fmt: skip
-        found = set(re.findall(r"\b(wgmma\.mma_async\S*|mma\.sync\S*)", kernel.asm["ptx"]))
+        return kernel.asm["ptx"]
+
+    def mma(channels: int, fp8: bool, time_rows: bool) -> set[str]:
+        found = set(re.findall(r"\b(wgmma\.mma_async\S*|mma\.sync\S*)", ptx(channels, fp8, time_rows)))
         assert found, "no tensor-core product in the PTX"
         return found
 
@@ -212,3 +247,11 @@ def test_fused_block_kernels_compile_for_hopper():
     for channels in (64, 128):
         assert only(mma(channels, False, False), "wgmma", ".f16.f16")
         assert only(mma(channels, True, False), "wgmma", ".e4m3.e4m3")
+    # channel-major, a tap shifted by its dilation misaligns the tile's rows: most of its loads are
+    # 16-bit; time-major (channels_last) every tap's rows are whole aligned channel vectors
+    for channels in (32, 64, 128):
+        loads = {layout: re.findall(r"\bld\.global\.(\S+)", ptx(channels, False, True, layout == "cl"))
+                 for layout in ("cm", "cl")}  # fmt: skip
+        narrow = {layout: sum(op == "b16" for op in ops) / len(ops) for layout, ops in loads.items()}
+        assert narrow["cm"] > 0.5 and narrow["cl"] < 0.3, (channels, narrow)  # cl: the mask and bias
+        assert len(loads["cl"]) < len(loads["cm"]) / 2, channels

@@ -560,6 +560,36 @@ def test_gpu_e4m3_block_products_keep_the_audio_intelligible(model, voice_path):
     assert min(b for _, b in snrs) >= LOW_PRECISION_MIN_SNR_DB["e4m3"]
 
 
+def test_gpu_channels_last_blocks_speak_as_the_channel_major_ones(model, voice_path):
+    """``tts.fused_blocks_channels_last`` (configs/gpu.toml's decoder otherwise, fp16): the residual blocks'
+    steps time-major give every sentence the same length as the channel-major kernels, the waveform
+    within 40 dB SNR of theirs (the same sums, products tiled otherwise) and within fp16's floor of fp32."""
+    from tts_engine.engine import SynthesisOptions
+
+    fused = dict(polyphase=True, fused_blocks=True, fused_upsampling=True, fused_flow=True)
+    if not runs_here(voice_path, "test_gpu_channels_last_blocks_speak_as_the_channel_major_ones", "fp16", **fused):
+        return
+    quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
+    inputs = bench_ids(8)
+    refs = [whole(model, ids) for ids in inputs]
+
+    def speak(**options: object) -> list[np.ndarray]:
+        eng = engine(voice_path, "fp16", **fused, **options)
+        try:
+            return [np.concatenate([c.pcm for c in eng.submit(ids, quiet)]) / 32767.0 for ids in inputs]
+        finally:
+            eng.close()
+
+    channel_major, time_major = speak(), speak(fused_blocks_channels_last=True)
+    snrs = []
+    for a, b, ref in zip(channel_major, time_major, refs):
+        assert a.shape == b.shape == ref.shape
+        snrs.append((snr_db(a, b), snr_db(ref, b)))
+    print("SNR channels-last vs channel-major, vs fp32: " + ", ".join(f"{a:.1f}/{b:.1f}" for a, b in snrs) + " dB")
+    assert min(a for a, _ in snrs) >= 40.0
+    assert min(b for _, b in snrs) >= LOW_PRECISION_MIN_SNR_DB["fp16"]
+
+
 def test_gpu_fused_prior_writes_the_same_latents(model, voice_path):
     """``tts.fused_prior``: the kernel's latents equal ``Vits.expand_prior`` copied into the slots, bit for bit,
     for the voice's prior of 40 sentences (the same noise), and the engine (fp32, every encoder kernel of

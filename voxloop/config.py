@@ -428,6 +428,10 @@ class TtsConfig:
     #: on the H200 (a 32-row decode step 9.75 vs 5.58 ms) at 23.5 dB against fp32: "model" is the default
     #: (the GPU tests hold "e4m3" to bf16's SNR floor).
     fused_block_products: str = "model"
+    #: GPU, with ``fused_blocks``: their steps time-major (``[B, T, C]``): each tap's tile is whole rows of
+    #: contiguous channels, loaded 16 bytes at a time whatever the tap's dilation shift (channel-major,
+    #: most of a shifted tile's loads are 2 bytes each); each stage's input and output transposed once.
+    fused_blocks_channels_last: bool = False
     #: GPU, fp16/bf16: the decoder's input convolution, upsampling layers (polyphase form, with the
     #: leaky ReLU and mask before each) and output convolution + tanh as fused Triton kernels: one
     #: pass per layer instead of cuDNN's transposes, bias adds and interleaving copies.
@@ -543,6 +547,9 @@ class TtsConfig:
                               f"one of {', '.join(ATTENTION_PRODUCTS)} (tensor-core products; with tts.fused_text_encoder "
                               f"= true), got {self.text_encoder_products!r}: in fp32 on the CUDA cores its kernel made the "
                               "text encoder ~10x slower (H100: 30 instead of 2.6 ms at 16 sentences)")  # fmt: skip
+        if self.fused_blocks_channels_last and not self.fused_blocks:
+            raise ConfigError("tts.fused_blocks_channels_last is the fused residual blocks' layout: it needs "
+                              "tts.fused_blocks = true")  # fmt: skip
         if self.fused_attention_projections and not self.fused_attention:
             raise ConfigError("tts.fused_attention_projections are the fused attention's products: it needs "
                               "tts.fused_attention = true")  # fmt: skip

@@ -134,10 +134,10 @@ class Generator(nn.Module):
         """Upsample with ``PolyphaseUp`` (where every stage has a kernel that is a multiple of its stride)."""
         self.polyphase = [PolyphaseUp(up) for up in self.ups] if on and all(map(PolyphaseUp.supports, self.ups)) else None
 
-    def use_fused_blocks(self, on: bool = True, products: str = "model") -> None:
+    def use_fused_blocks(self, on: bool = True, products: str = "model", channels_last: bool = False) -> None:
         """Run the residual blocks as fused Triton kernels (``fused_resblock``; call after the last dtype or
         device change: the kernels hold their own copy of the weights), their products in ``products``
-        (``fused_resblock.PRODUCTS``). A stage whose channel count the kernel does not take keeps
+        (``fused_resblock.PRODUCTS``), time-major with ``channels_last``. A stage whose channel count the kernel does not take keeps
         PyTorch's convolutions (its entry is None)."""
         if not on:
             self.fused = None
@@ -148,7 +148,7 @@ class Generator(nn.Module):
         for i, up in enumerate(self.ups):
             blocks = list(self.resblocks[i * self.num_kernels : (i + 1) * self.num_kernels])
             ok = fused_resblock.supports(up.out_channels, products)
-            self.fused.append(fused_resblock.FusedStage(blocks, LRELU_SLOPE, products) if ok else None)
+            self.fused.append(fused_resblock.FusedStage(blocks, LRELU_SLOPE, products, channels_last) if ok else None)
 
     def use_fused_upsampling(self, on: bool = True) -> bool:
         """Run ``conv_pre``, the upsampling layers (with the leaky ReLU and mask before each) and

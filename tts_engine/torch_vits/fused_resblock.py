@@ -65,11 +65,14 @@ if triton is not None:
     def _conv_step(x_ptr, w_ptr, ws_ptr, b_ptr, m_ptr, r_ptr, y_ptr, T, scale,
                    C: tl.constexpr, K: tl.constexpr, DIL: tl.constexpr, SLOPE: tl.constexpr,
                    BLOCK_CO: tl.constexpr, BLOCK_T: tl.constexpr, HAS_MASK: tl.constexpr, RESIDUAL: tl.constexpr,
-                   ACCUM: tl.constexpr, FP8: tl.constexpr, TIME_ROWS: tl.constexpr):  # fmt: skip
+                   ACCUM: tl.constexpr, FP8: tl.constexpr, TIME_ROWS: tl.constexpr, CL: tl.constexpr):  # fmt: skip
         """y[b, co, t] (+)= scale * (sum_k W[k] @ act(x)[b, :, t + k*DIL - pad] + bias + r[b, co, t]).
         FP8: W in e4m3 with per-output-channel scales ``ws``; each tap's input tile scaled into e4m3.
         TIME_ROWS: the tile's product as ``act(x)^T @ W[k]^T`` ([time, channels]: the time steps are
-        the product's rows, so a stage of 32 channels still fills Hopper's 64-row products)."""
+        the product's rows, so a stage of 32 channels still fills Hopper's 64-row products).
+        CL (with TIME_ROWS): x, r and y time-major ``[B, T, C]``: a tap's tile is BLOCK_T whole rows of C
+        contiguous channels, aligned whatever the tap's shift (channel-major, a shift of DIL samples
+        misaligns every row of the tile)."""
         pid_t, pid_c, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
         t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
         ci = tl.arange(0, C)
@@ -82,7 +85,9 @@ if triton is not None:
         for k in tl.static_range(K):
             ts = t + (k * DIL - (K - 1) * DIL // 2)
             inside = (ts >= 0) & (ts < T)
-            if TIME_ROWS:
+            if CL:
+                xv = tl.load(x_row + ts[:, None] * C + ci[None, :], mask=inside[:, None], other=0.0).to(tl.float32)
+            elif TIME_ROWS:
                 xv = tl.load(x_row + ci[None, :] * T + ts[:, None], mask=inside[:, None], other=0.0).to(tl.float32)
             else:
                 xv = tl.load(x_row + ci[:, None] * T + ts[None, :], mask=inside[None, :], other=0.0).to(tl.float32)
@@ -113,7 +118,10 @@ if triton is not None:
             if FP8:
                 acc = acc * tl.load(ws_ptr + co)[None, :]
             acc += bias[None, :]
-            out = co[None, :] * T + t[:, None]
+            if CL:
+                out = t[:, None] * C + co[None, :]
+            else:
+                out = co[None, :] * T + t[:, None]
             keep = (t < T)[:, None]
         else:
             if FP8:
@@ -132,26 +140,34 @@ if triton is not None:
 #: (BLOCK_CO, BLOCK_T, num_warps[, time_rows]) per channel count, chosen on the H200
 #: (``bench/tts_gpu_experiments.py --tiles``); ``time_rows`` (default False): see ``_conv_step``.
 TILES = {128: (128, 64, 8), 64: (64, 128, 4), 32: (32, 128, 4), 16: (16, 128, 4)}
+#: The same for ``channels_last`` steps (not yet chosen on a GPU: the channel-major tiles).
+CL_TILES = dict(TILES)
 
 
 def conv_step(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, dilation: int, mask: torch.Tensor | None,
               residual: torch.Tensor | None, out: torch.Tensor, scale: float = 1.0, accumulate: bool = False,
               tiles: tuple[int, int, int] | None = None, slope: float = 0.1,
-              weight_scale: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+              weight_scale: torch.Tensor | None = None, channels_last: bool = False) -> torch.Tensor:  # fmt: skip
     """``out (+)= scale * (conv(mask * leaky_relu(x, slope)) + bias + residual)``; ``weight`` [K, C, C]
     (tap-major; float8 e4m3 with ``weight_scale`` [C] from ``quantize_e4m3``: FP8 products);
-    ``tiles``: (BLOCK_CO, BLOCK_T, num_warps[, time_rows]), default ``TILES``."""
-    batch, channels, length = x.shape
+    ``tiles``: (BLOCK_CO, BLOCK_T, num_warps[, time_rows]), default ``TILES`` (``CL_TILES`` channels-last);
+    ``channels_last``: x, residual and out are time-major ``[B, T, C]`` contiguous (the product then
+    always has time as its rows); ``mask`` is ``[B, 1, T]`` either way."""
+    if channels_last:
+        batch, length, channels = x.shape
+    else:
+        batch, channels, length = x.shape
     fp8 = weight.dtype == torch.float8_e4m3fn
     if fp8 != (weight_scale is not None):
         raise ValueError("e4m3 weights need their weight_scale, and only they take one")
-    block_co, block_t, warps, *rest = tiles or TILES.get(channels, (min(channels, 64), 128, 4))
+    default = (CL_TILES if channels_last else TILES).get(channels, (min(channels, 64), 128, 4))
+    block_co, block_t, warps, *rest = tiles or default
     grid = (triton.cdiv(length, block_t), channels // block_co, batch)
     _conv_step[grid](x, weight, weight_scale if fp8 else bias, bias, mask if mask is not None else x,
                      residual if residual is not None else x, out, length, scale,
                      C=channels, K=weight.shape[0], DIL=dilation, SLOPE=slope, BLOCK_CO=block_co, BLOCK_T=block_t,
                      HAS_MASK=mask is not None, RESIDUAL=residual is not None, ACCUM=accumulate, FP8=fp8,
-                     TIME_ROWS=bool(rest and rest[0]), num_warps=warps)  # fmt: skip
+                     TIME_ROWS=channels_last or bool(rest and rest[0]), CL=channels_last, num_warps=warps)  # fmt: skip
     return out
 
 
@@ -163,10 +179,13 @@ def tap_major(conv: torch.nn.Conv1d) -> torch.Tensor:
 class FusedStage:
     """One decoder stage's blocks (``mean_j block_j(x)``) with fused kernels; weights taken from the modules:
     ``decoder.ResBlock2`` (``convs``) or ``decoder.ResBlock1`` (``convs1``, ``convs2``); ``slope``: their
-    leaky ReLU's; ``products``: one of ``PRODUCTS``."""
+    leaky ReLU's; ``products``: one of ``PRODUCTS``; ``channels_last``: the steps run time-major (the
+    stage's input transposed to ``[B, T, C]`` once, its output back to ``[B, C, T]`` once)."""
 
-    def __init__(self, blocks: list[torch.nn.Module], slope: float, products: str = "model") -> None:
+    def __init__(self, blocks: list[torch.nn.Module], slope: float, products: str = "model",
+                 channels_last: bool = False) -> None:  # fmt: skip
         self.slope = slope
+        self.channels_last = channels_last
         if triton is None:
             raise RuntimeError("fused residual blocks need triton (it comes with PyTorch's CUDA builds)")
         if products not in PRODUCTS:
@@ -192,7 +211,8 @@ class FusedStage:
             self.blocks.append(steps)
 
     def __call__(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        x = x.contiguous()
+        cl = self.channels_last
+        x = x.transpose(1, 2).contiguous() if cl else x.contiguous()
         m = None if mask is None else mask.contiguous()
         out = torch.empty_like(x)
         scale = 1.0 / len(self.blocks)
@@ -202,10 +222,11 @@ class FusedStage:
                 last = i == len(steps) - 1
                 src = h  # ResBlock2: h = conv(act(h)) + h
                 if pair is not None:  # ResBlock1: h = conv2(act(conv1(act(h)))) + h
-                    src = conv_step(h, w, b, d, m, None, torch.empty_like(x), slope=self.slope, weight_scale=ws)
+                    src = conv_step(h, w, b, d, m, None, torch.empty_like(x), slope=self.slope, weight_scale=ws,
+                                    channels_last=cl)  # fmt: skip
                     (w, ws, b), d = pair, 1
                 dst = out if last else torch.empty_like(x)
                 conv_step(src, w, b, d, m, h, dst, scale if last else 1.0, last and j > 0, slope=self.slope,
-                          weight_scale=ws)  # fmt: skip
+                          weight_scale=ws, channels_last=cl)  # fmt: skip
                 h = dst
-        return out
+        return out.transpose(1, 2).contiguous() if cl else out
