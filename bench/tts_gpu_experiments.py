@@ -385,6 +385,10 @@ def main() -> int:
                         "fused_upsample's row kernel, e.g. 64x64x4 (default: its ROW_TILES)")
     p.add_argument("--channels-last", action="store_true",
                    help="with --fused-flow: add that decoder with its residual blocks time-major (fused_blocks_channels_last)")
+    p.add_argument("--stages", action="store_true",
+                   help="with --fused-flow: add that decoder with each stage's residual blocks as one launch (fused_stages)")
+    p.add_argument("--stage-tiles", nargs="+", default=[], metavar="TxW",
+                   help="with --fused-flow: also the one-launch stages with these (time steps, warps) at every channel count")
     p.add_argument("--tiles", action="store_true", help="time one residual step per channel count and tile shape")
     p.add_argument("--flow-precision", type=int, default=0, metavar="N",
                    help="per sentence of the first N: SNR against fp32 of the fp16 flow (PyTorch's and fused) and "
@@ -425,9 +429,10 @@ def main() -> int:
         calibration = [s["ids"] for s in json.loads(CALIBRATION_SENTENCES.read_text())["sentences"]]
         rows += encoder_products_rows(model, sentences + calibration, args.conv_tiles, profile_batch=16 if args.profile else 0)
     torch._dynamo.config.cache_size_limit = 64
-    from tts_engine.torch_vits import fused_flow, fused_upsample
+    from tts_engine.torch_vits import fused_flow, fused_stage, fused_upsample
 
     default_tiles = fused_upsample.ROW_TILES
+    default_stage_tiles = dict(fused_stage.TILES)
     default_gate = (fused_flow.GATE_TILES, fused_flow.RES_SKIP_TILES)
     # (name, fused blocks, polyphase upsampling, fused upsampling tiles or None, fused flow: False or
     # its (gate, res/skip) tiles)
@@ -446,6 +451,10 @@ def main() -> int:
             variants.append(("fused_up_flow", True, True, default_tiles, default_gate))
             if args.channels_last:
                 variants.append(("fused_up_flow_cl", "cl", True, default_tiles, default_gate))
+            if args.stages or args.stage_tiles:
+                variants.append(("fused_up_flow_stages", "stages", True, default_tiles, default_gate))
+            for spec in args.stage_tiles:
+                variants.append((f"fused_up_flow_stages_{spec}", f"stages:{spec}", True, default_tiles, default_gate))
             for spec in args.gate_tiles:
                 tiles = tuple(int(v) for v in spec.split("x"))
                 variants.append((f"fused_up_flow_{spec}", True, True, default_tiles, (tiles, tiles)))
@@ -461,7 +470,11 @@ def main() -> int:
             row = {"what": "decode", "chunk": chunk, "batch": b}
             out_eager = None
             for name, fused, poly, up_tiles, flow in variants:
-                synth.dec.use_fused_blocks(bool(fused), channels_last=fused == "cl")
+                stages = isinstance(fused, str) and fused.startswith("stages")
+                if stages and ":" in fused:  # every channel count in these (time steps, warps)
+                    bt, nw = (int(v) for v in fused.split(":")[1].split("x"))
+                    fused_stage.TILES = {c: (bt, nw) for c in default_stage_tiles}
+                synth.dec.use_fused_blocks(bool(fused), channels_last=fused == "cl", stages=stages)
                 synth.dec.use_polyphase(poly)
                 if flow:
                     fused_flow.GATE_TILES, fused_flow.RES_SKIP_TILES = flow
@@ -497,6 +510,7 @@ def main() -> int:
                     fused_flow.use_fused_flow(synth.flow, False)
                     fused_upsample.ROW_TILES = default_tiles
                     fused_flow.GATE_TILES, fused_flow.RES_SKIP_TILES = default_gate
+                    fused_stage.TILES = default_stage_tiles
             rows.append(row)
             print(json.dumps(row), flush=True)
         if not args.no_compile and time.perf_counter() - t_start < args.budget_s:

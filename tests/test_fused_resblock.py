@@ -255,3 +255,48 @@ def test_fused_block_kernels_compile_for_hopper():
         narrow = {layout: sum(op == "b16" for op in ops) / len(ops) for layout, ops in loads.items()}
         assert narrow["cm"] > 0.5 and narrow["cl"] < 0.3, (channels, narrow)  # cl: the mask and bias
         assert len(loads["cl"]) < len(loads["cm"]) / 2, channels
+
+
+STAGES_SCRIPT = r"""
+import json
+""" + VOICE_SHAPED + r"""
+from tts_engine.torch_vits import fused_stage
+
+# small tiles and few programs, so that every stage of this short input walks several strips of
+# several tiles (the shipped tiles are 64-128 samples; the last block's second step reaches 36)
+fused_stage.TILES = {c: (64, 4) for c in fused_stage.TILES}
+fused_stage.TARGET_PROGRAMS, fused_stage.MIN_STRIP_TILES = 4, 3
+z = torch.randn(2, 48, 7)
+mask = torch.ones(2, 1, 7)
+mask[1, :, 5:] = 0
+out = {}
+with torch.inference_mode():
+    want = g(z, mask)
+    want_unmasked = g(z, None)
+    g.use_fused_blocks(stages=True)
+    out["kinds"] = [type(s).__name__ for s in g.fused]
+    got = g(z, mask)
+    out["unmasked"] = float((g(z, None) - want_unmasked).abs().max())
+    out["strips"] = [fused_stage.FusedStageStrips.strips(s, 2, 7 * n) for s, n in zip(g.fused, (8, 64, 256))]
+    g.use_fused_blocks(stages=True, products="e4m3")
+    out["e4m3_kinds"] = [type(s).__name__ for s in g.fused]
+    g1 = Generator(48, "1", (3, 7), ((1, 3, 5), (1, 3, 5)), (4, 4), 64, (8, 8)).eval()
+    g1.use_fused_blocks(stages=True)
+    out["resblock1_kinds"] = [type(s).__name__ for s in g1.fused]
+out.update(diff=float((got - want).abs().max()), peak=float(want.abs().max()),
+           masked_matters=float((want - want_unmasked).abs().max()))
+print(json.dumps(out))
+"""
+
+
+def test_one_launch_stages_compute_what_pytorch_computes():
+    """``Generator.use_fused_blocks(stages=True)`` (``fused_stage``): each stage of the voice-shaped
+    decoder as one launch, every program walking strips of several tiles with the first steps in its
+    ring: the output within float32 rounding of PyTorch's, masked and not; FP8 products and
+    ``ResBlock1`` stages keep the per-step kernels."""
+    r = interpret(STAGES_SCRIPT, timeout=900)
+    assert r["kinds"] == ["FusedStageStrips"] * 3, r
+    assert r["e4m3_kinds"] == ["FusedStage"] * 3 and r["resblock1_kinds"] == ["FusedStage"] * 2
+    assert [s[1] for s in r["strips"]] == [1, 2, 2] and r["strips"][2][0] >= 3, r["strips"]
+    assert r["peak"] > 0.01 and r["masked_matters"] > 1e-3
+    assert r["diff"] < 1e-5 and r["unmasked"] < 1e-5, r

@@ -560,14 +560,16 @@ def test_gpu_e4m3_block_products_keep_the_audio_intelligible(model, voice_path):
     assert min(b for _, b in snrs) >= LOW_PRECISION_MIN_SNR_DB["e4m3"]
 
 
-def test_gpu_channels_last_blocks_speak_as_the_channel_major_ones(model, voice_path):
-    """``tts.fused_blocks_channels_last`` (configs/gpu.toml's decoder otherwise, fp16): the residual blocks'
-    steps time-major give every sentence the same length as the channel-major kernels, the waveform
-    within 40 dB SNR of theirs (the same sums, products tiled otherwise) and within fp16's floor of fp32."""
+@pytest.mark.parametrize("option", ["fused_blocks_channels_last", "fused_stages"])
+def test_gpu_other_block_kernels_speak_as_the_per_step_ones(model, voice_path, option):
+    """``tts.fused_blocks_channels_last`` (the steps time-major) and ``tts.fused_stages`` (a stage per
+    launch, strip by strip), configs/gpu.toml's decoder otherwise, fp16: every sentence the same length
+    as with the channel-major per-step kernels, the waveform within 40 dB SNR of theirs (the same sums,
+    tiled otherwise; the stages round the mean over blocks once) and within fp16's floor of fp32."""
     from tts_engine.engine import SynthesisOptions
 
     fused = dict(polyphase=True, fused_blocks=True, fused_upsampling=True, fused_flow=True)
-    if not runs_here(voice_path, "test_gpu_channels_last_blocks_speak_as_the_channel_major_ones", "fp16", **fused):
+    if not runs_here(voice_path, f"test_gpu_other_block_kernels_speak_as_the_per_step_ones[{option}]", "fp16", **fused):
         return
     quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
     inputs = bench_ids(8)
@@ -580,12 +582,12 @@ def test_gpu_channels_last_blocks_speak_as_the_channel_major_ones(model, voice_p
         finally:
             eng.close()
 
-    channel_major, time_major = speak(), speak(fused_blocks_channels_last=True)
+    per_step, other = speak(), speak(**{option: True})
     snrs = []
-    for a, b, ref in zip(channel_major, time_major, refs):
+    for a, b, ref in zip(per_step, other, refs):
         assert a.shape == b.shape == ref.shape
         snrs.append((snr_db(a, b), snr_db(ref, b)))
-    print("SNR channels-last vs channel-major, vs fp32: " + ", ".join(f"{a:.1f}/{b:.1f}" for a, b in snrs) + " dB")
+    print(f"SNR {option} vs per-step kernels, vs fp32: " + ", ".join(f"{a:.1f}/{b:.1f}" for a, b in snrs) + " dB")
     assert min(a for a, _ in snrs) >= 40.0
     assert min(b for _, b in snrs) >= LOW_PRECISION_MIN_SNR_DB["fp16"]
 

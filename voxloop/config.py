@@ -432,6 +432,11 @@ class TtsConfig:
     #: contiguous channels, loaded 16 bytes at a time whatever the tap's dilation shift (channel-major,
     #: most of a shifted tile's loads are 2 bytes each); each stage's input and output transposed once.
     fused_blocks_channels_last: bool = False
+    #: GPU, with ``fused_blocks`` ("model" products): each stage of ``ResBlock2`` blocks as one launch,
+    #: its programs walking strips of time tiles with each block's first step kept in a cached ring, so
+    #: the stage reads its input and writes its output once (two passes over the stage's tensors instead
+    #: of fourteen). Stages it does not take (``ResBlock1``, FP8) keep the per-step kernels.
+    fused_stages: bool = False
     #: GPU, fp16/bf16: the decoder's input convolution, upsampling layers (polyphase form, with the
     #: leaky ReLU and mask before each) and output convolution + tanh as fused Triton kernels: one
     #: pass per layer instead of cuDNN's transposes, bias adds and interleaving copies.
@@ -547,6 +552,9 @@ class TtsConfig:
                               f"one of {', '.join(ATTENTION_PRODUCTS)} (tensor-core products; with tts.fused_text_encoder "
                               f"= true), got {self.text_encoder_products!r}: in fp32 on the CUDA cores its kernel made the "
                               "text encoder ~10x slower (H100: 30 instead of 2.6 ms at 16 sentences)")  # fmt: skip
+        if self.fused_stages and (not self.fused_blocks or self.fused_block_products != "model"):
+            raise ConfigError("tts.fused_stages runs the fused residual blocks a stage at a time: it needs "
+                              'tts.fused_blocks = true and tts.fused_block_products = "model"')  # fmt: skip
         if self.fused_blocks_channels_last and not self.fused_blocks:
             raise ConfigError("tts.fused_blocks_channels_last is the fused residual blocks' layout: it needs "
                               "tts.fused_blocks = true")  # fmt: skip

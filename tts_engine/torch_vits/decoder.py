@@ -134,19 +134,26 @@ class Generator(nn.Module):
         """Upsample with ``PolyphaseUp`` (where every stage has a kernel that is a multiple of its stride)."""
         self.polyphase = [PolyphaseUp(up) for up in self.ups] if on and all(map(PolyphaseUp.supports, self.ups)) else None
 
-    def use_fused_blocks(self, on: bool = True, products: str = "model", channels_last: bool = False) -> None:
+    def use_fused_blocks(self, on: bool = True, products: str = "model", channels_last: bool = False,
+                         stages: bool = False) -> None:  # fmt: skip
         """Run the residual blocks as fused Triton kernels (``fused_resblock``; call after the last dtype or
         device change: the kernels hold their own copy of the weights), their products in ``products``
-        (``fused_resblock.PRODUCTS``), time-major with ``channels_last``. A stage whose channel count the kernel does not take keeps
+        (``fused_resblock.PRODUCTS``), time-major with ``channels_last``; ``stages``: a stage the
+        one-launch kernel takes (``fused_stage.FusedStageStrips.supports``, "model" products) runs as
+        one launch, strip by strip. A stage whose channel count the kernel does not take keeps
         PyTorch's convolutions (its entry is None)."""
         if not on:
             self.fused = None
             return
         from tts_engine.torch_vits import fused_resblock
+        from tts_engine.torch_vits.fused_stage import FusedStageStrips
 
         self.fused = []
         for i, up in enumerate(self.ups):
             blocks = list(self.resblocks[i * self.num_kernels : (i + 1) * self.num_kernels])
+            if stages and products == "model" and FusedStageStrips.supports(blocks):
+                self.fused.append(FusedStageStrips(blocks, LRELU_SLOPE))
+                continue
             ok = fused_resblock.supports(up.out_channels, products)
             self.fused.append(fused_resblock.FusedStage(blocks, LRELU_SLOPE, products, channels_last) if ok else None)
 

@@ -150,6 +150,8 @@ class RunnerOptions:
     fused_block_products: str = "model"
     #: With ``fused_blocks``: their steps time-major (``fused_resblock.FusedStage``'s ``channels_last``).
     fused_blocks_channels_last: bool = False
+    #: With ``fused_blocks``: a stage the one-launch kernel takes as one launch (``fused_stage``).
+    fused_stages: bool = False
     #: CUDA, fp16/bf16: the decoder's input, upsampling and output convolutions as fused Triton
     #: kernels (``fused_upsample``).
     fused_upsampling: bool = False
@@ -379,11 +381,13 @@ class StepRunner:
             if torch.cuda.get_device_capability(self.device) < (8, 9):
                 raise ValueError(f"e4m3 products need FP8 tensor cores (compute capability 8.9+), not "
                                  f"{torch.cuda.get_device_name(self.device)}")  # fmt: skip
-        if options.fused_blocks_channels_last and not options.fused_blocks:
-            raise ValueError("fused_blocks_channels_last is the fused blocks' layout: it needs fused_blocks")
+        if (options.fused_blocks_channels_last or options.fused_stages) and not options.fused_blocks:
+            raise ValueError("fused_blocks_channels_last and fused_stages are ways to run the fused blocks: they "
+                             "need fused_blocks")  # fmt: skip
         if options.fused_blocks:
             self.synth_model.dec.use_fused_blocks(products=options.fused_block_products,
-                                                  channels_last=options.fused_blocks_channels_last)
+                                                  channels_last=options.fused_blocks_channels_last,
+                                                  stages=options.fused_stages)
         if options.fused_upsampling:
             if not self.synth_model.dec.use_fused_upsampling():
                 log.warning("fused upsampling: this decoder has a layer the kernels do not take; left as is")
