@@ -386,9 +386,9 @@ def main() -> int:
     p.add_argument("--channels-last", action="store_true",
                    help="with --fused-flow: add that decoder with its residual blocks time-major (fused_blocks_channels_last)")
     p.add_argument("--stages", action="store_true",
-                   help="with --fused-flow: add that decoder with each stage's residual blocks as one launch (fused_stages)")
+                   help="with --fused-flow: add that decoder with each stage's residual blocks as two launches (fused_stages)")
     p.add_argument("--stage-tiles", nargs="+", default=[], metavar="TxW",
-                   help="with --fused-flow: also the one-launch stages with these (time steps, warps) at every channel count")
+                   help="with --fused-flow: also the two-launch stages with these (time steps, warps) at every channel count")
     p.add_argument("--tiles", action="store_true", help="time one residual step per channel count and tile shape")
     p.add_argument("--flow-precision", type=int, default=0, metavar="N",
                    help="per sentence of the first N: SNR against fp32 of the fp16 flow (PyTorch's and fused) and "
@@ -473,7 +473,7 @@ def main() -> int:
                 stages = isinstance(fused, str) and fused.startswith("stages")
                 if stages and ":" in fused:  # every channel count in these (time steps, warps)
                     bt, nw = (int(v) for v in fused.split(":")[1].split("x"))
-                    fused_stage.TILES = {c: (bt, nw) for c in default_stage_tiles}
+                    fused_stage.TILES = {c: (c, bt, nw) for c in default_stage_tiles}
                 synth.dec.use_fused_blocks(bool(fused), channels_last=fused == "cl", stages=stages)
                 synth.dec.use_polyphase(poly)
                 if flow:

@@ -562,8 +562,8 @@ def test_gpu_e4m3_block_products_keep_the_audio_intelligible(model, voice_path):
 
 @pytest.mark.parametrize("option", ["fused_blocks_channels_last", "fused_stages"])
 def test_gpu_other_block_kernels_speak_as_the_per_step_ones(model, voice_path, option):
-    """``tts.fused_blocks_channels_last`` (the steps time-major) and ``tts.fused_stages`` (a stage per
-    launch, strip by strip), configs/gpu.toml's decoder otherwise, fp16: every sentence the same length
+    """``tts.fused_blocks_channels_last`` (the steps time-major) and ``tts.fused_stages`` (a stage as two
+    launches), configs/gpu.toml's decoder otherwise, fp16: every sentence the same length
     as with the channel-major per-step kernels, the waveform within 40 dB SNR of theirs (the same sums,
     tiled otherwise; the stages round the mean over blocks once) and within fp16's floor of fp32."""
     from tts_engine.engine import SynthesisOptions

@@ -432,10 +432,10 @@ class TtsConfig:
     #: contiguous channels, loaded 16 bytes at a time whatever the tap's dilation shift (channel-major,
     #: most of a shifted tile's loads are 2 bytes each); each stage's input and output transposed once.
     fused_blocks_channels_last: bool = False
-    #: GPU, with ``fused_blocks`` ("model" products): each stage of ``ResBlock2`` blocks as one launch,
-    #: its programs walking strips of time tiles with each block's first step kept in a cached ring, so
-    #: the stage reads its input and writes its output once (two passes over the stage's tensors instead
-    #: of fourteen). Stages it does not take (``ResBlock1``, FP8) keep the per-step kernels.
+    #: GPU, with ``fused_blocks`` ("model" products): each stage of ``ResBlock2`` blocks as two launches,
+    #: every block's first step from one read of the stage's input, then every second step and the mean
+    #: over blocks written once (eight passes over the stage's tensors instead of fourteen). Stages it
+    #: does not take (``ResBlock1``, FP8) keep the per-step kernels.
     fused_stages: bool = False
     #: GPU, fp16/bf16: the decoder's input convolution, upsampling layers (polyphase form, with the
     #: leaky ReLU and mask before each) and output convolution + tanh as fused Triton kernels: one

@@ -139,20 +139,20 @@ class Generator(nn.Module):
         """Run the residual blocks as fused Triton kernels (``fused_resblock``; call after the last dtype or
         device change: the kernels hold their own copy of the weights), their products in ``products``
         (``fused_resblock.PRODUCTS``), time-major with ``channels_last``; ``stages``: a stage the
-        one-launch kernel takes (``fused_stage.FusedStageStrips.supports``, "model" products) runs as
-        one launch, strip by strip. A stage whose channel count the kernel does not take keeps
+        two-launch kernels take (``fused_stage.FusedStageSteps.supports``, "model" products) runs as
+        two launches (all first steps, then all second steps and the mean). A stage whose channel count the kernel does not take keeps
         PyTorch's convolutions (its entry is None)."""
         if not on:
             self.fused = None
             return
         from tts_engine.torch_vits import fused_resblock
-        from tts_engine.torch_vits.fused_stage import FusedStageStrips
+        from tts_engine.torch_vits.fused_stage import FusedStageSteps
 
         self.fused = []
         for i, up in enumerate(self.ups):
             blocks = list(self.resblocks[i * self.num_kernels : (i + 1) * self.num_kernels])
-            if stages and products == "model" and FusedStageStrips.supports(blocks):
-                self.fused.append(FusedStageStrips(blocks, LRELU_SLOPE))
+            if stages and products == "model" and FusedStageSteps.supports(blocks):
+                self.fused.append(FusedStageSteps(blocks, LRELU_SLOPE))
                 continue
             ok = fused_resblock.supports(up.out_channels, products)
             self.fused.append(fused_resblock.FusedStage(blocks, LRELU_SLOPE, products, channels_last) if ok else None)

@@ -1,48 +1,40 @@
-"""A decoder stage's residual blocks as one Triton kernel, strip by strip (GPU; ``tts.fused_stages``).
+"""A decoder stage's residual blocks as two Triton launches (GPU; ``tts.fused_stages``).
 
 ``fused_resblock`` runs each step of a Piper "medium"/"low" stage (``mean_j block_j(x)``, each
 ``ResBlock2`` two steps ``h = conv_d(mask * leaky_relu(h)) + h``) as its own launch: six launches
-per stage of three blocks, each reading a whole ``[B, C, T]`` tensor from memory and writing one
-back (the last steps also reading the stage's output to add onto it), fourteen passes over
-tensors that at the last stage of a 64-row decode step are ~290 MB each, far beyond the L2 cache.
+for a stage of three blocks, fourteen passes over ``[B, C, T]`` tensors (each step reads its
+input and writes its output; the second and third blocks' last steps also read the stage's output
+to add onto it). At the last stage of a 64-row decode step such a tensor is ~290 MB, far beyond the
+L2 cache, and those steps are most of a decode step's GPU time.
 
-Here one launch does the whole stage. Each program owns a strip of one row's time tiles and walks
-it in order: at tile ``j`` it computes every block's first step (from the stage's input, read from
-memory) into a ring of four tiles per block in a scratch buffer of its own, then, after a barrier,
-every block's second step at tile ``j - 1`` (its taps reach at most one tile either side, which the
-ring holds) and the mean over blocks, written once. The ring is rewritten tile after tile, so it
-stays in the cache: the stage reads its input and writes its output, two passes instead of
-fourteen. A strip also computes the first steps of the tile on each side of it (its neighbours
-compute them too): ``2 / tiles_per_strip`` more first-step work.
+Here a stage is two launches over the same grid of (time tile, channel block, row) programs:
+``_first_steps`` reads the stage's input tile (each block's taps from the same loads in cache) and
+writes every block's first step; ``_second_steps`` reads those and writes the mean of every block's
+second step once. Eight passes instead of fourteen, two launches instead of six.
 
 Same sums as ``fused_resblock`` (fp32 accumulation on the tensor cores, a first step's output
 rounded to the model's dtype as there), except that the mean over blocks is summed in fp32 and
-rounded once (``fused_resblock`` rounds after adding each block). Only ``ResBlock2`` stages of 1-3
-blocks whose second steps reach at most one tile (``supports``); others keep ``fused_resblock``.
+rounded once (``fused_resblock`` rounds after adding each block). Only stages of 1-3 ``ResBlock2``
+blocks with "model" products (``supports``); others keep ``fused_resblock``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from tts_engine.torch_vits.fused_resblock import available, tap_major, triton
+from tts_engine.torch_vits.fused_resblock import TILES, available, supports as block_supports, tap_major, triton
 
 if triton is not None:
     import triton.language as tl
 
     @triton.jit
-    def _taps(acc, src, c_stride, w_ptr, t, T, ci, co, m_row, C: tl.constexpr, K: tl.constexpr, DIL: tl.constexpr,
-              SLOPE: tl.constexpr, HAS_MASK: tl.constexpr, RING: tl.constexpr):  # fmt: skip
-        """acc += sum_k W[k] @ (mask * leaky_relu(src))[:, t + k*DIL - pad], zero outside [0, T);
-        ``RING`` > 0: ``src`` holds position ``p`` at column ``p % RING`` (a power of two)."""
+    def _taps(acc, src, w_ptr, t, T, ci, co, m_row, C: tl.constexpr, K: tl.constexpr, DIL: tl.constexpr,
+              SLOPE: tl.constexpr, HAS_MASK: tl.constexpr):  # fmt: skip
+        """acc += sum_k W[k][co] @ (mask * leaky_relu(src))[:, t + k*DIL - pad], zero outside [0, T)."""
         for k in tl.static_range(K):
             ts = t + (k * DIL - (K - 1) * DIL // 2)
             inside = (ts >= 0) & (ts < T)
-            if RING > 0:
-                col = ts & (RING - 1)
-            else:
-                col = ts
-            xv = tl.load(src + ci[:, None] * c_stride + col[None, :], mask=inside[None, :], other=0.0).to(tl.float32)
+            xv = tl.load(src + ci[:, None] * T + ts[None, :], mask=inside[None, :], other=0.0).to(tl.float32)
             xv = tl.where(xv >= 0, xv, xv * SLOPE)
             if HAS_MASK:
                 xv = xv * tl.load(m_row + ts, mask=inside, other=0.0).to(tl.float32)[None, :]
@@ -51,140 +43,107 @@ if triton is not None:
         return acc
 
     @triton.jit
-    def _first(x_row, ring, w_ptr, b_ptr, m_row, t, T, ci, C: tl.constexpr, K: tl.constexpr, DIL: tl.constexpr,
-               SLOPE: tl.constexpr, HAS_MASK: tl.constexpr, RW: tl.constexpr, BT: tl.constexpr):  # fmt: skip
-        """A block's first step at the tile of positions ``t``, into its ring."""
-        acc = tl.zeros((C, BT), dtype=tl.float32)
-        acc = _taps(acc, x_row, T, w_ptr, t, T, ci, ci, m_row, C, K, DIL, SLOPE, HAS_MASK, 0)
-        keep = (t >= 0) & (t < T)
-        acc += tl.load(b_ptr + ci).to(tl.float32)[:, None]
-        acc += tl.load(x_row + ci[:, None] * T + t[None, :], mask=keep[None, :], other=0.0).to(tl.float32)
-        cols = t & (RW - 1)
-        tl.store(ring + ci[:, None] * RW + cols[None, :], acc.to(ring.dtype.element_ty), mask=keep[None, :])
+    def _step(src, w_ptr, b_ptr, m_row, t, T, ci, co, C: tl.constexpr, K: tl.constexpr, DIL: tl.constexpr,
+              SLOPE: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_T: tl.constexpr):  # fmt: skip
+        """One step at the tile (co, t), fp32: conv(mask * act(src)) + bias + src."""
+        acc = tl.zeros((BLOCK_CO, BLOCK_T), dtype=tl.float32)
+        acc = _taps(acc, src, w_ptr, t, T, ci, co, m_row, C, K, DIL, SLOPE, HAS_MASK)
+        acc += tl.load(b_ptr + co).to(tl.float32)[:, None]
+        acc += tl.load(src + co[:, None] * T + t[None, :], mask=(t < T)[None, :], other=0.0).to(tl.float32)
+        return acc
 
     @triton.jit
-    def _second(total, ring, w_ptr, b_ptr, m_row, t, T, ci, C: tl.constexpr, K: tl.constexpr, DIL: tl.constexpr,
-                SLOPE: tl.constexpr, HAS_MASK: tl.constexpr, RW: tl.constexpr):  # fmt: skip
-        """``total`` + a block's second step at the tile of positions ``t``, from its ring."""
-        total = _taps(total, ring, RW, w_ptr, t, T, ci, ci, m_row, C, K, DIL, SLOPE, HAS_MASK, RW)
-        keep = (t >= 0) & (t < T)
-        total += tl.load(b_ptr + ci).to(tl.float32)[:, None]
-        cols = t & (RW - 1)
-        total += tl.load(ring + ci[:, None] * RW + cols[None, :], mask=keep[None, :], other=0.0).to(tl.float32)
-        return total
-
-    @triton.jit
-    def _stage(x_ptr, m_ptr, y_ptr, s_ptr, w_ptr, b_ptr, T, TILES, STRIPS,
-               C: tl.constexpr, NB: tl.constexpr, KMAX: tl.constexpr,
-               K0: tl.constexpr, D00: tl.constexpr, D01: tl.constexpr,
-               K1: tl.constexpr, D10: tl.constexpr, D11: tl.constexpr,
-               K2: tl.constexpr, D20: tl.constexpr, D21: tl.constexpr,
-               SLOPE: tl.constexpr, HAS_MASK: tl.constexpr, BT: tl.constexpr):  # fmt: skip
-        """y[b, :, strip] = mean over the NB blocks of step 2(step 1(x)); W [NB, 2, KMAX, C, C], bias [NB, 2, C];
-        scratch [B * STRIPS, NB, C, 4 * BT]."""
-        RW: tl.constexpr = 4 * BT
-        strip, b = tl.program_id(0), tl.program_id(1).to(tl.int64)
-        n_tiles = tl.cdiv(T, BT)
-        j0 = strip * TILES
-        j1 = tl.minimum(j0 + TILES, n_tiles)
+    def _stage_steps(x_ptr, m_ptr, y_ptr, w_ptr, b_ptr, T, scale,
+                     C: tl.constexpr, NB: tl.constexpr, SECOND: tl.constexpr, KMAX: tl.constexpr,
+                     K0: tl.constexpr, D0: tl.constexpr, K1: tl.constexpr, D1: tl.constexpr,
+                     K2: tl.constexpr, D2: tl.constexpr, SLOPE: tl.constexpr, HAS_MASK: tl.constexpr,
+                     BLOCK_CO: tl.constexpr, BLOCK_T: tl.constexpr):  # fmt: skip
+        """First steps (SECOND False): y[j] = step_j(x) for each block j, x [B, C, T], y [NB, B, C, T].
+        Second steps: y = scale * sum_j step_j(x[j]), x [NB, B, C, T], y [B, C, T].
+        W [NB, KMAX, C, C] (tap-major, this launch's step of each block), bias [NB, C]."""
+        pid_t, pid_c, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+        n_rows = tl.num_programs(2).to(tl.int64)
+        t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
         ci = tl.arange(0, C)
-        tt = tl.arange(0, BT)
-        x_row = x_ptr + b * C * T
-        y_row = y_ptr + b * C * T
+        co = pid_c * BLOCK_CO + tl.arange(0, BLOCK_CO)
         m_row = m_ptr + b * T
-        ring = s_ptr + (b * STRIPS + strip) * NB * C * RW
-        WS: tl.constexpr = KMAX * C * C  # one step's weights
-        for j in range(j0 - 1, j1 + 1):
-            if (j >= 0) & (j < n_tiles):
-                t = j * BT + tt
-                _first(x_row, ring, w_ptr, b_ptr, m_row, t, T, ci, C, K0, D00, SLOPE, HAS_MASK, RW, BT)
-                if NB > 1:
-                    _first(x_row, ring + C * RW, w_ptr + 2 * WS, b_ptr + 2 * C, m_row, t, T, ci, C, K1, D10, SLOPE,
-                           HAS_MASK, RW, BT)  # fmt: skip
-                if NB > 2:
-                    _first(x_row, ring + 2 * C * RW, w_ptr + 4 * WS, b_ptr + 4 * C, m_row, t, T, ci, C, K2, D20, SLOPE,
-                           HAS_MASK, RW, BT)  # fmt: skip
-            tl.debug_barrier()  # the tile's first steps are in the rings before any second step reads them
-            if j - 1 >= j0:
-                t = (j - 1) * BT + tt
-                total = tl.zeros((C, BT), dtype=tl.float32)
-                total = _second(total, ring, w_ptr + WS, b_ptr + C, m_row, t, T, ci, C, K0, D01, SLOPE, HAS_MASK, RW)
-                if NB > 1:
-                    total = _second(total, ring + C * RW, w_ptr + 3 * WS, b_ptr + 3 * C, m_row, t, T, ci, C, K1, D11,
-                                    SLOPE, HAS_MASK, RW)  # fmt: skip
-                if NB > 2:
-                    total = _second(total, ring + 2 * C * RW, w_ptr + 5 * WS, b_ptr + 5 * C, m_row, t, T, ci, C, K2,
-                                    D21, SLOPE, HAS_MASK, RW)  # fmt: skip
-                out = y_row + ci[:, None] * T + t[None, :]
-                tl.store(out, (total * (1.0 / NB)).to(y_ptr.dtype.element_ty), mask=(t < T)[None, :])
+        plane = n_rows * C * T  # one block's [B, C, T]
+        row = b * C * T
+        out = co[:, None] * T + t[None, :]
+        keep = (t < T)[None, :]
+        WS: tl.constexpr = KMAX * C * C
+        if SECOND:
+            total = _step(x_ptr + row, w_ptr, b_ptr, m_row, t, T, ci, co, C, K0, D0, SLOPE, HAS_MASK, BLOCK_CO, BLOCK_T)
+            if NB > 1:
+                total += _step(x_ptr + plane + row, w_ptr + WS, b_ptr + C, m_row, t, T, ci, co, C, K1, D1, SLOPE,
+                               HAS_MASK, BLOCK_CO, BLOCK_T)  # fmt: skip
+            if NB > 2:
+                total += _step(x_ptr + 2 * plane + row, w_ptr + 2 * WS, b_ptr + 2 * C, m_row, t, T, ci, co, C, K2, D2,
+                               SLOPE, HAS_MASK, BLOCK_CO, BLOCK_T)  # fmt: skip
+            tl.store(y_ptr + row + out, (total * scale).to(y_ptr.dtype.element_ty), mask=keep)
+        else:
+            h = _step(x_ptr + row, w_ptr, b_ptr, m_row, t, T, ci, co, C, K0, D0, SLOPE, HAS_MASK, BLOCK_CO, BLOCK_T)
+            tl.store(y_ptr + row + out, h.to(y_ptr.dtype.element_ty), mask=keep)
+            if NB > 1:
+                h = _step(x_ptr + row, w_ptr + WS, b_ptr + C, m_row, t, T, ci, co, C, K1, D1, SLOPE, HAS_MASK,
+                          BLOCK_CO, BLOCK_T)  # fmt: skip
+                tl.store(y_ptr + plane + row + out, h.to(y_ptr.dtype.element_ty), mask=keep)
+            if NB > 2:
+                h = _step(x_ptr + row, w_ptr + 2 * WS, b_ptr + 2 * C, m_row, t, T, ci, co, C, K2, D2, SLOPE, HAS_MASK,
+                          BLOCK_CO, BLOCK_T)  # fmt: skip
+                tl.store(y_ptr + 2 * plane + row + out, h.to(y_ptr.dtype.element_ty), mask=keep)
 
 
-#: (time steps per tile, num_warps) per channel count (not tuned on a GPU yet).
-TILES = {128: (64, 8), 64: (128, 8), 32: (128, 4), 16: (128, 4)}
-#: Programs to aim for per launch (strips x rows): enough to fill a large GPU a few times over.
-TARGET_PROGRAMS = 1024
-#: The fewest tiles a strip walks (each strip computes the first steps of 2 tiles beyond its own).
-MIN_STRIP_TILES = 4
-
-
-class FusedStageStrips:
-    """One decoder stage's ``ResBlock2`` blocks (1-3 of them, two steps each; ``supports``) as one
-    ``_stage`` launch; holds its own copy of the weights (take it after the last dtype or device
-    change). ``slope``: their leaky ReLU's."""
+class FusedStageSteps:
+    """One decoder stage's ``ResBlock2`` blocks (1-3 of them, two steps each; ``supports``) as two
+    ``_stage_steps`` launches; holds its own copy of the weights (take it after the last dtype or
+    device change). ``slope``: their leaky ReLU's; ``tiles``: (BLOCK_CO, BLOCK_T, num_warps), default
+    ``fused_resblock.TILES``'."""
 
     def __init__(self, blocks: list[torch.nn.Module], slope: float) -> None:
         if triton is None:
             raise RuntimeError("fused stages need triton (it comes with PyTorch's CUDA builds)")
         if not self.supports(blocks):
-            raise ValueError("fused stages take 1-3 ResBlock2 blocks of two steps, a power-of-two channel count "
-                             "(16-128) and second steps reaching at most one tile")  # fmt: skip
+            raise ValueError("fused stages take 1-3 ResBlock2 blocks of two steps and a power-of-two channel count >= 16")
         self.slope = slope
         self.channels = blocks[0].convs[0].in_channels
         self.kernels = [b.convs[0].kernel_size[0] for b in blocks]
         self.dilations = [(b.convs[0].dilation[0], b.convs[1].dilation[0]) for b in blocks]
-        kmax = max(self.kernels)
-        first = blocks[0].convs[0].weight
-        w = first.new_zeros(len(blocks), 2, kmax, self.channels, self.channels)
-        for i, block in enumerate(blocks):
-            for s, conv in enumerate(block.convs):
-                w[i, s, : conv.kernel_size[0]] = tap_major(conv)
-        self.weight = w.contiguous()
-        self.bias = torch.stack([torch.stack([c.bias.detach() for c in b.convs]) for b in blocks]).contiguous()
-        self.kmax = kmax
+        self.kmax = max(self.kernels)
+        self.weights, self.biases = [], []
+        for step in (0, 1):  # [NB, KMAX, C, C] and [NB, C] per step
+            w = blocks[0].convs[0].weight.new_zeros(len(blocks), self.kmax, self.channels, self.channels)
+            for i, block in enumerate(blocks):
+                w[i, : self.kernels[i]] = tap_major(block.convs[step])
+            self.weights.append(w.contiguous())
+            self.biases.append(torch.stack([b.convs[step].bias.detach() for b in blocks]).contiguous())
 
     @staticmethod
     def supports(blocks: list[torch.nn.Module]) -> bool:
         if not 1 <= len(blocks) <= 3 or not all(hasattr(b, "convs") and len(b.convs) == 2 for b in blocks):
             return False
         c = blocks[0].convs[0].in_channels
-        if c not in TILES or any(conv.in_channels != c or conv.out_channels != c for b in blocks for conv in b.convs):
-            return False
-        bt = TILES[c][0]
-        return all((conv.kernel_size[0] - 1) * conv.dilation[0] // 2 <= bt for b in blocks for conv in b.convs)
+        return block_supports(c) and all(conv.in_channels == c == conv.out_channels and
+                                         conv.kernel_size[0] == b.convs[0].kernel_size[0]
+                                         for b in blocks for conv in b.convs)  # fmt: skip
 
-    def strips(self, batch: int, length: int) -> tuple[int, int]:
-        """(tiles per strip, strips per row) for a launch of ``batch`` rows of ``length`` samples."""
-        n_tiles = triton.cdiv(length, TILES[self.channels][0])
-        per_row = max(1, min(n_tiles // MIN_STRIP_TILES, triton.cdiv(TARGET_PROGRAMS, batch)))
-        tiles = triton.cdiv(n_tiles, per_row)
-        return tiles, triton.cdiv(n_tiles, tiles)
-
-    def __call__(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, mask: torch.Tensor | None, tiles: tuple[int, int, int] | None = None) -> torch.Tensor:
         x = x.contiguous()
         batch, channels, length = x.shape
-        bt, warps = TILES[channels]
-        tiles, strips = self.strips(batch, length)
+        block_co, block_t, warps = (tiles or TILES.get(channels, (min(channels, 64), 128, 4)))[:3]
         n = len(self.kernels)
-        scratch = torch.empty(batch * strips, n, channels, 4 * bt, dtype=x.dtype, device=x.device)
-        out = torch.empty_like(x)
+        grid = (triton.cdiv(length, block_t), channels // block_co, batch)
+        m = mask.contiguous() if mask is not None else x
         k = self.kernels + [1] * (3 - n)
-        d = self.dilations + [(1, 1)] * (3 - n)
-        _stage[(strips, batch)](x, mask.contiguous() if mask is not None else x, out, scratch, self.weight, self.bias,
-                                length, tiles, strips, C=channels, NB=n, KMAX=self.kmax,
-                                K0=k[0], D00=d[0][0], D01=d[0][1], K1=k[1], D10=d[1][0], D11=d[1][1],
-                                K2=k[2], D20=d[2][0], D21=d[2][1], SLOPE=self.slope, HAS_MASK=mask is not None,
-                                BT=bt, num_warps=warps)  # fmt: skip
+        h = torch.empty(n, *x.shape, dtype=x.dtype, device=x.device)
+        out = torch.empty_like(x)
+        for step, src, dst in ((0, x, h), (1, h, out)):
+            d = [dl[step] for dl in self.dilations] + [1] * (3 - n)
+            _stage_steps[grid](src, m, dst, self.weights[step], self.biases[step], length, 1.0 / n,
+                               C=channels, NB=n, SECOND=step == 1, KMAX=self.kmax, K0=k[0], D0=d[0], K1=k[1], D1=d[1],
+                               K2=k[2], D2=d[2], SLOPE=self.slope, HAS_MASK=mask is not None, BLOCK_CO=block_co,
+                               BLOCK_T=block_t, num_warps=warps)  # fmt: skip
         return out
 
 
-__all__ = ["FusedStageStrips", "available"]
+__all__ = ["FusedStageSteps", "available"]
