@@ -1,0 +1,111 @@
+"""GPU: one decoder stage's residual blocks per kernel form, at the shapes of the engine's decode steps.
+
+A Piper "medium"-shaped generator (stages of 128, 64 and 32 channels at 8, 64 and 256 samples per
+frame, ``ResBlock2`` blocks of kernels 3, 5, 7) with random fp16 weights (no voice needed: the
+kernels' time does not depend on the weights' values), each stage's input at a decode window of
+``frames`` x ``batch`` rows with the last fifth masked. Per stage and form, the CUDA graph's replay
+ms (median of 20) and the largest difference from the per-step kernels:
+
+* ``per_step``: ``fused_resblock.FusedStage`` (``tts.fused_blocks``: one launch per step);
+* ``per_step_cl``: the same steps time-major (``tts.fused_blocks_channels_last``, with its two transposes);
+* ``two_launch``: ``fused_stage.FusedStageSteps`` (``tts.fused_stages``), and in the ``--tiles`` given.
+
+    python -m bench.decoder_stages --hardware h100 --out /tmp/res [--windows 278x64 86x32 76x1] [--tiles 64x128x4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+
+from bench.gpu_steps import timed
+from bench.harness import result_path, write_json
+
+
+def graphed(fn):
+    """Warm up ``fn()`` on a side stream, capture it as a CUDA graph: (graph, output)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    return g, out
+
+
+def voice_shaped_generator():
+    from tts_engine.torch_vits.decoder import Generator
+
+    torch.manual_seed(0)
+    g = Generator(192, "2", (3, 5, 7), ((1, 2), (2, 6), (3, 12)), (8, 8, 4), 256, (16, 16, 8)).eval()
+    for p in g.parameters():
+        p.data.normal_(0, 0.05)
+    return g.half().cuda()
+
+
+def stage_rows(windows: list[tuple[int, int]], tiles: list[tuple[int, int, int]]) -> list[dict]:
+    from tts_engine.torch_vits.decoder import LRELU_SLOPE
+    from tts_engine.torch_vits.fused_resblock import FusedStage
+    from tts_engine.torch_vits.fused_stage import FusedStageSteps
+
+    g = voice_shaped_generator()
+    rows = []
+    with torch.inference_mode():
+        for frames, batch in windows:
+            for i, up in enumerate(g.ups):
+                c, length = up.out_channels, frames * math.prod(g.upsample_rates[: i + 1])
+                blocks = list(g.resblocks[i * g.num_kernels : (i + 1) * g.num_kernels])
+                x = torch.randn(batch, c, length, device="cuda", dtype=torch.half)
+                mask = torch.ones(batch, 1, length, device="cuda", dtype=torch.half)
+                mask[..., length - length // 5 :] = 0
+                row = {"frames": frames, "batch": batch, "channels": c, "samples": length,
+                       "tensor_mb": round(x.numel() * 2 / 2**20, 1)}  # fmt: skip
+                forms = {"per_step": FusedStage(blocks, LRELU_SLOPE),
+                         "per_step_cl": FusedStage(blocks, LRELU_SLOPE, channels_last=True)}  # fmt: skip
+                steps = FusedStageSteps(blocks, LRELU_SLOPE)
+                forms["two_launch"] = steps
+                for co, bt, nw in tiles:
+                    if co <= c:
+                        forms[f"two_launch_{co}x{bt}w{nw}"] = lambda x, m, t=(co, bt, nw): steps(x, m, t)
+                ref = None
+                for name, form in forms.items():
+                    try:
+                        graph, out = graphed(lambda form=form: form(x, mask))
+                        row[f"{name}_ms"] = round(timed(graph.replay, 20), 4)
+                        ref = out.clone() if ref is None else ref
+                        row[f"{name}_max_abs_diff"] = float((out.float() - ref.float()).abs().max())
+                    except Exception as exc:  # a tile shape out of the GPU's resources
+                        row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                rows.append(row)
+                print(row, flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--hardware", required=True, help="hardware name in the result file's name")
+    p.add_argument("--date", default=None)
+    p.add_argument("--out", default="bench/results")
+    p.add_argument("--windows", nargs="+", default=["278x64", "86x32", "76x1"], metavar="FRAMESxBATCH",
+                   help="decode windows: frames (chunk + context) x rows (default: %(default)s)")
+    p.add_argument("--tiles", nargs="+", default=[], metavar="COxTxW",
+                   help="also the two-launch kernels in these (channel block, time steps, warps)")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("decoder_stages times CUDA kernels: no CUDA device here")
+    windows = [tuple(int(v) for v in w.split("x")) for w in args.windows]
+    tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles]
+    rows = stage_rows(windows, tiles)
+    from pathlib import Path
+
+    path = result_path("decoder_stages", "json", Path(args.out), args.hardware, args.date)
+    print("wrote", write_json("decoder_stages", rows, {"gpu": torch.cuda.get_device_name()}, path=path))
+
+
+if __name__ == "__main__":
+    main()
