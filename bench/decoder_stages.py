@@ -6,11 +6,14 @@ kernels' time does not depend on the weights' values), each stage's input at a d
 ``frames`` x ``batch`` rows with the last fifth masked. Per stage and form, the CUDA graph's replay
 ms (median of 20) and the largest difference from the per-step kernels:
 
-* ``per_step``: ``fused_resblock.FusedStage`` (``tts.fused_blocks``: one launch per step);
-* ``per_step_cl``: the same steps time-major (``tts.fused_blocks_channels_last``, with its two transposes);
+* ``per_step``: ``fused_resblock.FusedStage`` (``tts.fused_blocks``: one launch per step, taps unrolled);
+* ``per_step_loop``: the same with the taps as a loop (``fused_resblock.TAP_LOOP``), and in the
+  ``--step-tiles`` given (``per_step_loop_<CO>x<T>w<W>``);
+* ``per_step_cl``: the steps time-major (``tts.fused_blocks_channels_last``, with its two transposes);
 * ``two_launch``: ``fused_stage.FusedStageSteps`` (``tts.fused_stages``), and in the ``--tiles`` given.
 
-    python -m bench.decoder_stages --hardware h100 --out /tmp/res [--windows 278x64 86x32 76x1] [--tiles 64x128x4]
+    python -m bench.decoder_stages --hardware h100 --out /tmp/res [--windows 278x64 86x32 76x1] \
+        [--step-tiles 32x64x4 64x64x8] [--tiles 32x128x4]
 """
 
 from __future__ import annotations
@@ -48,7 +51,24 @@ def voice_shaped_generator():
     return g.half().cuda()
 
 
-def stage_rows(windows: list[tuple[int, int]], tiles: list[tuple[int, int, int]]) -> list[dict]:
+def per_step_loop(stage, channels: int, tiles: tuple[int, int, int] | None = None):
+    """``stage(x, mask)`` with ``fused_resblock.TAP_LOOP`` on (and ``tiles`` for its channel count) while it
+    runs (so while a CUDA graph captures it)."""
+    from tts_engine.torch_vits import fused_resblock as fr
+
+    def run(x, mask):
+        saved = fr.TAP_LOOP, fr.TILES
+        fr.TAP_LOOP, fr.TILES = True, {**fr.TILES, **({channels: tiles} if tiles else {})}
+        try:
+            return stage(x, mask)
+        finally:
+            fr.TAP_LOOP, fr.TILES = saved
+
+    return run
+
+
+def stage_rows(windows: list[tuple[int, int]], tiles: list[tuple[int, int, int]],
+               step_tiles: list[tuple[int, int, int]]) -> list[dict]:  # fmt: skip
     from tts_engine.torch_vits.decoder import LRELU_SLOPE
     from tts_engine.torch_vits.fused_resblock import FusedStage
     from tts_engine.torch_vits.fused_stage import FusedStageSteps
@@ -65,8 +85,12 @@ def stage_rows(windows: list[tuple[int, int]], tiles: list[tuple[int, int, int]]
                 mask[..., length - length // 5 :] = 0
                 row = {"frames": frames, "batch": batch, "channels": c, "samples": length,
                        "tensor_mb": round(x.numel() * 2 / 2**20, 1)}  # fmt: skip
-                forms = {"per_step": FusedStage(blocks, LRELU_SLOPE),
+                per_step = FusedStage(blocks, LRELU_SLOPE)
+                forms = {"per_step": per_step, "per_step_loop": per_step_loop(per_step, c),
                          "per_step_cl": FusedStage(blocks, LRELU_SLOPE, channels_last=True)}  # fmt: skip
+                for co, bt, nw in step_tiles:
+                    if co <= c:
+                        forms[f"per_step_loop_{co}x{bt}w{nw}"] = per_step_loop(per_step, c, (co, bt, nw))
                 steps = FusedStageSteps(blocks, LRELU_SLOPE)
                 forms["two_launch"] = steps
                 for co, bt, nw in tiles:
@@ -93,6 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="bench/results")
     p.add_argument("--windows", nargs="+", default=["278x64", "86x32", "76x1"], metavar="FRAMESxBATCH",
                    help="decode windows: frames (chunk + context) x rows (default: %(default)s)")
+    p.add_argument("--step-tiles", nargs="+", default=[], metavar="COxTxW",
+                   help="also the per-step kernels with the taps as a loop in these (channel block, time steps, warps)")
     p.add_argument("--tiles", nargs="+", default=[], metavar="COxTxW",
                    help="also the two-launch kernels in these (channel block, time steps, warps)")
     args = p.parse_args(argv)
@@ -100,7 +126,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("decoder_stages times CUDA kernels: no CUDA device here")
     windows = [tuple(int(v) for v in w.split("x")) for w in args.windows]
     tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles]
-    rows = stage_rows(windows, tiles)
+    step_tiles = [tuple(int(v) for v in t.split("x")) for t in args.step_tiles]
+    rows = stage_rows(windows, tiles, step_tiles)
     from pathlib import Path
 
     path = result_path("decoder_stages", "json", Path(args.out), args.hardware, args.date)

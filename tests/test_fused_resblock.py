@@ -225,7 +225,7 @@ def test_fused_block_kernels_compile_for_hopper():
                      "m_ptr": "*fp16", "r_ptr": "*fp16", "y_ptr": "*fp16", "T": "i32", "scale": "fp32"}  # fmt: skip
         constants = {"C": channels, "K": 7, "DIL": 3, "SLOPE": 0.1, "BLOCK_CO": block_co, "BLOCK_T": block_t,
                      "HAS_MASK": True, "RESIDUAL": True, "ACCUM": True, "FP8": fp8, "TIME_ROWS": time_rows or channels_last,
-                     "CL": channels_last}  # fmt: skip
+                     "CL": channels_last, "TAP_LOOP": False}  # fmt: skip
         signature.update(dict.fromkeys(constants, "constexpr"))
         aligned = {(i,): [["tt.divisibility", 16]] for i in range(7)}  # the pointers, as a launch specializes them
         kernel = triton.compile(ASTSource(fn=fr._conv_step, signature=signature, constexprs=constants, attrs=aligned),
@@ -296,3 +296,67 @@ def test_two_launch_stages_compute_what_pytorch_computes():
     assert r["e4m3_kinds"] == ["FusedStage"] * 3 and r["resblock1_kinds"] == ["FusedStage"] * 2
     assert r["peak"] > 0.01 and r["masked_matters"] > 1e-3
     assert r["diff"] < 1e-5 and r["unmasked"] < 1e-5 and r["half_blocks"] < 1e-5, r
+
+
+TAP_LOOP_SCRIPT = r"""
+import json
+""" + VOICE_SHAPED + r"""
+out = {}
+with torch.inference_mode():
+    g.use_fused_blocks()
+    unrolled = g(z, mask)
+    fused_resblock.TAP_LOOP = True
+    looped = g(z, mask)
+out.update(diff=float((looped - unrolled).abs().max()), peak=float(unrolled.abs().max()))
+print(json.dumps(out))
+"""
+
+
+def test_tap_loop_computes_what_the_unrolled_taps_compute():
+    """``fused_resblock.TAP_LOOP`` (the taps as a loop, one tile in registers at a time): the voice-shaped
+    decoder's output within float32 rounding of the unrolled kernel's (the same products in the same order)."""
+    r = interpret(TAP_LOOP_SCRIPT, timeout=600)
+    assert r["peak"] > 0.01 and r["diff"] < 1e-6, r
+
+
+def test_tap_loop_takes_fewer_registers_on_hopper():
+    """Why ``TAP_LOOP`` exists: compiled for sm_90 (Triton's own ptxas; its cuobjdump reads the
+    registers), the unrolled 32-channel step in the shipped tile takes more registers a thread than the
+    loop (255 and a spill stack against 168 and none with Triton 3.9), so fewer of its blocks fit an SM."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from tts_engine.torch_vits import fused_resblock as fr
+
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.access(cuobjdump, os.X_OK):
+        pytest.skip("this Triton install has no cuobjdump")
+
+    def usage(loop: bool) -> tuple[int, int]:
+        block_co, block_t, warps = fr.TILES[32]
+        signature = {"x_ptr": "*fp16", "w_ptr": "*fp16", "ws_ptr": "*fp32", "b_ptr": "*fp16", "m_ptr": "*fp16",
+                     "r_ptr": "*fp16", "y_ptr": "*fp16", "T": "i32", "scale": "fp32"}  # fmt: skip
+        constants = {"C": 32, "K": 7, "DIL": 3, "SLOPE": 0.1, "BLOCK_CO": block_co, "BLOCK_T": block_t,
+                     "HAS_MASK": True, "RESIDUAL": True, "ACCUM": True, "FP8": False, "TIME_ROWS": False, "CL": False,
+                     "TAP_LOOP": loop}  # fmt: skip
+        signature.update(dict.fromkeys(constants, "constexpr"))
+        aligned = {(i,): [["tt.divisibility", 16]] for i in range(7)}
+        kernel = triton.compile(ASTSource(fn=fr._conv_step, signature=signature, constexprs=constants, attrs=aligned),
+                                target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})  # fmt: skip
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "k.cubin")
+            with open(path, "wb") as f:
+                f.write(kernel.asm["cubin"])
+            out = subprocess.run([cuobjdump, "-res-usage", path], capture_output=True, text=True, check=True).stdout
+        m = re.search(r"REG:(\d+) STACK:(\d+)", out)
+        return int(m.group(1)), int(m.group(2))
+
+    unrolled, looped = usage(False), usage(True)
+    assert looped[1] == 0 and looped[0] <= 200, looped
+    assert unrolled[0] > looped[0] + 32, (unrolled, looped)

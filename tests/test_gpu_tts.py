@@ -97,9 +97,16 @@ def runs_here(voice_path, test_name: str, precision: str = "fp32", **options: ob
     return False
 
 
-def assert_speaks_as_whole(model, voice_path, **options: object) -> None:
+#: ``assert_speaks_as_whole``'s limit per text encoder product: samples within 3 int16 steps of the
+#: whole-utterance run; fp16x3's states are ~10x further from cuBLAS's than tf32x3's (its prior means up
+#: to 6.3e-5 of their peak off), and its audio 9 steps off at most on an H100 (2026-12-05, with the
+#: fused attention's projections; bench/results/test_gpu_tts-h100-2026-12-05-s53-projections-channels-last.txt).
+WHOLE_STEPS = {"fp16x3": 16}
+
+
+def assert_speaks_as_whole(model, voice_path, max_steps: int = 3, **options: object) -> None:
     """The fp32 engine with ``options`` speaks each of 6 bench sentences (no noise) as the whole-utterance
-    run does: the same length, samples within 3 int16 steps."""
+    run does: the same length, samples within ``max_steps`` int16 steps."""
     from tts_engine.engine import SynthesisOptions
 
     eng = engine(voice_path, "fp32", **options)
@@ -109,7 +116,7 @@ def assert_speaks_as_whole(model, voice_path, **options: object) -> None:
             audio = np.concatenate([c.pcm for c in eng.submit(ids_one, quiet)]).astype(np.int32)
             ref = np.clip(whole(model, ids_one) * 32767, -32767, 32767).astype(np.int32)
             assert audio.shape == ref.shape
-            assert np.abs(audio - ref).max() <= 3
+            assert np.abs(audio - ref).max() <= max_steps
     finally:
         eng.close()
 
@@ -468,7 +475,8 @@ def test_gpu_text_encoder_products_stay_close_and_speak_as_whole(model, voice_pa
     within 1e-5 of their peak (fp16x3: 1e-4; H100, 2026-12-05: its prior means 6.3e-5 of the peak off,
     its encoder states 6.0e-6) for 40 sentences padded to the 256-id bucket, and the engine (fp32, every
     encoder kernel of ``configs/gpu.toml``) speaks each of 6 sentences as the whole-utterance run does
-    (same length, within 3 int16 steps); every batch through the Triton convolution (``MIN_ROWS`` 1)."""
+    (same length, within 3 int16 steps, fp16x3 ``WHOLE_STEPS``); every batch through the Triton
+    convolution (``MIN_ROWS`` 1)."""
     from tts_engine.torch_vits import fused_ffn
 
     name = f"test_gpu_text_encoder_products_stay_close_and_speak_as_whole[{products}]"
@@ -478,8 +486,9 @@ def test_gpu_text_encoder_products_stay_close_and_speak_as_whole(model, voice_pa
     pair = gemm_encoder_pair(model, lambda enc: fused_ffn.use_fused_ffn(enc, products))
     assert_encoders_agree(*pair, 1e-4 if products == "fp16x3" else 1e-5)
 
-    assert_speaks_as_whole(model, voice_path, encoder_convs="gemm", fused_duration_predictor=True,
-                           fused_text_encoder=True, text_encoder_products=products, fused_prior=True)
+    assert_speaks_as_whole(model, voice_path, WHOLE_STEPS.get(products, 3), encoder_convs="gemm",
+                           fused_duration_predictor=True, fused_text_encoder=True, text_encoder_products=products,
+                           fused_prior=True)  # fmt: skip
 
 
 def test_gpu_fused_attention_stays_close_and_speaks_as_whole(model, voice_path):
@@ -522,8 +531,8 @@ def test_gpu_fused_attention_projections_stay_close_and_speak_as_whole(model, vo
 
     assert assert_encoders_agree(*gemm_encoder_pair(model, fuse), 1e-4 if products == "fp16x3" else 1e-5) == 0
 
-    assert_speaks_as_whole(model, voice_path, encoder_convs="gemm", fused_duration_predictor=True, fused_prior=True,
-                           **options)  # fmt: skip
+    assert_speaks_as_whole(model, voice_path, WHOLE_STEPS.get(products, 3), encoder_convs="gemm",
+                           fused_duration_predictor=True, fused_prior=True, **options)  # fmt: skip
 
 
 def test_gpu_e4m3_block_products_keep_the_audio_intelligible(model, voice_path):

@@ -62,10 +62,48 @@ def quantize_e4m3(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 if triton is not None:
 
     @triton.jit
+    def _tap(acc, k, x_row, w_ptr, m_ptr, b, t, ci, co, T, C: tl.constexpr, K: tl.constexpr, DIL: tl.constexpr,
+             SLOPE: tl.constexpr, HAS_MASK: tl.constexpr, FP8: tl.constexpr, TIME_ROWS: tl.constexpr,
+             CL: tl.constexpr):  # fmt: skip
+        """``acc`` plus tap ``k``'s product (``_conv_step``'s loop body)."""
+        ts = t + (k * DIL - (K - 1) * DIL // 2)
+        inside = (ts >= 0) & (ts < T)
+        if CL:
+            xv = tl.load(x_row + ts[:, None] * C + ci[None, :], mask=inside[:, None], other=0.0).to(tl.float32)
+        elif TIME_ROWS:
+            xv = tl.load(x_row + ci[None, :] * T + ts[:, None], mask=inside[:, None], other=0.0).to(tl.float32)
+        else:
+            xv = tl.load(x_row + ci[:, None] * T + ts[None, :], mask=inside[None, :], other=0.0).to(tl.float32)
+        xv = tl.where(xv >= 0, xv, xv * SLOPE)
+        if HAS_MASK:
+            mv = tl.load(m_ptr + b * T + ts, mask=inside, other=0.0).to(tl.float32)
+            if TIME_ROWS:
+                xv = xv * mv[:, None]
+            else:
+                xv = xv * mv[None, :]
+        if TIME_ROWS:
+            w = tl.load(w_ptr + k * C * C + co[None, :] * C + ci[:, None])  # W[k]^T: [C_in, BLOCK_CO]
+        else:
+            w = tl.load(w_ptr + k * C * C + co[:, None] * C + ci[None, :])  # W[k]: [BLOCK_CO, C_in]
+        if FP8:  # the tile into e4m3 by its own peak; the product back by the same factor
+            x_scale = tl.maximum(tl.max(tl.abs(xv)), 1e-12) / 448.0  # E4M3_MAX
+            xq = (xv / x_scale).to(tl.float8e4nv)
+            if TIME_ROWS:
+                acc += tl.dot(xq, w) * x_scale
+            else:
+                acc += tl.dot(w, xq) * x_scale
+        elif TIME_ROWS:
+            acc += tl.dot(xv.to(w.dtype), w)
+        else:
+            acc += tl.dot(w, xv.to(w.dtype))
+        return acc
+
+    @triton.jit
     def _conv_step(x_ptr, w_ptr, ws_ptr, b_ptr, m_ptr, r_ptr, y_ptr, T, scale,
                    C: tl.constexpr, K: tl.constexpr, DIL: tl.constexpr, SLOPE: tl.constexpr,
                    BLOCK_CO: tl.constexpr, BLOCK_T: tl.constexpr, HAS_MASK: tl.constexpr, RESIDUAL: tl.constexpr,
-                   ACCUM: tl.constexpr, FP8: tl.constexpr, TIME_ROWS: tl.constexpr, CL: tl.constexpr):  # fmt: skip
+                   ACCUM: tl.constexpr, FP8: tl.constexpr, TIME_ROWS: tl.constexpr, CL: tl.constexpr,
+                   TAP_LOOP: tl.constexpr):  # fmt: skip
         """y[b, co, t] (+)= scale * (sum_k W[k] @ act(x)[b, :, t + k*DIL - pad] + bias + r[b, co, t]).
         FP8: W in e4m3 with per-output-channel scales ``ws``; each tap's input tile scaled into e4m3.
         TIME_ROWS: the tile's product as ``act(x)^T @ W[k]^T`` ([time, channels]: the time steps are
@@ -82,37 +120,12 @@ if triton is not None:
             acc = tl.zeros((BLOCK_T, BLOCK_CO), dtype=tl.float32)
         else:
             acc = tl.zeros((BLOCK_CO, BLOCK_T), dtype=tl.float32)
-        for k in tl.static_range(K):
-            ts = t + (k * DIL - (K - 1) * DIL // 2)
-            inside = (ts >= 0) & (ts < T)
-            if CL:
-                xv = tl.load(x_row + ts[:, None] * C + ci[None, :], mask=inside[:, None], other=0.0).to(tl.float32)
-            elif TIME_ROWS:
-                xv = tl.load(x_row + ci[None, :] * T + ts[:, None], mask=inside[:, None], other=0.0).to(tl.float32)
-            else:
-                xv = tl.load(x_row + ci[:, None] * T + ts[None, :], mask=inside[None, :], other=0.0).to(tl.float32)
-            xv = tl.where(xv >= 0, xv, xv * SLOPE)
-            if HAS_MASK:
-                mv = tl.load(m_ptr + b * T + ts, mask=inside, other=0.0).to(tl.float32)
-                if TIME_ROWS:
-                    xv = xv * mv[:, None]
-                else:
-                    xv = xv * mv[None, :]
-            if TIME_ROWS:
-                w = tl.load(w_ptr + k * C * C + co[None, :] * C + ci[:, None])  # W[k]^T: [C_in, BLOCK_CO]
-            else:
-                w = tl.load(w_ptr + k * C * C + co[:, None] * C + ci[None, :])  # W[k]: [BLOCK_CO, C_in]
-            if FP8:  # the tile into e4m3 by its own peak; the product back by the same factor
-                x_scale = tl.maximum(tl.max(tl.abs(xv)), 1e-12) / 448.0  # E4M3_MAX
-                xq = (xv / x_scale).to(tl.float8e4nv)
-                if TIME_ROWS:
-                    acc += tl.dot(xq, w) * x_scale
-                else:
-                    acc += tl.dot(w, xq) * x_scale
-            elif TIME_ROWS:
-                acc += tl.dot(xv.to(w.dtype), w)
-            else:
-                acc += tl.dot(w, xv.to(w.dtype))
+        if TAP_LOOP:  # a loop: one tap's tile live at a time (fewer registers)
+            for k in range(K):
+                acc = _tap(acc, k, x_row, w_ptr, m_ptr, b, t, ci, co, T, C, K, DIL, SLOPE, HAS_MASK, FP8, TIME_ROWS, CL)
+        else:  # unrolled: every tap's loads can be in flight at once (more registers)
+            for k in tl.static_range(K):
+                acc = _tap(acc, k, x_row, w_ptr, m_ptr, b, t, ci, co, T, C, K, DIL, SLOPE, HAS_MASK, FP8, TIME_ROWS, CL)
         bias = tl.load(b_ptr + co).to(tl.float32)
         if TIME_ROWS:
             if FP8:
@@ -142,6 +155,11 @@ if triton is not None:
 TILES = {128: (128, 64, 8), 64: (64, 128, 4), 32: (32, 128, 4), 16: (16, 128, 4)}
 #: The same for ``channels_last`` steps (not yet chosen on a GPU: the channel-major tiles).
 CL_TILES = dict(TILES)
+#: The taps as a loop instead of unrolled: one tap's tile in registers at a time. Compiled for sm_90
+#: with the shipped tiles, unrolled takes 255 registers a thread and spills at 32 and 64 channels
+#: (two blocks of four warps per SM), the loop 168-180 registers and no spill at 32 and 128 (64 still
+#: spills at 64 x 128 tiles; 127 registers at 64 x 64); which is faster is for ``bench.decoder_stages``.
+TAP_LOOP = False
 
 
 def conv_step(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, dilation: int, mask: torch.Tensor | None,
@@ -167,7 +185,8 @@ def conv_step(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, dilatio
                      residual if residual is not None else x, out, length, scale,
                      C=channels, K=weight.shape[0], DIL=dilation, SLOPE=slope, BLOCK_CO=block_co, BLOCK_T=block_t,
                      HAS_MASK=mask is not None, RESIDUAL=residual is not None, ACCUM=accumulate, FP8=fp8,
-                     TIME_ROWS=channels_last or bool(rest and rest[0]), CL=channels_last, num_warps=warps)  # fmt: skip
+                     TIME_ROWS=channels_last or bool(rest and rest[0]), CL=channels_last, TAP_LOOP=TAP_LOOP,
+                     num_warps=warps)  # fmt: skip
     return out
 
 

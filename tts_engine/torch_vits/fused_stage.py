@@ -22,7 +22,12 @@ from __future__ import annotations
 
 import torch
 
-from tts_engine.torch_vits.fused_resblock import TILES, available, supports as block_supports, tap_major, triton
+from tts_engine.torch_vits.fused_resblock import available, supports as block_supports, tap_major, triton
+
+#: (BLOCK_CO, BLOCK_T, num_warps) per channel count: the largest tiles whose two kernels, compiled for
+#: sm_90, need no spill stack (the second holds the sum over blocks beside a block's product: at the
+#: per-step kernels' tiles both spill, 255 registers a thread). Not yet timed on a GPU.
+TILES = {128: (128, 32, 8), 64: (64, 64, 8), 32: (32, 64, 4), 16: (16, 128, 4)}
 
 if triton is not None:
     import triton.language as tl
@@ -30,8 +35,9 @@ if triton is not None:
     @triton.jit
     def _taps(acc, src, w_ptr, t, T, ci, co, m_row, C: tl.constexpr, K: tl.constexpr, DIL: tl.constexpr,
               SLOPE: tl.constexpr, HAS_MASK: tl.constexpr):  # fmt: skip
-        """acc += sum_k W[k][co] @ (mask * leaky_relu(src))[:, t + k*DIL - pad], zero outside [0, T)."""
-        for k in tl.static_range(K):
+        """acc += sum_k W[k][co] @ (mask * leaky_relu(src))[:, t + k*DIL - pad], zero outside [0, T); the taps
+        a loop, one tile in registers at a time (``fused_resblock.TAP_LOOP``)."""
+        for k in range(K):
             ts = t + (k * DIL - (K - 1) * DIL // 2)
             inside = (ts >= 0) & (ts < T)
             xv = tl.load(src + ci[:, None] * T + ts[None, :], mask=inside[None, :], other=0.0).to(tl.float32)
@@ -97,8 +103,8 @@ if triton is not None:
 class FusedStageSteps:
     """One decoder stage's ``ResBlock2`` blocks (1-3 of them, two steps each; ``supports``) as two
     ``_stage_steps`` launches; holds its own copy of the weights (take it after the last dtype or
-    device change). ``slope``: their leaky ReLU's; ``tiles``: (BLOCK_CO, BLOCK_T, num_warps), default
-    ``fused_resblock.TILES``'."""
+    device change). ``slope``: their leaky ReLU's; a call's ``tiles``: (BLOCK_CO, BLOCK_T, num_warps),
+    default ``TILES``."""
 
     def __init__(self, blocks: list[torch.nn.Module], slope: float) -> None:
         if triton is None:
