@@ -7,8 +7,8 @@ kernels' time does not depend on the weights' values), each stage's input at a d
 ms (median of 20) and the largest difference from the per-step kernels:
 
 * ``per_step``: ``fused_resblock.FusedStage`` (``tts.fused_blocks``: one launch per step, taps unrolled);
-* ``per_step_loop``: the same with the taps as a loop (``fused_resblock.TAP_LOOP``), and in the
-  ``--step-tiles`` given (``per_step_loop_<CO>x<T>w<W>``);
+* ``per_step_loop``: the same with the taps as a loop (``tts.fused_block_taps = "loop"``: in
+  ``fused_resblock.LOOP_TILES``), and in the ``--step-tiles`` given (``per_step_loop_<CO>x<T>w<W>``);
 * ``per_step_cl``: the steps time-major (``tts.fused_blocks_channels_last``, with its two transposes);
 * ``two_launch``: ``fused_stage.FusedStageSteps`` (``tts.fused_stages``), and in the ``--tiles`` given.
 
@@ -86,7 +86,7 @@ def stage_rows(windows: list[tuple[int, int]], tiles: list[tuple[int, int, int]]
                 row = {"frames": frames, "batch": batch, "channels": c, "samples": length,
                        "tensor_mb": round(x.numel() * 2 / 2**20, 1)}  # fmt: skip
                 per_step = FusedStage(blocks, LRELU_SLOPE)
-                forms = {"per_step": per_step, "per_step_loop": per_step_loop(per_step, c),
+                forms = {"per_step": per_step, "per_step_loop": FusedStage(blocks, LRELU_SLOPE, taps="loop"),
                          "per_step_cl": FusedStage(blocks, LRELU_SLOPE, channels_last=True)}  # fmt: skip
                 for co, bt, nw in step_tiles:
                     if co <= c:

@@ -127,6 +127,8 @@ def test_gpu_tts_start_up_settings_are_checked():
          "tf32x3", "cublas"),
         ("fused_block_products", "fused_blocks", "int4", r"tts\.fused_block_products must be one of model, e4m3",
          "e4m3", "model"),
+        ("fused_block_taps", "fused_blocks", "rolled", r"tts\.fused_block_taps must be one of unrolled, loop",
+         "loop", "unrolled"),
     ):  # fmt: skip
         with pytest.raises(ConfigError, match=refusal):
             load_config(None, [f"tts.{kernel}=true", f"tts.{option}={bad}"], environ={})
@@ -135,6 +137,13 @@ def test_gpu_tts_start_up_settings_are_checked():
         cfg = load_config(None, [f"tts.{kernel}=true", f"tts.{option}={good}"], environ={})
         assert getattr(cfg.tts, option) == good
         assert getattr(load_config(None, [], environ={}).tts, option) == default
+    # Other ways to run the fused blocks need them (and the stages their "model" products)
+    for option in ("fused_blocks_channels_last", "fused_stages"):
+        with pytest.raises(ConfigError, match=rf"tts\.{option} .*needs tts\.fused_blocks = true"):
+            load_config(None, [f"tts.{option}=true"], environ={})
+        assert getattr(load_config(None, ["tts.fused_blocks=true", f"tts.{option}=true"], environ={}).tts, option)
+    with pytest.raises(ConfigError, match=r"tts\.fused_stages .*fused_block_products = \"model\""):
+        load_config(None, ["tts.fused_blocks=true", "tts.fused_block_products=e4m3", "tts.fused_stages=true"], environ={})
     # The fused attention takes the feed-forward's products' precision: tensor-core ones only
     for products in ("cublas", "ieee"):
         with pytest.raises(ConfigError, match=r"tts\.fused_attention computes in tts\.text_encoder_products' precision"):

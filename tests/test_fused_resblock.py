@@ -141,9 +141,10 @@ def test_fused_blocks_e4m3_products_stay_close_to_float32():
 
 def test_fused_blocks_e4m3_need_32_channels():
     from tts_engine.torch_vits import fused_resblock
-    from voxloop.config import FUSED_BLOCK_PRODUCTS
+    from voxloop.config import FUSED_BLOCK_PRODUCTS, FUSED_BLOCK_TAPS
 
     assert fused_resblock.PRODUCTS == FUSED_BLOCK_PRODUCTS  # the config's copy (it loads no torch)
+    assert fused_resblock.TAPS == FUSED_BLOCK_TAPS
 
     assert fused_resblock.supports(16) and not fused_resblock.supports(16, "e4m3")
     assert fused_resblock.supports(32, "e4m3") and not fused_resblock.supports(96, "e4m3")
@@ -305,18 +306,25 @@ out = {}
 with torch.inference_mode():
     g.use_fused_blocks()
     unrolled = g(z, mask)
-    fused_resblock.TAP_LOOP = True
+    g.use_fused_blocks(taps="loop")  # the loop in LOOP_TILES
     looped = g(z, mask)
-out.update(diff=float((looped - unrolled).abs().max()), peak=float(unrolled.abs().max()))
+    out["taps"] = [s.taps for s in g.fused]
+    fused_resblock.TAP_LOOP = True  # the loop in the shipped tiles
+    g.use_fused_blocks()
+    looped_shipped_tiles = g(z, mask)
+out.update(diff=float((looped - unrolled).abs().max()), peak=float(unrolled.abs().max()),
+           diff_shipped_tiles=float((looped_shipped_tiles - unrolled).abs().max()))
 print(json.dumps(out))
 """
 
 
 def test_tap_loop_computes_what_the_unrolled_taps_compute():
-    """``fused_resblock.TAP_LOOP`` (the taps as a loop, one tile in registers at a time): the voice-shaped
-    decoder's output within float32 rounding of the unrolled kernel's (the same products in the same order)."""
+    """The taps as a loop, one tile in registers at a time (``tts.fused_block_taps = "loop"``, in
+    ``LOOP_TILES``; ``fused_resblock.TAP_LOOP`` in the shipped tiles): the voice-shaped decoder's output
+    within float32 rounding of the unrolled kernel's (the same products in the same order)."""
     r = interpret(TAP_LOOP_SCRIPT, timeout=600)
-    assert r["peak"] > 0.01 and r["diff"] < 1e-6, r
+    assert r["taps"] == ["loop"] * 3
+    assert r["peak"] > 0.01 and r["diff"] < 1e-6 and r["diff_shipped_tiles"] < 1e-6, r
 
 
 def test_tap_loop_takes_fewer_registers_on_hopper():

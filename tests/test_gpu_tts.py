@@ -569,16 +569,19 @@ def test_gpu_e4m3_block_products_keep_the_audio_intelligible(model, voice_path):
     assert min(b for _, b in snrs) >= LOW_PRECISION_MIN_SNR_DB["e4m3"]
 
 
-@pytest.mark.parametrize("option", ["fused_blocks_channels_last", "fused_stages"])
-def test_gpu_other_block_kernels_speak_as_the_per_step_ones(model, voice_path, option):
-    """``tts.fused_blocks_channels_last`` (the steps time-major) and ``tts.fused_stages`` (a stage as two
-    launches), configs/gpu.toml's decoder otherwise, fp16: every sentence the same length
-    as with the channel-major per-step kernels, the waveform within 40 dB SNR of theirs (the same sums,
-    tiled otherwise; the stages round the mean over blocks once) and within fp16's floor of fp32."""
+@pytest.mark.parametrize("option, value", [("fused_blocks_channels_last", True), ("fused_stages", True),
+                                           ("fused_block_taps", "loop")])  # fmt: skip
+def test_gpu_other_block_kernels_speak_as_the_per_step_ones(model, voice_path, option, value):
+    """``tts.fused_blocks_channels_last`` (the steps time-major), ``tts.fused_stages`` (a stage as two
+    launches) and ``tts.fused_block_taps = "loop"``, configs/gpu.toml's decoder otherwise, fp16: every
+    sentence the same length as with the channel-major per-step kernels, the waveform within 40 dB SNR
+    of theirs (the same sums, tiled otherwise; the stages round the mean over blocks once) and within
+    fp16's floor of fp32."""
     from tts_engine.engine import SynthesisOptions
 
     fused = dict(polyphase=True, fused_blocks=True, fused_upsampling=True, fused_flow=True)
-    if not runs_here(voice_path, f"test_gpu_other_block_kernels_speak_as_the_per_step_ones[{option}]", "fp16", **fused):
+    name = f"test_gpu_other_block_kernels_speak_as_the_per_step_ones[{option}-{value}]"
+    if not runs_here(voice_path, name, "fp16", **fused):
         return
     quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
     inputs = bench_ids(8)
@@ -591,7 +594,7 @@ def test_gpu_other_block_kernels_speak_as_the_per_step_ones(model, voice_path, o
         finally:
             eng.close()
 
-    per_step, other = speak(), speak(**{option: True})
+    per_step, other = speak(), speak(**{option: value})
     snrs = []
     for a, b, ref in zip(per_step, other, refs):
         assert a.shape == b.shape == ref.shape

@@ -43,6 +43,9 @@ ATTENTION_PRODUCTS = ("tf32x3", "fp16x3", "tf32")
 #: ``tts.fused_block_products`` values: the fused residual blocks' products in the model's dtype or in FP8 e4m3
 #: (``tts_engine.torch_vits.fused_resblock.PRODUCTS``; not imported here: config loads no torch).
 FUSED_BLOCK_PRODUCTS = ("model", "e4m3")
+#: ``tts.fused_block_taps`` values: the fused residual steps' taps unrolled or as a loop
+#: (``tts_engine.torch_vits.fused_resblock.TAPS``; a copy, so that the config loads no torch).
+FUSED_BLOCK_TAPS = ("unrolled", "loop")
 #: What ``server.allowed_origins`` entries look like (besides ``*``): no path, query or user.
 _ORIGIN = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[^\s/?#@:\[\]]+)(:\d{1,5})?", re.IGNORECASE)
 
@@ -432,6 +435,10 @@ class TtsConfig:
     #: contiguous channels, loaded 16 bytes at a time whatever the tap's dilation shift (channel-major,
     #: most of a shifted tile's loads are 2 bytes each); each stage's input and output transposed once.
     fused_blocks_channels_last: bool = False
+    #: GPU, with ``fused_blocks``: each step's taps "unrolled" (every tap's loads in flight at once: 255
+    #: registers a thread at sm_90, spilling at 32 and 64 channels) or a "loop" (one tap's tile at a time,
+    #: in smaller tiles: 80-100 registers, two to three blocks per SM). Not yet timed against each other.
+    fused_block_taps: str = "unrolled"
     #: GPU, with ``fused_blocks`` ("model" products): each stage of ``ResBlock2`` blocks as two launches,
     #: every block's first step from one read of the stage's input, then every second step and the mean
     #: over blocks written once (eight passes over the stage's tensors instead of fourteen). Stages it
@@ -541,6 +548,7 @@ class TtsConfig:
         for name, values, kernel, whose in (
             ("text_encoder_products", TEXT_ENCODER_PRODUCTS, "fused_text_encoder", "the fused feed-forward's"),
             ("fused_block_products", FUSED_BLOCK_PRODUCTS, "fused_blocks", "the fused residual blocks'"),
+            ("fused_block_taps", FUSED_BLOCK_TAPS, "fused_blocks", "the fused residual blocks'"),
         ):
             value = getattr(self, name)
             if value not in values:

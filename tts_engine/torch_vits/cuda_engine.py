@@ -168,6 +168,7 @@ class CudaTtsEngine:
             fused_blocks=tts.fused_blocks,
             fused_block_products=tts.fused_block_products,
             fused_blocks_channels_last=tts.fused_blocks_channels_last,
+            fused_block_taps=tts.fused_block_taps,
             fused_stages=tts.fused_stages,
             fused_upsampling=tts.fused_upsampling,
             fused_flow=tts.fused_flow,

@@ -135,12 +135,13 @@ class Generator(nn.Module):
         self.polyphase = [PolyphaseUp(up) for up in self.ups] if on and all(map(PolyphaseUp.supports, self.ups)) else None
 
     def use_fused_blocks(self, on: bool = True, products: str = "model", channels_last: bool = False,
-                         stages: bool = False) -> None:  # fmt: skip
+                         stages: bool = False, taps: str = "unrolled") -> None:  # fmt: skip
         """Run the residual blocks as fused Triton kernels (``fused_resblock``; call after the last dtype or
         device change: the kernels hold their own copy of the weights), their products in ``products``
         (``fused_resblock.PRODUCTS``), time-major with ``channels_last``; ``stages``: a stage the
         two-launch kernels take (``fused_stage.FusedStageSteps.supports``, "model" products) runs as
-        two launches (all first steps, then all second steps and the mean). A stage whose channel count the kernel does not take keeps
+        two launches (all first steps, then all second steps and the mean); ``taps``: the per-step
+        kernels' taps (``fused_resblock.TAPS``). A stage whose channel count the kernel does not take keeps
         PyTorch's convolutions (its entry is None)."""
         if not on:
             self.fused = None
@@ -155,7 +156,7 @@ class Generator(nn.Module):
                 self.fused.append(FusedStageSteps(blocks, LRELU_SLOPE))
                 continue
             ok = fused_resblock.supports(up.out_channels, products)
-            self.fused.append(fused_resblock.FusedStage(blocks, LRELU_SLOPE, products, channels_last) if ok else None)
+            self.fused.append(fused_resblock.FusedStage(blocks, LRELU_SLOPE, products, channels_last, taps) if ok else None)
 
     def use_fused_upsampling(self, on: bool = True) -> bool:
         """Run ``conv_pre``, the upsampling layers (with the leaky ReLU and mask before each) and

@@ -155,22 +155,30 @@ if triton is not None:
 TILES = {128: (128, 64, 8), 64: (64, 128, 4), 32: (32, 128, 4), 16: (16, 128, 4)}
 #: The same for ``channels_last`` steps (not yet chosen on a GPU: the channel-major tiles).
 CL_TILES = dict(TILES)
-#: The taps as a loop instead of unrolled: one tap's tile in registers at a time. Compiled for sm_90
-#: with the shipped tiles, unrolled takes 255 registers a thread and spills at 32 and 64 channels
-#: (two blocks of four warps per SM), the loop 168-180 registers and no spill at 32 and 128 (64 still
-#: spills at 64 x 128 tiles; 127 registers at 64 x 64); which is faster is for ``bench.decoder_stages``.
+#: The taps as a loop instead of unrolled (``tts.fused_block_taps = "loop"``): one tap's tile in
+#: registers at a time. Compiled for sm_90 with the shipped tiles, unrolled takes 255 registers a thread
+#: and spills at 32 and 64 channels (two blocks of four warps per SM), the loop 168-180 registers and no
+#: spill at 32 and 128 channels; which is faster is for ``bench.decoder_stages``. The default of a
+#: ``conv_step`` that is not told.
 TAP_LOOP = False
+#: (BLOCK_CO, BLOCK_T, num_warps) of the loop form in a ``FusedStage(taps="loop")``: tiles of 80-100
+#: registers a thread at sm_90 (two to three blocks per SM). Not yet timed on a GPU.
+LOOP_TILES = {128: (128, 32, 8), 64: (64, 64, 8), 32: (32, 64, 4), 16: (16, 128, 4)}
+#: ``tts.fused_block_taps`` values.
+TAPS = ("unrolled", "loop")
 
 
 def conv_step(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, dilation: int, mask: torch.Tensor | None,
               residual: torch.Tensor | None, out: torch.Tensor, scale: float = 1.0, accumulate: bool = False,
               tiles: tuple[int, int, int] | None = None, slope: float = 0.1,
-              weight_scale: torch.Tensor | None = None, channels_last: bool = False) -> torch.Tensor:  # fmt: skip
+              weight_scale: torch.Tensor | None = None, channels_last: bool = False,
+              tap_loop: bool | None = None) -> torch.Tensor:  # fmt: skip
     """``out (+)= scale * (conv(mask * leaky_relu(x, slope)) + bias + residual)``; ``weight`` [K, C, C]
     (tap-major; float8 e4m3 with ``weight_scale`` [C] from ``quantize_e4m3``: FP8 products);
     ``tiles``: (BLOCK_CO, BLOCK_T, num_warps[, time_rows]), default ``TILES`` (``CL_TILES`` channels-last);
     ``channels_last``: x, residual and out are time-major ``[B, T, C]`` contiguous (the product then
-    always has time as its rows); ``mask`` is ``[B, 1, T]`` either way."""
+    always has time as its rows); ``mask`` is ``[B, 1, T]`` either way; ``tap_loop``: the taps as a loop
+    (None: ``TAP_LOOP``)."""
     if channels_last:
         batch, length, channels = x.shape
     else:
@@ -185,7 +193,8 @@ def conv_step(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, dilatio
                      residual if residual is not None else x, out, length, scale,
                      C=channels, K=weight.shape[0], DIL=dilation, SLOPE=slope, BLOCK_CO=block_co, BLOCK_T=block_t,
                      HAS_MASK=mask is not None, RESIDUAL=residual is not None, ACCUM=accumulate, FP8=fp8,
-                     TIME_ROWS=channels_last or bool(rest and rest[0]), CL=channels_last, TAP_LOOP=TAP_LOOP,
+                     TIME_ROWS=channels_last or bool(rest and rest[0]), CL=channels_last,
+                     TAP_LOOP=TAP_LOOP if tap_loop is None else tap_loop,
                      num_warps=warps)  # fmt: skip
     return out
 
@@ -199,12 +208,16 @@ class FusedStage:
     """One decoder stage's blocks (``mean_j block_j(x)``) with fused kernels; weights taken from the modules:
     ``decoder.ResBlock2`` (``convs``) or ``decoder.ResBlock1`` (``convs1``, ``convs2``); ``slope``: their
     leaky ReLU's; ``products``: one of ``PRODUCTS``; ``channels_last``: the steps run time-major (the
-    stage's input transposed to ``[B, T, C]`` once, its output back to ``[B, C, T]`` once)."""
+    stage's input transposed to ``[B, T, C]`` once, its output back to ``[B, C, T]`` once); ``taps``: one
+    of ``TAPS`` ("loop": the taps as a loop in ``LOOP_TILES``; "unrolled": ``TAP_LOOP``'s form in ``TILES``)."""
 
     def __init__(self, blocks: list[torch.nn.Module], slope: float, products: str = "model",
-                 channels_last: bool = False) -> None:  # fmt: skip
+                 channels_last: bool = False, taps: str = "unrolled") -> None:  # fmt: skip
         self.slope = slope
         self.channels_last = channels_last
+        if taps not in TAPS:
+            raise ValueError(f"fused block taps must be one of {TAPS}, got {taps!r}")
+        self.taps = taps
         if triton is None:
             raise RuntimeError("fused residual blocks need triton (it comes with PyTorch's CUDA builds)")
         if products not in PRODUCTS:
@@ -231,6 +244,7 @@ class FusedStage:
 
     def __call__(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         cl = self.channels_last
+        loop = self.taps == "loop"
         x = x.transpose(1, 2).contiguous() if cl else x.contiguous()
         m = None if mask is None else mask.contiguous()
         out = torch.empty_like(x)
@@ -242,10 +256,17 @@ class FusedStage:
                 src = h  # ResBlock2: h = conv(act(h)) + h
                 if pair is not None:  # ResBlock1: h = conv2(act(conv1(act(h)))) + h
                     src = conv_step(h, w, b, d, m, None, torch.empty_like(x), slope=self.slope, weight_scale=ws,
-                                    channels_last=cl)  # fmt: skip
+                                    channels_last=cl, **self._form(loop, x))  # fmt: skip
                     (w, ws, b), d = pair, 1
                 dst = out if last else torch.empty_like(x)
                 conv_step(src, w, b, d, m, h, dst, scale if last else 1.0, last and j > 0, slope=self.slope,
-                          weight_scale=ws, channels_last=cl)  # fmt: skip
+                          weight_scale=ws, channels_last=cl, **self._form(loop, x))  # fmt: skip
                 h = dst
         return out.transpose(1, 2).contiguous() if cl else out
+
+    def _form(self, loop: bool, x: torch.Tensor) -> dict:
+        """``conv_step``'s tap form and tiles for this stage's ``taps``."""
+        if not loop:
+            return {}
+        channels = x.shape[2] if self.channels_last else x.shape[1]
+        return {"tap_loop": True, "tiles": LOOP_TILES.get(channels)}

@@ -150,6 +150,8 @@ class RunnerOptions:
     fused_block_products: str = "model"
     #: With ``fused_blocks``: their steps time-major (``fused_resblock.FusedStage``'s ``channels_last``).
     fused_blocks_channels_last: bool = False
+    #: With ``fused_blocks``: their taps, ``fused_resblock.TAPS`` ("unrolled" or "loop").
+    fused_block_taps: str = "unrolled"
     #: With ``fused_blocks``: a stage the one-launch kernel takes as one launch (``fused_stage``).
     fused_stages: bool = False
     #: CUDA, fp16/bf16: the decoder's input, upsampling and output convolutions as fused Triton
@@ -387,7 +389,7 @@ class StepRunner:
         if options.fused_blocks:
             self.synth_model.dec.use_fused_blocks(products=options.fused_block_products,
                                                   channels_last=options.fused_blocks_channels_last,
-                                                  stages=options.fused_stages)
+                                                  stages=options.fused_stages, taps=options.fused_block_taps)
         if options.fused_upsampling:
             if not self.synth_model.dec.use_fused_upsampling():
                 log.warning("fused upsampling: this decoder has a layer the kernels do not take; left as is")
