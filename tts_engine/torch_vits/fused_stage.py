@@ -7,10 +7,10 @@ input and writes its output; the second and third blocks' last steps also read t
 to add onto it). At the last stage of a 64-row decode step such a tensor is ~290 MB, far beyond the
 L2 cache, and those steps are most of a decode step's GPU time.
 
-Here a stage is two launches over the same grid of (time tile, channel block, row) programs:
-``_first_steps`` reads the stage's input tile (each block's taps from the same loads in cache) and
-writes every block's first step; ``_second_steps`` reads those and writes the mean of every block's
-second step once. Eight passes instead of fourteen, two launches instead of six.
+Here a stage is two launches of ``_stage_steps`` over the same grid of (time tile, channel block, row)
+programs: the first reads the stage's input tile (each block's taps from the same loads in cache) and
+writes every block's first step; the second (``SECOND``) reads those and writes the mean of every
+block's second step once. Eight passes instead of fourteen, two launches instead of six.
 
 Same sums as ``fused_resblock`` (fp32 accumulation on the tensor cores, a first step's output
 rounded to the model's dtype as there), except that the mean over blocks is summed in fp32 and
@@ -24,9 +24,9 @@ import torch
 
 from tts_engine.torch_vits.fused_resblock import available, supports as block_supports, tap_major, triton
 
-#: (BLOCK_CO, BLOCK_T, num_warps) per channel count: the largest tiles whose two kernels, compiled for
-#: sm_90, need no spill stack (the second holds the sum over blocks beside a block's product: at the
-#: per-step kernels' tiles both spill, 255 registers a thread). Not yet timed on a GPU.
+#: (BLOCK_CO, BLOCK_T, num_warps) per channel count: tiles whose two kernels, compiled for sm_90, need
+#: no spill stack (128-249 registers a thread; the second holds the sum over blocks beside a block's
+#: product, and at the per-step kernels' tiles both spill at 255). Not yet timed on a GPU.
 TILES = {128: (128, 32, 8), 64: (64, 64, 8), 32: (32, 64, 4), 16: (16, 128, 4)}
 
 if triton is not None:
