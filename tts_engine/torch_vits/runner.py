@@ -152,7 +152,7 @@ class RunnerOptions:
     fused_blocks_channels_last: bool = False
     #: With ``fused_blocks``: their taps, ``fused_resblock.TAPS`` ("unrolled" or "loop").
     fused_block_taps: str = "unrolled"
-    #: With ``fused_blocks``: a stage the one-launch kernel takes as one launch (``fused_stage``).
+    #: With ``fused_blocks``: a stage the two-launch kernels take as two launches (``fused_stage``).
     fused_stages: bool = False
     #: CUDA, fp16/bf16: the decoder's input, upsampling and output convolutions as fused Triton
     #: kernels (``fused_upsample``).
