@@ -23,22 +23,8 @@ import math
 
 import torch
 
-from bench.gpu_steps import timed
+from bench.gpu_steps import graphed, timed
 from bench.harness import result_path, write_json
-
-
-def graphed(fn):
-    """Warm up ``fn()`` on a side stream, capture it as a CUDA graph: (graph, output)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fn()
-    return g, out
 
 
 def voice_shaped_generator():

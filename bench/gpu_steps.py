@@ -13,6 +13,20 @@ import torch
 from tts_engine.torch_vits.runner import EncodeItem, StepRunner
 
 
+def graphed(fn, *args):
+    """Warm up, capture ``fn(*args)`` as a CUDA graph; returns (graph, output)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(stream)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn(*args)
+    return g, out
+
+
 def timed(fn, reps: int) -> float:
     """Median ms of ``fn()`` over ``reps`` runs, CUDA events, after 3 warm-ups."""
     for _ in range(3):

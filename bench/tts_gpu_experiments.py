@@ -37,26 +37,12 @@ from pathlib import Path
 
 import torch
 
-from bench.gpu_steps import fill_slots, timed
+from bench.gpu_steps import fill_slots, graphed, timed
 from bench.harness import add_common_arguments, common_arguments, gpu_name, load_sentences, result_path, write_json
 from tts_engine.torch_vits.chunked import decode_windows, gather_windows
 from tts_engine.torch_vits.model import pad_ids
 from tts_engine.torch_vits.runner import RunnerOptions, StepRunner
 from tts_engine.torch_vits.weights import load_vits
-
-
-def graphed(fn, *args):
-    """Warm up, capture ``fn(*args)`` as a CUDA graph; returns (graph, output)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn(*args)
-    torch.cuda.current_stream().wait_stream(stream)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fn(*args)
-    return g, out
 
 
 def kernel_profile(fn, reps: int = 5, top: int = 30) -> list[dict]:

@@ -121,6 +121,23 @@ def assert_speaks_as_whole(model, voice_path, max_steps: int = 3, **options: obj
         eng.close()
 
 
+#: configs/gpu.toml's decoder kernels (polyphase upsampling, fused blocks, upsampling and flow).
+FUSED_DECODER = dict(polyphase=True, fused_blocks=True, fused_upsampling=True, fused_flow=True)
+
+
+def speak_fp16_fused(voice_path, inputs: list[list[int]], **options: object) -> list[np.ndarray]:
+    """Each of ``inputs`` without noise through an fp16 engine with ``FUSED_DECODER`` and ``options``,
+    samples as floats in [-1, 1]."""
+    from tts_engine.engine import SynthesisOptions
+
+    quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
+    eng = engine(voice_path, "fp16", **FUSED_DECODER, **options)
+    try:
+        return [np.concatenate([c.pcm for c in eng.submit(ids, quiet)]) / 32767.0 for ids in inputs]
+    finally:
+        eng.close()
+
+
 def gemm_encoder_pair(model, fuse, device: str = "cuda"):
     """The voice's model with ``gemm`` encoder convolutions, a copy whose text encoder ``fuse`` changes
     (it must swap 6 layers), and 40 bench sentences padded to the 256-id bucket on ``device``:
@@ -327,10 +344,9 @@ def test_gpu_flow_once_changes_no_sample_and_keeps_fp16s_snr(model, voice_path):
         assert eng.scheduler.lane_launches["main"] - ahead >= 1
     finally:
         eng.close()
-    fused = dict(polyphase=True, fused_blocks=True, fused_upsampling=True, fused_flow=True)
     snrs = {}
     for once in (False, True):
-        eng = engine(voice_path, "fp16", flow_once=once, chunks_per_step=0, **fused)
+        eng = engine(voice_path, "fp16", flow_once=once, chunks_per_step=0, **FUSED_DECODER)
         try:
             outs = [np.concatenate([c.pcm for c in eng.submit(ids, quiet)]) for ids in inputs]
         finally:
@@ -540,27 +556,16 @@ def test_gpu_e4m3_block_products_keep_the_audio_intelligible(model, voice_path):
     blocks' products in FP8 keep every sentence's length and its waveform within bf16's SNR floor of
     fp32 (faster-whisper transcribes bf16's audio as the CPU's); each sentence's SNR and the fp16
     engine's are printed. On a GPU without FP8 tensor cores the engine refuses it."""
-    from tts_engine.engine import SynthesisOptions
-
-    fused = dict(polyphase=True, fused_blocks=True, fused_upsampling=True, fused_flow=True)
-    if not runs_here(voice_path, "test_gpu_e4m3_block_products_keep_the_audio_intelligible", "fp16", **fused):
+    if not runs_here(voice_path, "test_gpu_e4m3_block_products_keep_the_audio_intelligible", "fp16", **FUSED_DECODER):
         return
     if torch.cuda.get_device_capability() < (8, 9):
         with pytest.raises(ValueError, match="FP8 tensor cores"):
-            engine(voice_path, "fp16", fused_block_products="e4m3", **fused)
+            engine(voice_path, "fp16", fused_block_products="e4m3", **FUSED_DECODER)
         return
-    quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
     inputs = bench_ids(8)
     refs = [whole(model, ids) for ids in inputs]
-
-    def speak(**options: object) -> list[np.ndarray]:
-        eng = engine(voice_path, "fp16", **fused, **options)
-        try:
-            return [np.concatenate([c.pcm for c in eng.submit(ids, quiet)]) / 32767.0 for ids in inputs]
-        finally:
-            eng.close()
-
-    fp16, e4m3 = speak(), speak(fused_block_products="e4m3")
+    fp16 = speak_fp16_fused(voice_path, inputs)
+    e4m3 = speak_fp16_fused(voice_path, inputs, fused_block_products="e4m3")
     snrs = []
     for a, b, ref in zip(fp16, e4m3, refs):
         assert b.shape == ref.shape
@@ -577,24 +582,13 @@ def test_gpu_other_block_kernels_speak_as_the_per_step_ones(model, voice_path, o
     sentence the same length as with the channel-major per-step kernels, the waveform within 40 dB SNR
     of theirs (the same sums, tiled otherwise; the stages round the mean over blocks once) and within
     fp16's floor of fp32."""
-    from tts_engine.engine import SynthesisOptions
-
-    fused = dict(polyphase=True, fused_blocks=True, fused_upsampling=True, fused_flow=True)
     name = f"test_gpu_other_block_kernels_speak_as_the_per_step_ones[{option}-{value}]"
-    if not runs_here(voice_path, name, "fp16", **fused):
+    if not runs_here(voice_path, name, "fp16", **FUSED_DECODER):
         return
-    quiet = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
     inputs = bench_ids(8)
     refs = [whole(model, ids) for ids in inputs]
-
-    def speak(**options: object) -> list[np.ndarray]:
-        eng = engine(voice_path, "fp16", **fused, **options)
-        try:
-            return [np.concatenate([c.pcm for c in eng.submit(ids, quiet)]) / 32767.0 for ids in inputs]
-        finally:
-            eng.close()
-
-    per_step, other = speak(), speak(**{option: value})
+    per_step = speak_fp16_fused(voice_path, inputs)
+    other = speak_fp16_fused(voice_path, inputs, **{option: value})
     snrs = []
     for a, b, ref in zip(per_step, other, refs):
         assert a.shape == b.shape == ref.shape

@@ -244,8 +244,8 @@ class FusedStage:
 
     def __call__(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         cl = self.channels_last
-        loop = self.taps == "loop"
         x = x.transpose(1, 2).contiguous() if cl else x.contiguous()
+        form = self._form(x)
         m = None if mask is None else mask.contiguous()
         out = torch.empty_like(x)
         scale = 1.0 / len(self.blocks)
@@ -256,17 +256,17 @@ class FusedStage:
                 src = h  # ResBlock2: h = conv(act(h)) + h
                 if pair is not None:  # ResBlock1: h = conv2(act(conv1(act(h)))) + h
                     src = conv_step(h, w, b, d, m, None, torch.empty_like(x), slope=self.slope, weight_scale=ws,
-                                    channels_last=cl, **self._form(loop, x))  # fmt: skip
+                                    channels_last=cl, **form)  # fmt: skip
                     (w, ws, b), d = pair, 1
                 dst = out if last else torch.empty_like(x)
                 conv_step(src, w, b, d, m, h, dst, scale if last else 1.0, last and j > 0, slope=self.slope,
-                          weight_scale=ws, channels_last=cl, **self._form(loop, x))  # fmt: skip
+                          weight_scale=ws, channels_last=cl, **form)  # fmt: skip
                 h = dst
         return out.transpose(1, 2).contiguous() if cl else out
 
-    def _form(self, loop: bool, x: torch.Tensor) -> dict:
-        """``conv_step``'s tap form and tiles for this stage's ``taps``."""
-        if not loop:
+    def _form(self, x: torch.Tensor) -> dict:
+        """``conv_step``'s tap form and tiles for this stage's ``taps`` (``x`` in the steps' layout)."""
+        if self.taps != "loop":
             return {}
         channels = x.shape[2] if self.channels_last else x.shape[1]
         return {"tap_loop": True, "tiles": LOOP_TILES.get(channels)}
