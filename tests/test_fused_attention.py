@@ -33,6 +33,9 @@ ids = torch.randint(1, 40, (5, 150))
 """
 
 RANDOM = RANDOM_ENCODER + r"""
+tile, band = sys.argv[1].split("-")  # the kernel's tile and its band keys' form
+fused_attention.BLOCK_M, fused_attention.BLOCK_N, fused_attention.WARPS = map(int, tile.replace("w", "x").split("x"))
+fused_attention.BAND_UNROLL = band == "unrolled"
 fused = copy.deepcopy(enc)
 swapped = fused_attention.use_fused_attention(fused)
 with torch.inference_mode():
@@ -132,11 +135,14 @@ def test_add_norm_is_the_residual_and_layer_norm_within_fp32():
 
 
 @needs_triton
-def test_fused_attention_computes_what_pytorch_computes():
+@pytest.mark.parametrize("form", ["64x64w4-unrolled", "16x32w4-loop", "32x64w8-loop"])
+def test_fused_attention_computes_what_pytorch_computes(form):
     """The encoder with the fused attention gives PyTorch's states within fp32 rounding (another order
     of the softmax's sums), with the relative key and value terms (zeroing them changes the output),
-    and positions past a sentence's end left at 0 (the output convolution's bias alone)."""
-    r = interpret(RANDOM)
+    and positions past a sentence's end left at 0 (the output convolution's bias alone): in the
+    shipped tile with the band's keys unrolled, and in smaller tiles with them as a loop
+    (``BLOCK_M`` x ``BLOCK_N``, ``WARPS``, ``BAND_UNROLL``; ``bench.encoder_attention`` times them)."""
+    r = interpret(RANDOM, form)
     assert r["available"] and r["swapped"] == 2
     assert r["diff"] < 2e-5 * r["peak"], r
     assert r["layer_diff"] < 2e-5 * r["layer_peak"], r

@@ -54,9 +54,15 @@ from tts_engine.torch_vits.fused_ffn import tap_major
 from tts_engine.torch_vits.text_encoder import ChannelLayerNorm, Encoder, RelativeSelfAttention
 from voxloop.config import ATTENTION_PRODUCTS
 
-#: Queries and keys per program and per step of its key loop.
+#: Queries and keys per program and per step of its key loop, and the program's warps.
 BLOCK_M = 64
 BLOCK_N = 64
+WARPS = 4
+#: The band's ``2 window + 1`` keys unrolled (True) or as a loop. Compiled for sm_90 (Triton 3.9) the
+#: medium voice's layer (96 channels a head, in 128 lanes) takes 255 registers a thread and a stack of
+#: 2824 bytes unrolled in the 64 x 64 tile, 640 as a loop, none at 16 x 32 as a loop (227 registers):
+#: ``bench.encoder_attention`` times them.
+BAND_UNROLL = True
 #: Software pipelining of the key loop: a sentence has at most a few key blocks, and Triton's default
 #: (3 stages of 64 keys x 128 channels of keys and values in fp32) needs 256 KiB of shared memory,
 #: more than a Hopper SM has (227 KiB).
@@ -69,10 +75,28 @@ if triton is not None:
     import triton.language as tl
 
     @triton.jit
+    def _band_key(r, acc, total, m, q, i, i_in, length, chan, d, dok, bk, bv, k_ptr, v_ptr, ek_ptr, ev_ptr, base, s_t,
+                  D: tl.constexpr, W: tl.constexpr):  # fmt: skip
+        """The band's key ``r`` (offset ``r - W`` from each query) with its relative key logit and value
+        embedding, folded into the online softmax's ``acc``, ``total`` and maximum ``m``."""
+        j = i + (r - W)
+        ok = i_in & (j >= 0) & (j < length)
+        kj = tl.load(k_ptr + base + chan[None, :] + j[:, None] * s_t, mask=ok[:, None] & dok[None, :], other=0.0)
+        ek = tl.load(ek_ptr + r * D + d, mask=dok, other=0.0)
+        s = tl.sum(q * (kj + bk[None, :]), 1) + tl.sum(q * ek[None, :], 1)
+        s = tl.where(ok, s, -1.0e30)
+        m_new = tl.maximum(m, s)
+        p = tl.where(ok, tl.exp(s - m_new), 0.0)
+        alpha = tl.exp(m - m_new)
+        vj = tl.load(v_ptr + base + chan[None, :] + j[:, None] * s_t, mask=ok[:, None] & dok[None, :], other=0.0)
+        ev = tl.load(ev_ptr + r * D + d, mask=dok, other=0.0)
+        return acc * alpha[:, None] + p[:, None] * (vj + bv[None, :] + ev[None, :]), total * alpha + p, m_new
+
+    @triton.jit
     def _attention(q_ptr, k_ptr, v_ptr, bias_ptr, masked_ptr, ek_ptr, ev_ptr, out_ptr, T, s_b, s_c, s_t, o_b, o_c,
                    o_t, m_b, m_j, C: tl.constexpr, D: tl.constexpr, W: tl.constexpr, SCALE: tl.constexpr,
                    PREC: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_D: tl.constexpr):  # fmt: skip
+                   BLOCK_D: tl.constexpr, BAND_UNROLL: tl.constexpr):  # fmt: skip
         mb, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         # the sentence's length: keys whose mask (row 0 of ``masked``) is False form a prefix
         length = tl.sum(tl.zeros([BLOCK_N], tl.int32), 0)  # an int32 scalar, the type the loop adds
@@ -114,21 +138,14 @@ if triton is not None:
             acc = acc * alpha[:, None] + tl.dot(p, vt + bv[None, :], input_precision=PREC)
             total = total * alpha + tl.sum(p, 1)
             m = m_new
-        for r in tl.static_range(2 * W + 1):
-            j = i + (r - W)
-            ok = i_in & (j >= 0) & (j < length)
-            kj = tl.load(k_ptr + b * s_b + chan[None, :] + j[:, None] * s_t, mask=ok[:, None] & dok[None, :], other=0.0)
-            ek = tl.load(ek_ptr + r * D + d, mask=dok, other=0.0)
-            s = tl.sum(q * (kj + bk[None, :]), 1) + tl.sum(q * ek[None, :], 1)
-            s = tl.where(ok, s, big)
-            m_new = tl.maximum(m, s)
-            p = tl.where(ok, tl.exp(s - m_new), 0.0)
-            alpha = tl.exp(m - m_new)
-            vj = tl.load(v_ptr + b * s_b + chan[None, :] + j[:, None] * s_t, mask=ok[:, None] & dok[None, :], other=0.0)
-            ev = tl.load(ev_ptr + r * D + d, mask=dok, other=0.0)
-            acc = acc * alpha[:, None] + p[:, None] * (vj + bv[None, :] + ev[None, :])
-            total = total * alpha + p
-            m = m_new
+        if BAND_UNROLL:
+            for r in tl.static_range(2 * W + 1):
+                acc, total, m = _band_key(r, acc, total, m, q, i, i_in, length, chan, d, dok, bk, bv, k_ptr, v_ptr,
+                                          ek_ptr, ev_ptr, b * s_b, s_t, D, W)  # fmt: skip
+        else:
+            for r in range(2 * W + 1):
+                acc, total, m = _band_key(r, acc, total, m, q, i, i_in, length, chan, d, dok, bk, bv, k_ptr, v_ptr,
+                                          ek_ptr, ev_ptr, b * s_b, s_t, D, W)  # fmt: skip
         out = tl.where(i_in[:, None], acc / tl.where(i_in, total, 1.0)[:, None], 0.0)
         tl.store(out_ptr + b * o_b + ((h * D + d) * o_c)[None, :] + i[:, None] * o_t, out,
                  mask=(i < T)[:, None] & dok[None, :])  # fmt: skip
@@ -185,7 +202,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: torch.T
     _attention[grid](q, k, v, bias, masked.view(torch.uint8), emb_rel_k.contiguous(), emb_rel_v.contiguous(), out,
                      t, *q.stride(), *out.stride(), masked.stride(0), masked.stride(3), C=c, D=d, W=window,
                      SCALE=math.sqrt(d), PREC=precision, HAS_BIAS=qkv_bias is not None, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                     BLOCK_D=max(16, triton.next_power_of_2(d)), num_warps=4, num_stages=NUM_STAGES)  # fmt: skip
+                     BLOCK_D=max(16, triton.next_power_of_2(d)), BAND_UNROLL=BAND_UNROLL, num_warps=WARPS,
+                     num_stages=NUM_STAGES)  # fmt: skip
     return out
 
 

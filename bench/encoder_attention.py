@@ -1,0 +1,102 @@
+"""GPU: the text encoder's fused attention kernel (``fused_attention._attention``) per tile and band form.
+
+At the shapes of the engine's encoder graphs (``--windows BATCHxPHONEMES``: sentences x phoneme
+bucket, each sentence's length drawn between half and all of the bucket), a Piper "medium"-shaped
+layer (192 channels in 2 heads of 96, window 4; random fp32 inputs and embeddings: the kernel's time
+does not depend on their values), ``tl.dot`` in ``--precision`` (configs/gpu.toml: tf32x3). Per form
+``BLOCK_MxBLOCK_NwWARPS-unrolled|loop`` (queries and keys per program, its warps, the band's
+``2 window + 1`` keys unrolled or as a loop): the CUDA graph's replay ms (median of 50) and the largest
+difference from the first form's output.
+
+    python -m bench.encoder_attention --hardware h100 --out /tmp/res \\
+        [--windows 64x192 16x128 4x96 1x64] [--forms 64x64w4-unrolled 64x64w4-loop 16x32w4-loop]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from bench.gpu_steps import graphed, timed
+from bench.harness import result_path, write_json
+
+CHANNELS, HEADS, WINDOW = 192, 2, 4
+
+
+def parse_form(form: str) -> tuple[int, int, int, bool]:
+    """``"64x64w4-unrolled"`` -> (64, 64, 4, True)."""
+    try:
+        tile, band = form.split("-")
+        m, rest = tile.split("x")
+        n, warps = rest.split("w")
+        if band not in ("unrolled", "loop"):
+            raise ValueError(band)
+        return int(m), int(n), int(warps), band == "unrolled"
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a form is BLOCK_MxBLOCK_NwWARPS-unrolled|loop, got {form!r}") from None
+
+
+def form_name(form: str) -> str:
+    """``--forms``' type: the form's name, checked."""
+    parse_form(form)
+    return form
+
+
+def attention_rows(windows: list[tuple[int, int]], forms: list[str], precision: str) -> list[dict]:
+    from tts_engine.torch_vits import fused_attention as fa
+
+    torch.manual_seed(0)
+    d = CHANNELS // HEADS
+    emb_k, emb_v = (torch.randn(2 * WINDOW + 1, d, device="cuda") * 0.3 for _ in range(2))
+    rows = []
+    saved = fa.BLOCK_M, fa.BLOCK_N, fa.WARPS, fa.BAND_UNROLL
+    try:
+        for batch, phonemes in windows:
+            lengths = torch.randint(phonemes // 2, phonemes + 1, (batch,), device="cuda")
+            masked = (torch.arange(phonemes, device="cuda")[None, :] >= lengths[:, None]).view(batch, 1, 1, phonemes)
+            q, k, v = torch.randn(batch, 3 * CHANNELS, phonemes, device="cuda").chunk(3, dim=1)
+            bias = torch.randn(3 * CHANNELS, device="cuda") * 0.1
+            row = {"batch": batch, "phonemes": phonemes, "mean_length": round(float(lengths.float().mean()), 1)}
+            ref = None
+            for form in forms:
+                fa.BLOCK_M, fa.BLOCK_N, fa.WARPS, fa.BAND_UNROLL = parse_form(form)
+                try:
+                    graph, out = graphed(lambda: fa.attention(q, k, v, masked, emb_k, emb_v, HEADS, WINDOW, precision,
+                                                              bias))  # fmt: skip
+                    row[f"{form}_ms"] = round(timed(graph.replay, 50), 4)
+                    ref = out.clone() if ref is None else ref
+                    row[f"{form}_max_abs_diff"] = float((out - ref).abs().max())
+                except Exception as exc:  # a tile out of the GPU's resources
+                    row[f"{form}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            rows.append(row)
+            print(row, flush=True)
+    finally:
+        fa.BLOCK_M, fa.BLOCK_N, fa.WARPS, fa.BAND_UNROLL = saved
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--hardware", required=True, help="hardware name in the result file's name")
+    p.add_argument("--date", default=None)
+    p.add_argument("--out", default="bench/results")
+    p.add_argument("--windows", nargs="+", default=["64x192", "16x128", "4x96", "1x64"], metavar="BATCHxPHONEMES",
+                   help="sentences x phoneme bucket (default: %(default)s)")
+    p.add_argument("--forms", nargs="+", type=form_name, metavar="FORM",
+                   default=["64x64w4-unrolled", "64x64w4-loop", "32x32w4-loop", "16x32w4-loop", "16x64w4-loop"],
+                   help="BLOCK_MxBLOCK_NwWARPS-unrolled|loop; the first is the reference (default: %(default)s)")
+    p.add_argument("--precision", default="tf32x3", choices=["tf32x3", "tf32", "ieee"])
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("encoder_attention times CUDA kernels: no CUDA device here")
+    windows = [tuple(int(v) for v in w.split("x")) for w in args.windows]
+    rows = attention_rows(windows, args.forms, args.precision)
+    path = result_path("encoder_attention", "json", Path(args.out), args.hardware, args.date)
+    print("wrote", write_json("encoder_attention", rows, {"gpu": torch.cuda.get_device_name(),
+                                                          "precision": args.precision}, path=path))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
