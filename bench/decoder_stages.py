@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from bench.gpu_steps import graphed, timed
+from bench.gpu_steps import time_forms
 from bench.harness import result_path, write_json
 
 
@@ -82,15 +82,7 @@ def stage_rows(windows: list[tuple[int, int]], tiles: list[tuple[int, int, int]]
                 for co, bt, nw in tiles:
                     if co <= c:
                         forms[f"two_launch_{co}x{bt}w{nw}"] = lambda x, m, t=(co, bt, nw): steps(x, m, t)
-                ref = None
-                for name, form in forms.items():
-                    try:
-                        graph, out = graphed(lambda form=form: form(x, mask))
-                        row[f"{name}_ms"] = round(timed(graph.replay, 20), 4)
-                        ref = out.clone() if ref is None else ref
-                        row[f"{name}_max_abs_diff"] = float((out.float() - ref.float()).abs().max())
-                    except Exception as exc:  # a tile shape out of the GPU's resources
-                        row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                time_forms(row, {name: (lambda form=form: form(x, mask)) for name, form in forms.items()})
                 rows.append(row)
                 print(row, flush=True)
     return rows

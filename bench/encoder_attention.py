@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from bench.gpu_steps import graphed, timed
+from bench.gpu_steps import time_forms
 from bench.harness import result_path, write_json
 
 CHANNELS, HEADS, WINDOW = 192, 2, 4
@@ -59,17 +59,12 @@ def attention_rows(windows: list[tuple[int, int]], forms: list[str], precision: 
             q, k, v = torch.randn(batch, 3 * CHANNELS, phonemes, device="cuda").chunk(3, dim=1)
             bias = torch.randn(3 * CHANNELS, device="cuda") * 0.1
             row = {"batch": batch, "phonemes": phonemes, "mean_length": round(float(lengths.float().mean()), 1)}
-            ref = None
-            for form in forms:
+
+            def run(form: str) -> torch.Tensor:
                 fa.BLOCK_M, fa.BLOCK_N, fa.WARPS, fa.BAND_UNROLL = parse_form(form)
-                try:
-                    graph, out = graphed(lambda: fa.attention(q, k, v, masked, emb_k, emb_v, HEADS, WINDOW, precision,
-                                                              bias))  # fmt: skip
-                    row[f"{form}_ms"] = round(timed(graph.replay, 50), 4)
-                    ref = out.clone() if ref is None else ref
-                    row[f"{form}_max_abs_diff"] = float((out - ref).abs().max())
-                except Exception as exc:  # a tile out of the GPU's resources
-                    row[f"{form}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                return fa.attention(q, k, v, masked, emb_k, emb_v, HEADS, WINDOW, precision, bias)
+
+            time_forms(row, {form: (lambda form=form: run(form)) for form in forms}, reps=50)
             rows.append(row)
             print(row, flush=True)
     finally:

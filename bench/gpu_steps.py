@@ -42,6 +42,22 @@ def timed(fn, reps: int) -> float:
     return statistics.median(times)
 
 
+def time_forms(row: dict, forms: dict, reps: int = 20) -> None:
+    """Each of ``forms`` (name -> a function of no arguments returning one tensor) captured as a CUDA
+    graph: ``row["<name>_ms"]`` its replay's median ms over ``reps``, ``row["<name>_max_abs_diff"]`` its
+    output's largest difference from the first form's, ``row["<name>_error"]`` where it could not run
+    (a tile out of the GPU's resources)."""
+    ref = None
+    for name, form in forms.items():
+        try:
+            graph, out = graphed(form)
+            row[f"{name}_ms"] = round(timed(graph.replay, reps), 4)
+            ref = out.clone() if ref is None else ref
+            row[f"{name}_max_abs_diff"] = float((out.float() - ref.float()).abs().max())
+        except Exception as exc:
+            row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
 def fill_slots(runner: StepRunner, sentences: list[list[int]], noise: bool) -> list[int]:
     """Encode real sentences into every slot; returns their frame counts."""
     n = runner.options.max_slots
