@@ -4,9 +4,9 @@ At the shapes of the engine's encoder graphs (``--windows BATCHxPHONEMES``: sent
 bucket, each sentence's length drawn between half and all of the bucket), a Piper "medium"-shaped
 layer (192 channels in 2 heads of 96, window 4; random fp32 inputs and embeddings: the kernel's time
 does not depend on their values), ``tl.dot`` in ``--precision`` (configs/gpu.toml: tf32x3). Per form
-``BLOCK_MxBLOCK_NwWARPS-unrolled|loop`` (queries and keys per program, its warps, the band's
-``2 window + 1`` keys unrolled or as a loop): the CUDA graph's replay ms (median of 50) and the largest
-difference from the first form's output.
+``<queries>x<keys>w<warps>-unrolled|loop`` (``tts.fused_attention_tile``: queries and keys per block,
+the program's warps, the band's ``2 window + 1`` keys unrolled or as a loop): the CUDA graph's replay
+ms (median of 50) and the largest difference from the first form's output.
 
     python -m bench.encoder_attention --hardware h100 --out /tmp/res \\
         [--windows 64x192 16x128 4x96 1x64] [--forms 64x64w4-unrolled 64x64w4-loop 16x32w4-loop]
@@ -25,22 +25,14 @@ from bench.harness import result_path, write_json
 CHANNELS, HEADS, WINDOW = 192, 2, 4
 
 
-def parse_form(form: str) -> tuple[int, int, int, bool]:
-    """``"64x64w4-unrolled"`` -> (64, 64, 4, True)."""
-    try:
-        tile, band = form.split("-")
-        m, rest = tile.split("x")
-        n, warps = rest.split("w")
-        if band not in ("unrolled", "loop"):
-            raise ValueError(band)
-        return int(m), int(n), int(warps), band == "unrolled"
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a form is BLOCK_MxBLOCK_NwWARPS-unrolled|loop, got {form!r}") from None
-
-
 def form_name(form: str) -> str:
-    """``--forms``' type: the form's name, checked."""
-    parse_form(form)
+    """``--forms``' type: the tile's name, checked (``fused_attention.parse_tile``)."""
+    from tts_engine.torch_vits.fused_attention import parse_tile
+
+    try:
+        parse_tile(form)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return form
 
 
@@ -51,24 +43,17 @@ def attention_rows(windows: list[tuple[int, int]], forms: list[str], precision: 
     d = CHANNELS // HEADS
     emb_k, emb_v = (torch.randn(2 * WINDOW + 1, d, device="cuda") * 0.3 for _ in range(2))
     rows = []
-    saved = fa.BLOCK_M, fa.BLOCK_N, fa.WARPS, fa.BAND_UNROLL
-    try:
-        for batch, phonemes in windows:
-            lengths = torch.randint(phonemes // 2, phonemes + 1, (batch,), device="cuda")
-            masked = (torch.arange(phonemes, device="cuda")[None, :] >= lengths[:, None]).view(batch, 1, 1, phonemes)
-            q, k, v = torch.randn(batch, 3 * CHANNELS, phonemes, device="cuda").chunk(3, dim=1)
-            bias = torch.randn(3 * CHANNELS, device="cuda") * 0.1
-            row = {"batch": batch, "phonemes": phonemes, "mean_length": round(float(lengths.float().mean()), 1)}
-
-            def run(form: str) -> torch.Tensor:
-                fa.BLOCK_M, fa.BLOCK_N, fa.WARPS, fa.BAND_UNROLL = parse_form(form)
-                return fa.attention(q, k, v, masked, emb_k, emb_v, HEADS, WINDOW, precision, bias)
-
-            time_forms(row, {form: (lambda form=form: run(form)) for form in forms}, reps=50)
-            rows.append(row)
-            print(row, flush=True)
-    finally:
-        fa.BLOCK_M, fa.BLOCK_N, fa.WARPS, fa.BAND_UNROLL = saved
+    for batch, phonemes in windows:
+        lengths = torch.randint(phonemes // 2, phonemes + 1, (batch,), device="cuda")
+        masked = (torch.arange(phonemes, device="cuda")[None, :] >= lengths[:, None]).view(batch, 1, 1, phonemes)
+        q, k, v = torch.randn(batch, 3 * CHANNELS, phonemes, device="cuda").chunk(3, dim=1)
+        bias = torch.randn(3 * CHANNELS, device="cuda") * 0.1
+        row = {"batch": batch, "phonemes": phonemes, "mean_length": round(float(lengths.float().mean()), 1)}
+        time_forms(row, {form: (lambda form=form: fa.attention(q, k, v, masked, emb_k, emb_v, HEADS, WINDOW, precision,
+                                                               bias, form))
+                         for form in forms}, reps=50)  # fmt: skip
+        rows.append(row)
+        print(row, flush=True)
     return rows
 
 
@@ -81,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="sentences x phoneme bucket (default: %(default)s)")
     p.add_argument("--forms", nargs="+", type=form_name, metavar="FORM",
                    default=["64x64w4-unrolled", "64x64w4-loop", "32x32w4-loop", "16x32w4-loop", "16x64w4-loop"],
-                   help="BLOCK_MxBLOCK_NwWARPS-unrolled|loop; the first is the reference (default: %(default)s)")
+                   help="<queries>x<keys>w<warps>-unrolled|loop (tts.fused_attention_tile); the first is the reference (default: %(default)s)")
     p.add_argument("--precision", default="tf32x3", choices=["tf32x3", "tf32", "ieee"])
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

@@ -33,11 +33,9 @@ ids = torch.randint(1, 40, (5, 150))
 """
 
 RANDOM = RANDOM_ENCODER + r"""
-tile, band = sys.argv[1].split("-")  # the kernel's tile and its band keys' form
-fused_attention.BLOCK_M, fused_attention.BLOCK_N, fused_attention.WARPS = map(int, tile.replace("w", "x").split("x"))
-fused_attention.BAND_UNROLL = band == "unrolled"
+tile = sys.argv[1]  # the kernel's program (tts.fused_attention_tile)
 fused = copy.deepcopy(enc)
-swapped = fused_attention.use_fused_attention(fused)
+swapped = fused_attention.use_fused_attention(fused, tile=tile)
 with torch.inference_mode():
     want, got = enc(ids, lengths), fused(ids, lengths)
     # one layer alone, on the states where its inputs differ most: valid positions only
@@ -140,8 +138,8 @@ def test_fused_attention_computes_what_pytorch_computes(form):
     """The encoder with the fused attention gives PyTorch's states within fp32 rounding (another order
     of the softmax's sums), with the relative key and value terms (zeroing them changes the output),
     and positions past a sentence's end left at 0 (the output convolution's bias alone): in the
-    shipped tile with the band's keys unrolled, and in smaller tiles with them as a loop
-    (``BLOCK_M`` x ``BLOCK_N``, ``WARPS``, ``BAND_UNROLL``; ``bench.encoder_attention`` times them)."""
+    default program (``tts.fused_attention_tile``) with the band's keys unrolled, and in smaller tiles
+    with them as a loop (``bench.encoder_attention`` times them)."""
     r = interpret(RANDOM, form)
     assert r["available"] and r["swapped"] == 2
     assert r["diff"] < 2e-5 * r["peak"], r
@@ -211,3 +209,24 @@ def test_fused_attention_takes_the_text_encoders_products_and_refuses_others():
     with pytest.raises(ValueError, match="precision must be one of"):
         fused_attention.attention(*[torch.zeros(1, 24, 8)] * 3, torch.zeros(1, 1, 8, 8, dtype=torch.bool),
                                   torch.zeros(9, 12), torch.zeros(9, 12), 2, 4, "bf16")  # fmt: skip
+
+
+def test_attention_tiles_are_parsed_and_refused_like_the_config():
+    """``fused_attention.parse_tile`` and ``tts.fused_attention_tile`` take and refuse the same names;
+    another tile than the default needs the fused attention."""
+    from tts_engine.torch_vits.fused_attention import TILE, parse_tile
+
+    from voxloop.config import ConfigError, load_config
+
+    assert parse_tile(TILE) == (64, 64, 4, True) and parse_tile("16x32w8-loop") == (16, 32, 8, False)
+    assert load_config(None, [], environ={}).tts.fused_attention_tile == TILE
+    on = ["tts.fused_text_encoder=true", "tts.text_encoder_products=tf32x3", "tts.fused_attention=true"]
+    assert load_config(None, [*on, "tts.fused_attention_tile=16x32w4-loop"], environ={}).tts.fused_attention_tile == \
+        "16x32w4-loop"  # fmt: skip
+    with pytest.raises(ConfigError, match=r"needs tts\.fused_attention = true"):
+        load_config(None, ["tts.fused_attention_tile=16x32w4-loop"], environ={})
+    for bad in ("64x64w4", "64x64w3-loop", "8x64w4-loop", "64x64w4-rolled", "x64w4-loop", "64x64w4-loop-x"):
+        with pytest.raises(ValueError, match="an attention tile is"):
+            parse_tile(bad)
+        with pytest.raises(ConfigError, match=r"tts\.fused_attention_tile must be"):
+            load_config(None, [*on, f"tts.fused_attention_tile={bad}"], environ={})

@@ -46,6 +46,10 @@ FUSED_BLOCK_PRODUCTS = ("model", "e4m3")
 #: ``tts.fused_block_taps`` values: the fused residual steps' taps unrolled or as a loop
 #: (``tts_engine.torch_vits.fused_resblock.TAPS``; a copy, so that the config loads no torch).
 FUSED_BLOCK_TAPS = ("unrolled", "loop")
+#: ``tts.fused_attention_tile``: ``<queries>x<keys>w<warps>-unrolled|loop`` (the attention kernel's
+#: program: queries and keys per block, warps, the band's keys unrolled or as a loop;
+#: ``tts_engine.torch_vits.fused_attention.parse_tile``, a copy so that the config loads no torch).
+_ATTENTION_TILE = re.compile(r"(16|32|64|128)x(16|32|64|128)w(1|2|4|8)-(unrolled|loop)")
 #: What ``server.allowed_origins`` entries look like (besides ``*``): no path, query or user.
 _ORIGIN = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[^\s/?#@:\[\]]+)(:\d{1,5})?", re.IGNORECASE)
 
@@ -493,6 +497,10 @@ class TtsConfig:
     #: for bit cuBLAS's sums: python -m bench.tts_gpu_experiments --encoder-products counts the
     #: phonemes whose frames move.
     fused_attention_projections: bool = False
+    #: GPU, with tts.fused_attention: its kernel's program, "<queries>x<keys>w<warps>-unrolled|loop"
+    #: (queries and keys per block of 16-128, 1-8 warps, the band's 2 window + 1 keys unrolled or as
+    #: a loop): python -m bench.encoder_attention times them.
+    fused_attention_tile: str = "64x64w4-unrolled"
     #: GPU (cuda backend): the rate the engine delivers, Hz; 0 = the voice's own (22 050 Hz for Piper's
     #: medium voices). Each chunk is resampled inside its decoder step on the GPU (a 128-tap
     #: Kaiser-windowed sinc, ~80 dB stopband; the chunks join into the whole sentence resampled at
@@ -566,6 +574,13 @@ class TtsConfig:
         if self.fused_blocks_channels_last and not self.fused_blocks:
             raise ConfigError("tts.fused_blocks_channels_last is the fused residual blocks' layout: it needs "
                               "tts.fused_blocks = true")  # fmt: skip
+        if not _ATTENTION_TILE.fullmatch(self.fused_attention_tile):
+            raise ConfigError("tts.fused_attention_tile must be <queries>x<keys>w<warps>-unrolled|loop with queries and "
+                              "keys 16, 32, 64 or 128 and 1, 2, 4 or 8 warps (e.g. 64x64w4-unrolled), got "
+                              f"{self.fused_attention_tile!r}")  # fmt: skip
+        if self.fused_attention_tile != "64x64w4-unrolled" and not self.fused_attention:
+            raise ConfigError(f"tts.fused_attention_tile = {self.fused_attention_tile!r} is the fused attention's: it "
+                              "needs tts.fused_attention = true")  # fmt: skip
         if self.fused_attention_projections and not self.fused_attention:
             raise ConfigError("tts.fused_attention_projections are the fused attention's products: it needs "
                               "tts.fused_attention = true")  # fmt: skip

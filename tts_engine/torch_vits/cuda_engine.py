@@ -179,6 +179,7 @@ class CudaTtsEngine:
             fused_prior=tts.fused_prior,
             fused_attention=tts.fused_attention,
             fused_attention_projections=tts.fused_attention_projections,
+            fused_attention_tile=tts.fused_attention_tile,
             phoneme_buckets=tts.phoneme_buckets,
             state_budget_mb=cfg.gpu.tts_state_budget_mb,
             encode_budget_mb=cfg.gpu.tts_encode_budget_mb,

@@ -54,15 +54,12 @@ from tts_engine.torch_vits.fused_ffn import tap_major
 from tts_engine.torch_vits.text_encoder import ChannelLayerNorm, Encoder, RelativeSelfAttention
 from voxloop.config import ATTENTION_PRODUCTS
 
-#: Queries and keys per program and per step of its key loop, and the program's warps.
-BLOCK_M = 64
-BLOCK_N = 64
-WARPS = 4
-#: The band's ``2 window + 1`` keys unrolled (True) or as a loop. Compiled for sm_90 (Triton 3.9) the
+#: The kernel's program by default (``tts.fused_attention_tile``): 64 queries, keys 64 per step of its
+#: key loop, 4 warps, the band's ``2 window + 1`` keys unrolled. Compiled for sm_90 (Triton 3.9) the
 #: medium voice's layer (96 channels a head, in 128 lanes) takes 255 registers a thread and a stack of
-#: 2824 bytes unrolled in the 64 x 64 tile, 640 as a loop, none at 16 x 32 as a loop (227 registers):
+#: 2824 bytes so, 640 with the band as a loop, none at 16 x 32 as a loop (227 registers):
 #: ``bench.encoder_attention`` times them.
-BAND_UNROLL = True
+TILE = "64x64w4-unrolled"
 #: Software pipelining of the key loop: a sentence has at most a few key blocks, and Triton's default
 #: (3 stages of 64 keys x 128 channels of keys and values in fp32) needs 256 KiB of shared memory,
 #: more than a Hopper SM has (227 KiB).
@@ -70,6 +67,24 @@ NUM_STAGES = 1
 #: ``tl.dot``'s precision per ``tts.text_encoder_products`` (the feed-forward's products; fp16x3's
 #: split needs scaled operands, the attention takes tf32x3's precision instead).
 PRECISIONS = {"cublas": "ieee", "ieee": "ieee", "tf32x3": "tf32x3", "tf32": "tf32", "fp16x3": "tf32x3"}
+
+
+def parse_tile(tile: str) -> tuple[int, int, int, bool]:
+    """``"<queries>x<keys>w<warps>-unrolled|loop"`` -> (queries, keys, warps, band unrolled); queries and
+    keys 16-128 (powers of two), 1-8 warps (``voxloop.config`` checks the same)."""
+    try:
+        block, band = tile.split("-")
+        m, rest = block.split("x")
+        n, warps = rest.split("w")
+        m, n, warps = int(m), int(n), int(warps)
+        if m not in (16, 32, 64, 128) or n not in (16, 32, 64, 128) or warps not in (1, 2, 4, 8) or \
+                band not in ("unrolled", "loop"):  # fmt: skip
+            raise ValueError(tile)
+    except ValueError:
+        raise ValueError("an attention tile is <queries>x<keys>w<warps>-unrolled|loop (queries and keys 16-128, "
+                         f"1-8 warps), got {tile!r}") from None  # fmt: skip
+    return m, n, warps, band == "unrolled"
+
 
 if triton is not None:
     import triton.language as tl
@@ -174,13 +189,14 @@ if triton is not None:
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: torch.Tensor, emb_rel_k: torch.Tensor,
               emb_rel_v: torch.Tensor, n_heads: int, window: int, precision: str = "ieee",
-              qkv_bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+              qkv_bias: torch.Tensor | None = None, tile: str = TILE) -> torch.Tensor:  # fmt: skip
     """``_attention``: ``q``, ``k``, ``v`` [B, H * D, T] float32 (the 1x1 convolutions' outputs, one
     layout and strides; with ``qkv_bias`` [3 H D], the q, k and v biases stacked, before their bias,
     which is added as they are read), ``masked`` [B, 1, T, T] or [B, 1, 1, T] bool (row 0 is read),
     ``emb_rel_k`` / ``emb_rel_v`` [2 window + 1, D] -> [B, H * D, T] contiguous: what
     ``RelativeSelfAttention`` computes before ``conv_o``. ``precision``: ``tl.dot``'s ("ieee", "tf32x3"
-    or "tf32")."""
+    or "tf32"); ``tile``: the program's (``parse_tile``)."""
+    block_m, block_n, warps, band_unroll = parse_tile(tile)
     if precision not in set(PRECISIONS.values()):
         raise ValueError(f"precision must be one of {sorted(set(PRECISIONS.values()))}, got {precision!r}")
     b, c, t = q.shape
@@ -197,12 +213,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: torch.T
         raise ValueError(f"masked must be bool [{b}, 1, {t}, {t}] or [{b}, 1, 1, {t}], got {masked.dtype} "
                          f"{tuple(masked.shape)}")  # fmt: skip
     out = torch.empty(b, c, t, device=q.device, dtype=torch.float32)
-    grid = (triton.cdiv(t, BLOCK_M), n_heads, b)
+    grid = (triton.cdiv(t, block_m), n_heads, b)
     bias = q if qkv_bias is None else qkv_bias.contiguous()
     _attention[grid](q, k, v, bias, masked.view(torch.uint8), emb_rel_k.contiguous(), emb_rel_v.contiguous(), out,
                      t, *q.stride(), *out.stride(), masked.stride(0), masked.stride(3), C=c, D=d, W=window,
-                     SCALE=math.sqrt(d), PREC=precision, HAS_BIAS=qkv_bias is not None, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                     BLOCK_D=max(16, triton.next_power_of_2(d)), BAND_UNROLL=BAND_UNROLL, num_warps=WARPS,
+                     SCALE=math.sqrt(d), PREC=precision, HAS_BIAS=qkv_bias is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+                     BLOCK_D=max(16, triton.next_power_of_2(d)), BAND_UNROLL=band_unroll, num_warps=warps,
                      num_stages=NUM_STAGES)  # fmt: skip
     return out
 
@@ -212,8 +228,11 @@ class FusedRelativeSelfAttention(nn.Module):
     matrix product of their stacked weights (their biases added inside ``attention``), everything
     between them and ``conv_o`` in ``attention``, its products in ``PRECISIONS[products]``."""
 
-    def __init__(self, attn: RelativeSelfAttention, products: str = "cublas", projections: bool = False) -> None:
+    def __init__(self, attn: RelativeSelfAttention, products: str = "cublas", projections: bool = False,
+                 tile: str = TILE) -> None:  # fmt: skip
         super().__init__()
+        parse_tile(tile)
+        self.tile = tile
         if products not in PRECISIONS:
             raise ValueError(f"products must be one of {sorted(PRECISIONS)}, got {products!r}")
         if projections and products not in ATTENTION_PRODUCTS:
@@ -245,11 +264,12 @@ class FusedRelativeSelfAttention(nn.Module):
         if self.projections and mask is not None and x.shape[0] >= fused_ffn.MIN_ROWS:
             qkv = fused_ffn.conv(x, mask, self.w_qkv, self.b_qkv, 1, 0, False, self.products, self.scales[0])
             q, k, v = qkv.chunk(3, dim=1)
-            out = attention(q, k, v, masked, self.emb_k, self.emb_v, self.n_heads, self.window_size, self.precision)
+            out = attention(q, k, v, masked, self.emb_k, self.emb_v, self.n_heads, self.window_size, self.precision,
+                            tile=self.tile)  # fmt: skip
             return fused_ffn.conv(out, mask, self.w_o, self.b_o, 1, 0, False, self.products, self.scales[1]), None
         q, k, v = torch.matmul(self.w_qkv, x).chunk(3, dim=1)  # [B, 3C, T] in three views of one layout
         out = attention(q, k, v, masked, self.emb_k, self.emb_v, self.n_heads, self.window_size, self.precision,
-                        self.b_qkv)  # fmt: skip
+                        self.b_qkv, self.tile)  # fmt: skip
         return torch.matmul(self.w_o, out), self.b_o
 
     def forward(self, x: torch.Tensor, masked: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -290,9 +310,10 @@ class FusedEncoder(nn.Module):
     first LayerNorm in one kernel (``add_norm``); the feed-forward (whichever it is), then the
     residual and the second LayerNorm in one kernel."""
 
-    def __init__(self, encoder: Encoder, products: str = "cublas", projections: bool = False) -> None:
+    def __init__(self, encoder: Encoder, products: str = "cublas", projections: bool = False, tile: str = TILE) -> None:
         super().__init__()
-        self.attn_layers = nn.ModuleList(FusedRelativeSelfAttention(a, products, projections) for a in encoder.attn_layers)
+        self.attn_layers = nn.ModuleList(FusedRelativeSelfAttention(a, products, projections, tile)
+                                         for a in encoder.attn_layers)  # fmt: skip
         self.norm_layers_1, self.ffn_layers, self.norm_layers_2 = (encoder.norm_layers_1, encoder.ffn_layers,
                                                                    encoder.norm_layers_2)  # fmt: skip
 
@@ -307,19 +328,20 @@ class FusedEncoder(nn.Module):
         return x * mask
 
 
-def use_fused_attention(module: nn.Module, products: str = "cublas", projections: bool = False) -> int:
+def use_fused_attention(module: nn.Module, products: str = "cublas", projections: bool = False,
+                        tile: str = TILE) -> int:  # fmt: skip
     """Swap every text ``Encoder`` inside ``module`` for a ``FusedEncoder`` (its attention products after
-    the text encoder's ``products``; with ``projections`` its q/k/v and output products too); returns
-    how many attention layers were fused."""
+    the text encoder's ``products``; with ``projections`` its q/k/v and output products too; its kernel's
+    program ``tile``); returns how many attention layers were fused."""
     swapped = 0
     for name, child in list(module.named_children()):
         if isinstance(child, Encoder):
-            fused = FusedEncoder(child, products, projections)
+            fused = FusedEncoder(child, products, projections, tile)
             setattr(module, name, fused)
             swapped += len(fused.attn_layers)
         else:
-            swapped += use_fused_attention(child, products, projections)
+            swapped += use_fused_attention(child, products, projections, tile)
     return swapped
 
 
-__all__ = ["BLOCK_M", "BLOCK_N", "PRECISIONS", "FusedEncoder", "FusedRelativeSelfAttention", "add_norm", "attention", "available", "use_fused_attention"]
+__all__ = ["PRECISIONS", "TILE", "parse_tile", "FusedEncoder", "FusedRelativeSelfAttention", "add_norm", "attention", "available", "use_fused_attention"]

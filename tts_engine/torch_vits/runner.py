@@ -182,6 +182,8 @@ class RunnerOptions:
     #: With ``fused_attention`` and tensor-core ``text_encoder_products``: its q/k/v and output products
     #: as ``fused_ffn.conv`` kernels in that precision (batches of ``fused_ffn.MIN_ROWS`` or more).
     fused_attention_projections: bool = False
+    #: With ``fused_attention``: its kernel's program (``fused_attention.parse_tile``).
+    fused_attention_tile: str = "64x64w4-unrolled"
     #: The voice's rate and the rate the decoder steps deliver, Hz (0: the voice's): resampled on
     #: the device inside each step (``resample.ChunkResampler``), the chunks still joining into the
     #: whole utterance's audio resampled at once.
@@ -433,7 +435,8 @@ class StepRunner:
                 fused_ffn.use_fused_ffn(self.model.enc_p, options.text_encoder_products)
             if options.fused_attention:
                 fused_attention.use_fused_attention(self.model.enc_p, options.text_encoder_products,
-                                                    options.fused_attention_projections)  # fmt: skip
+                                                    options.fused_attention_projections,
+                                                    options.fused_attention_tile)  # fmt: skip
         if options.output_rate and not options.voice_rate:
             raise ValueError(f"output_rate {options.output_rate} needs the voice's rate (voice_rate)")
         rate = options.voice_rate or 1
