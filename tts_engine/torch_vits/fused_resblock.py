@@ -156,13 +156,13 @@ TILES = {128: (128, 64, 8), 64: (64, 128, 4), 32: (32, 128, 4), 16: (16, 128, 4)
 #: The same for ``channels_last`` steps (not yet chosen on a GPU: the channel-major tiles).
 CL_TILES = dict(TILES)
 #: The taps as a loop instead of unrolled (``tts.fused_block_taps = "loop"``): one tap's tile in
-#: registers at a time. Compiled for sm_90 with the shipped tiles, unrolled takes 255 registers a thread
-#: and spills at 32 and 64 channels (two blocks of four warps per SM), the loop 168-180 registers and no
-#: spill at 32 and 128 channels; which is faster is for ``bench.decoder_stages``. The default of a
-#: ``conv_step`` that is not told.
+#: registers at a time. Compiled for sm_90 (Triton 3.9) as the engine launches them (the time length a
+#: multiple of 16), in the shipped tiles unrolled takes 148 / 212 / 148 registers a thread at 128 / 64 /
+#: 32 channels (no spill; 255 with a spill stack where T's alignment is unknown), the loop 107 / 168 /
+#: 95; which is faster is for ``bench.decoder_stages``. The default of a ``conv_step`` that is not told.
 TAP_LOOP = False
-#: (BLOCK_CO, BLOCK_T, num_warps) of the loop form in a ``FusedStage(taps="loop")``: tiles of 80-100
-#: registers a thread at sm_90 (two to three blocks per SM). Not yet timed on a GPU.
+#: (BLOCK_CO, BLOCK_T, num_warps) of the loop form in a ``FusedStage(taps="loop")``: tiles of 48-61
+#: registers a thread at sm_90 (as launched). Not yet timed on a GPU.
 LOOP_TILES = {128: (128, 32, 8), 64: (64, 64, 8), 32: (32, 64, 4), 16: (16, 128, 4)}
 #: ``tts.fused_block_taps`` values.
 TAPS = ("unrolled", "loop")
