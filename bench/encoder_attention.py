@@ -9,7 +9,7 @@ the program's warps, the band's ``2 window + 1`` keys unrolled or as a loop): th
 ms (median of 50) and the largest difference from the first form's output.
 
     python -m bench.encoder_attention --hardware h100 --out /tmp/res \\
-        [--windows 64x192 16x128 4x96 1x64] [--forms 64x64w4-unrolled 64x64w4-loop 16x32w4-loop]
+        [--windows 64x192 16x128 4x96 1x64] [--forms 32x32w4-loop 64x64w4-unrolled 16x32w4-loop]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from bench.gpu_steps import time_forms
+from bench.gpu_steps import plot_forms, time_forms
 from bench.harness import result_path, write_json
 
 CHANNELS, HEADS, WINDOW = 192, 2, 4
@@ -34,6 +34,11 @@ def form_name(form: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return form
+
+
+def label(row: dict) -> str:
+    """A row's place on the plot: sentences x phoneme bucket."""
+    return f"{row['batch']} x {row['phonemes']}"
 
 
 def attention_rows(windows: list[tuple[int, int]], forms: list[str], precision: str) -> list[dict]:
@@ -59,16 +64,22 @@ def attention_rows(windows: list[tuple[int, int]], forms: list[str], precision: 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--hardware", required=True, help="hardware name in the result file's name")
+    p.add_argument("--plot", type=Path, metavar="FILE", help="only draw FILE (a result of this bench) as its .png")
+    p.add_argument("--hardware", help="hardware name in the result file's name (required unless --plot)")
     p.add_argument("--date", default=None)
     p.add_argument("--out", default="bench/results")
     p.add_argument("--windows", nargs="+", default=["64x192", "16x128", "4x96", "1x64"], metavar="BATCHxPHONEMES",
                    help="sentences x phoneme bucket (default: %(default)s)")
     p.add_argument("--forms", nargs="+", type=form_name, metavar="FORM",
-                   default=["64x64w4-unrolled", "64x64w4-loop", "32x32w4-loop", "16x32w4-loop", "16x64w4-loop"],
+                   default=["32x32w4-loop", "64x64w4-unrolled", "64x64w4-loop", "16x32w4-loop", "16x64w4-loop"],
                    help="<queries>x<keys>w<warps>-unrolled|loop (tts.fused_attention_tile); the first is the reference (default: %(default)s)")
     p.add_argument("--precision", default="tf32x3", choices=["tf32x3", "tf32", "ieee"])
     args = p.parse_args(argv)
+    if args.plot:
+        print("wrote", plot_forms(args.plot, label))
+        return
+    if not args.hardware:
+        p.error("--hardware is required")
     if not torch.cuda.is_available():
         raise SystemExit("encoder_attention times CUDA kernels: no CUDA device here")
     windows = [tuple(int(v) for v in w.split("x")) for w in args.windows]
@@ -76,6 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     path = result_path("encoder_attention", "json", Path(args.out), args.hardware, args.date)
     print("wrote", write_json("encoder_attention", rows, {"gpu": torch.cuda.get_device_name(),
                                                           "precision": args.precision}, path=path))  # fmt: skip
+    print("wrote", plot_forms(path, label))
 
 
 if __name__ == "__main__":

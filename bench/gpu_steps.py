@@ -6,6 +6,7 @@ Shared by the GPU profile, experiment and INT8 benchmarks (needs torch).
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -56,6 +57,30 @@ def time_forms(row: dict, forms: dict, reps: int = 20) -> None:
             row[f"{name}_max_abs_diff"] = float((out.float() - ref.float()).abs().max())
         except Exception as exc:
             row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
+def plot_forms(doc_path, label) -> Path:  # noqa: ANN001 - a result file's path, row -> its x label
+    """The ``time_forms`` rows of the result file at ``doc_path`` as grouped bars (ms per form, one group
+    per row, labelled ``label(row)``), written beside it as ``.png``."""
+    import json
+
+    from bench.harness import pyplot, save_png
+
+    doc_path = Path(doc_path)
+    doc = json.loads(doc_path.read_text())
+    rows = doc["rows"]
+    forms = list(dict.fromkeys(k[:-3] for r in rows for k in r if k.endswith("_ms")))
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(rows) + 2), 4.2))
+    width = 0.8 / len(forms)
+    for i, form in enumerate(forms):
+        ax.bar([x + i * width for x in range(len(rows))], [r.get(f"{form}_ms", 0.0) for r in rows], width, label=form)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))], [label(r) for r in rows], fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("CUDA graph replay, ms (median)")
+    ax.set_title(f"{doc_path.stem} ({doc.get('gpu', doc.get('hardware', ''))})", fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    return save_png(fig, doc_path)
 
 
 def fill_slots(runner: StepRunner, sentences: list[list[int]], noise: bool) -> list[int]:

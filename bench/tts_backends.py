@@ -122,6 +122,7 @@ class CudaBackend:
             "fused_text_encoder": opts.fused_text_encoder, "text_encoder_products": opts.text_encoder_products,
             "fused_prior": opts.fused_prior, "fused_attention": opts.fused_attention,
             "fused_attention_projections": opts.fused_attention_projections,
+            "fused_attention_tile": opts.fused_attention_tile,
             "decode_batches": len(opts.decode_batches), "encode_batches": len(opts.encode_batches), "output_rate": opts.output_rate,
             "precision": opts.precision, "max_batch": max_batch, "max_frames": opts.max_frames,
         }  # fmt: skip

@@ -133,13 +133,13 @@ def test_add_norm_is_the_residual_and_layer_norm_within_fp32():
 
 
 @needs_triton
-@pytest.mark.parametrize("form", ["64x64w4-unrolled", "16x32w4-loop", "32x64w8-loop"])
+@pytest.mark.parametrize("form", ["32x32w4-loop", "64x64w4-unrolled", "16x32w4-loop", "32x64w8-loop"])
 def test_fused_attention_computes_what_pytorch_computes(form):
     """The encoder with the fused attention gives PyTorch's states within fp32 rounding (another order
     of the softmax's sums), with the relative key and value terms (zeroing them changes the output),
     and positions past a sentence's end left at 0 (the output convolution's bias alone): in the
-    default program (``tts.fused_attention_tile``) with the band's keys unrolled, and in smaller tiles
-    with them as a loop (``bench.encoder_attention`` times them)."""
+    default program (``tts.fused_attention_tile``: 32 x 32, the band's keys as a loop), in the first
+    one (64 x 64, the band unrolled) and in others (``bench.encoder_attention`` times them)."""
     r = interpret(RANDOM, form)
     assert r["available"] and r["swapped"] == 2
     assert r["diff"] < 2e-5 * r["peak"], r
@@ -218,11 +218,11 @@ def test_attention_tiles_are_parsed_and_refused_like_the_config():
 
     from voxloop.config import ConfigError, load_config
 
-    assert parse_tile(TILE) == (64, 64, 4, True) and parse_tile("16x32w8-loop") == (16, 32, 8, False)
+    assert parse_tile(TILE) == (32, 32, 4, False) and parse_tile("64x64w4-unrolled") == (64, 64, 4, True)
     assert load_config(None, [], environ={}).tts.fused_attention_tile == TILE
     on = ["tts.fused_text_encoder=true", "tts.text_encoder_products=tf32x3", "tts.fused_attention=true"]
-    assert load_config(None, [*on, "tts.fused_attention_tile=16x32w4-loop"], environ={}).tts.fused_attention_tile == \
-        "16x32w4-loop"  # fmt: skip
+    assert load_config(None, [*on, "tts.fused_attention_tile=64x64w4-unrolled"], environ={}).tts.fused_attention_tile == \
+        "64x64w4-unrolled"  # fmt: skip
     with pytest.raises(ConfigError, match=r"needs tts\.fused_attention = true"):
         load_config(None, ["tts.fused_attention_tile=16x32w4-loop"], environ={})
     for bad in ("64x64w4", "64x64w3-loop", "8x64w4-loop", "64x64w4-rolled", "x64w4-loop", "64x64w4-loop-x"):

@@ -11,6 +11,8 @@ transcribes the GPU audio as well as the CPU audio (the intelligibility check).
 
 from __future__ import annotations
 
+import functools
+
 import json
 import os
 import subprocess
@@ -99,9 +101,10 @@ def runs_here(voice_path, test_name: str, precision: str = "fp32", **options: ob
 
 #: ``assert_speaks_as_whole``'s limit per text encoder product: samples within 3 int16 steps of the
 #: whole-utterance run; fp16x3's states are ~10x further from cuBLAS's than tf32x3's (its prior means up
-#: to 6.3e-5 of their peak off), and its audio 9 steps off at most on an H100 (2026-12-05, with the
-#: fused attention's projections; bench/results/test_gpu_tts-h100-2026-12-05-s53-projections-channels-last.txt).
-WHOLE_STEPS = {"fp16x3": 16}
+#: to 6.3e-5 of their peak off), and its audio with the fused attention's projections 9 steps off on one
+#: H100 host, 23 on another (2026-12-05 and -06; bench/results/test_gpu_tts-h100-2026-12-05-s53-projections-channels-last.txt,
+#: -s54-attention.txt): 32 (0.1 % of full scale).
+WHOLE_STEPS = {"fp16x3": 32}
 
 
 def assert_speaks_as_whole(model, voice_path, max_steps: int = 3, **options: object) -> None:
@@ -507,21 +510,25 @@ def test_gpu_text_encoder_products_stay_close_and_speak_as_whole(model, voice_pa
                            fused_prior=True)  # fmt: skip
 
 
-def test_gpu_fused_attention_stays_close_and_speaks_as_whole(model, voice_path):
+@pytest.mark.parametrize("tile", ["64x64w4-unrolled", "32x32w4-loop"])
+def test_gpu_fused_attention_stays_close_and_speaks_as_whole(model, voice_path, tile):
     """``tts.fused_attention``: the voice's text encoder with its relative-position attention as one
     Triton kernel per layer gives PyTorch's states within 1e-5 of their peak for 40 sentences padded
     to the 256-id bucket, moves no phoneme's frame count without noise, and the engine (fp32, every
-    encoder kernel of ``configs/gpu.toml``) speaks each of 6 sentences as the whole-utterance run does."""
+    encoder kernel of ``configs/gpu.toml``) speaks each of 6 sentences as the whole-utterance run does:
+    in the kernel's default program (``tts.fused_attention_tile``, configs/gpu.toml's) and in the first one."""
     from tts_engine.torch_vits import fused_attention
 
-    if not runs_here(voice_path, "test_gpu_fused_attention_stays_close_and_speaks_as_whole", fused_attention=True,
-                     fused_text_encoder=True, text_encoder_products="tf32x3"):  # fmt: skip
+    if not runs_here(voice_path, f"test_gpu_fused_attention_stays_close_and_speaks_as_whole[{tile}]",
+                     fused_attention=True, fused_text_encoder=True, text_encoder_products="tf32x3",
+                     fused_attention_tile=tile):  # fmt: skip
         return
-    assert assert_encoders_agree(*gemm_encoder_pair(model, fused_attention.use_fused_attention), 1e-5) == 0
+    fuse = functools.partial(fused_attention.use_fused_attention, tile=tile)
+    assert assert_encoders_agree(*gemm_encoder_pair(model, fuse), 1e-5) == 0
 
     assert_speaks_as_whole(model, voice_path, encoder_convs="gemm", fused_duration_predictor=True,
                            fused_text_encoder=True, text_encoder_products="tf32x3", fused_prior=True,
-                           fused_attention=True)  # fmt: skip
+                           fused_attention=True, fused_attention_tile=tile)  # fmt: skip
 
 
 @pytest.mark.parametrize("products", ["tf32x3", "fp16x3"])

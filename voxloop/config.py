@@ -499,8 +499,9 @@ class TtsConfig:
     fused_attention_projections: bool = False
     #: GPU, with tts.fused_attention: its kernel's program, "<queries>x<keys>w<warps>-unrolled|loop"
     #: (queries and keys per block of 16-128, 1-8 warps, the band's 2 window + 1 keys unrolled or as
-    #: a loop): python -m bench.encoder_attention times them.
-    fused_attention_tile: str = "64x64w4-unrolled"
+    #: a loop): python -m bench.encoder_attention times them. H100, 2026-12-06: 32x32w4-loop the
+    #: fastest, +3 % at 50 clients over 64x64w4-unrolled (the first, whose registers spilled).
+    fused_attention_tile: str = "32x32w4-loop"
     #: GPU (cuda backend): the rate the engine delivers, Hz; 0 = the voice's own (22 050 Hz for Piper's
     #: medium voices). Each chunk is resampled inside its decoder step on the GPU (a 128-tap
     #: Kaiser-windowed sinc, ~80 dB stopband; the chunks join into the whole sentence resampled at
@@ -576,9 +577,9 @@ class TtsConfig:
                               "tts.fused_blocks = true")  # fmt: skip
         if not _ATTENTION_TILE.fullmatch(self.fused_attention_tile):
             raise ConfigError("tts.fused_attention_tile must be <queries>x<keys>w<warps>-unrolled|loop with queries and "
-                              "keys 16, 32, 64 or 128 and 1, 2, 4 or 8 warps (e.g. 64x64w4-unrolled), got "
+                              "keys 16, 32, 64 or 128 and 1, 2, 4 or 8 warps (e.g. 32x32w4-loop), got "
                               f"{self.fused_attention_tile!r}")  # fmt: skip
-        if self.fused_attention_tile != "64x64w4-unrolled" and not self.fused_attention:
+        if self.fused_attention_tile != "32x32w4-loop" and not self.fused_attention:
             raise ConfigError(f"tts.fused_attention_tile = {self.fused_attention_tile!r} is the fused attention's: it "
                               "needs tts.fused_attention = true")  # fmt: skip
         if self.fused_attention_projections and not self.fused_attention:

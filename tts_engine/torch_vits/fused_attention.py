@@ -54,12 +54,15 @@ from tts_engine.torch_vits.fused_ffn import tap_major
 from tts_engine.torch_vits.text_encoder import ChannelLayerNorm, Encoder, RelativeSelfAttention
 from voxloop.config import ATTENTION_PRODUCTS
 
-#: The kernel's program by default (``tts.fused_attention_tile``): 64 queries, keys 64 per step of its
-#: key loop, 4 warps, the band's ``2 window + 1`` keys unrolled. Compiled for sm_90 (Triton 3.9) the
+#: The kernel's program by default (``tts.fused_attention_tile``): 32 queries, keys 32 per step of its
+#: key loop, 4 warps, the band's ``2 window + 1`` keys as a loop. Compiled for sm_90 (Triton 3.9) the
 #: medium voice's layer (96 channels a head, in 128 lanes) takes 255 registers a thread and a stack of
-#: 2824 bytes so, 640 with the band as a loop, none at 16 x 32 as a loop (227 registers):
-#: ``bench.encoder_attention`` times them.
-TILE = "64x64w4-unrolled"
+#: 2824 bytes in the first program, "64x64w4-unrolled" (64 x 64, the band unrolled), 296 bytes so,
+#: none at 16 x 32 (227 registers). On an H100 (2026-12-06, ``python -m bench.encoder_attention``)
+#: 32 x 32 with the band as a loop was the fastest at 32-64 sentences, 41-55 % less time than
+#: "64x64w4-unrolled" (0.173 vs 0.295 ms at 64 sentences x 192 phonemes), and the engine +3 % at 50
+#: clients (``bench/results/encoder_attention-h100-2026-12-05-s54-attn.json``, ``tts_load-h100-2026-12-05-s54-pairs.json``).
+TILE = "32x32w4-loop"
 #: Software pipelining of the key loop: a sentence has at most a few key blocks, and Triton's default
 #: (3 stages of 64 keys x 128 channels of keys and values in fp32) needs 256 KiB of shared memory,
 #: more than a Hopper SM has (227 KiB).

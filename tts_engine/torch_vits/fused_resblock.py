@@ -162,7 +162,8 @@ CL_TILES = dict(TILES)
 #: 95; which is faster is for ``bench.decoder_stages``. The default of a ``conv_step`` that is not told.
 TAP_LOOP = False
 #: (BLOCK_CO, BLOCK_T, num_warps) of the loop form in a ``FusedStage(taps="loop")``: tiles of 48-61
-#: registers a thread at sm_90 (as launched). Not yet timed on a GPU.
+#: registers a thread at sm_90 (as launched). On an H100 slower than the unrolled steps except for
+#: one sentence (configs/gpu.toml, ``fused_block_taps``).
 LOOP_TILES = {128: (128, 32, 8), 64: (64, 64, 8), 32: (32, 64, 4), 16: (16, 128, 4)}
 #: ``tts.fused_block_taps`` values.
 TAPS = ("unrolled", "loop")

@@ -26,7 +26,8 @@ from tts_engine.torch_vits.fused_resblock import available, supports as block_su
 
 #: (BLOCK_CO, BLOCK_T, num_warps) per channel count: tiles whose two kernels, compiled for sm_90 as the
 #: engine launches them, need no spill stack (72-134 registers a thread; the second holds the sum over
-#: blocks beside a block's product). Not yet timed on a GPU.
+#: blocks beside a block's product). On an H100 slower than the per-step kernels except for one
+#: sentence (configs/gpu.toml, ``fused_stages``).
 TILES = {128: (128, 32, 8), 64: (64, 64, 8), 32: (32, 64, 4), 16: (16, 128, 4)}
 
 if triton is not None:

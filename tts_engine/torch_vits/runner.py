@@ -183,7 +183,7 @@ class RunnerOptions:
     #: as ``fused_ffn.conv`` kernels in that precision (batches of ``fused_ffn.MIN_ROWS`` or more).
     fused_attention_projections: bool = False
     #: With ``fused_attention``: its kernel's program (``fused_attention.parse_tile``).
-    fused_attention_tile: str = "64x64w4-unrolled"
+    fused_attention_tile: str = "32x32w4-loop"
     #: The voice's rate and the rate the decoder steps deliver, Hz (0: the voice's): resampled on
     #: the device inside each step (``resample.ChunkResampler``), the chunks still joining into the
     #: whole utterance's audio resampled at once.
