@@ -12,7 +12,7 @@ where Triton is not installed (PyTorch's CPU builds do not bring it). On a GPU, 
 from __future__ import annotations
 
 import pytest
-from triton_interpreter import GEMM_VOICE_PAIR, interpret, needs_triton
+from triton_interpreter import GEMM_VOICE_PAIR, hopper_usage, interpret, needs_triton
 
 torch = pytest.importorskip("torch")
 
@@ -230,3 +230,27 @@ def test_attention_tiles_are_parsed_and_refused_like_the_config():
             parse_tile(bad)
         with pytest.raises(ConfigError, match=r"tts\.fused_attention_tile must be"):
             load_config(None, [*on, f"tts.fused_attention_tile={bad}"], environ={})
+
+
+@needs_triton
+def test_default_attention_program_spills_less_on_hopper():
+    """Why ``TILE`` is 32 x 32 with the band as a loop: compiled for sm_90 (Triton's own ptxas; its
+    cuobjdump reads the registers) for the medium voice's layer as the engine launches it (tf32x3, 96
+    channels a head, unit time strides, lengths a multiple of 16), the first program (64 x 64, the band's
+    nine keys unrolled) spills a stack of kilobytes, the default a few hundred bytes (2824 and 296 with
+    Triton 3.9; on an H100 the default took 41-55 % less time, ``bench.encoder_attention``)."""
+    from tts_engine.torch_vits import fused_attention as fa
+
+    def stack(tile: str) -> int:
+        block_m, block_n, warps, unroll = fa.parse_tile(tile)
+        ints = ("T", "s_b", "s_c", "o_b", "o_c", "m_b")  # multiples of 16 at the engine's phoneme buckets
+        pointers = {"q_ptr": "*fp32", "k_ptr": "*fp32", "v_ptr": "*fp32", "bias_ptr": "*fp32", "masked_ptr": "*u8",
+                    "ek_ptr": "*fp32", "ev_ptr": "*fp32", "out_ptr": "*fp32"}  # fmt: skip
+        constants = {"s_t": 1, "o_t": 1, "m_j": 1, "C": 192, "D": 96, "W": 4, "SCALE": 96**0.5, "PREC": "tf32x3",
+                     "HAS_BIAS": True, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": 128, "BAND_UNROLL": unroll}  # fmt: skip
+        signature = {**pointers, **dict.fromkeys(ints, "i32")}
+        return hopper_usage(fa._attention, signature, constants, [*pointers, *ints], warps,
+                            num_stages=fa.NUM_STAGES)[1]  # fmt: skip
+
+    first, default = stack("64x64w4-unrolled"), stack(fa.TILE)
+    assert first > 1000 and default < first / 4, (first, default)

@@ -10,7 +10,7 @@ on a GPU, in fp16 inside the engine: ``tests/test_gpu_tts.py``.
 from __future__ import annotations
 
 import pytest
-from triton_interpreter import interpret, needs_triton
+from triton_interpreter import hopper_usage, interpret, needs_triton
 
 pytest.importorskip("torch")
 pytestmark = needs_triton
@@ -332,20 +332,7 @@ def test_tap_loop_takes_fewer_registers_on_hopper():
     registers) as the engine launches it (the time length a multiple of 16: 64 or 256 samples a frame),
     the unrolled 32-channel step in the shipped tile takes more registers a thread than the loop (148
     against 95 with Triton 3.9; neither spills), so fewer of its blocks fit an SM."""
-    import os
-    import re
-    import subprocess
-    import tempfile
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from tts_engine.torch_vits import fused_resblock as fr
-
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    if not os.access(cuobjdump, os.X_OK):
-        pytest.skip("this Triton install has no cuobjdump")
 
     def usage(loop: bool) -> tuple[int, int]:
         block_co, block_t, warps = fr.TILES[32]
@@ -354,17 +341,8 @@ def test_tap_loop_takes_fewer_registers_on_hopper():
         constants = {"C": 32, "K": 7, "DIL": 3, "SLOPE": 0.1, "BLOCK_CO": block_co, "BLOCK_T": block_t,
                      "HAS_MASK": True, "RESIDUAL": True, "ACCUM": True, "FP8": False, "TIME_ROWS": False, "CL": False,
                      "TAP_LOOP": loop}  # fmt: skip
-        signature.update(dict.fromkeys(constants, "constexpr"))
-        aligned = {(i,): [["tt.divisibility", 16]] for i in range(8)}  # the pointers and T, as the engine's launches
-        kernel = triton.compile(ASTSource(fn=fr._conv_step, signature=signature, constexprs=constants, attrs=aligned),
-                                target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})  # fmt: skip
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "k.cubin")
-            with open(path, "wb") as f:
-                f.write(kernel.asm["cubin"])
-            out = subprocess.run([cuobjdump, "-res-usage", path], capture_output=True, text=True, check=True).stdout
-        m = re.search(r"REG:(\d+) STACK:(\d+)", out)
-        return int(m.group(1)), int(m.group(2))
+        # the pointers and T aligned, as the engine's launches
+        return hopper_usage(fr._conv_step, signature, constants, list(signature)[:8], warps)
 
     unrolled, looped = usage(False), usage(True)
     assert looped[1] == 0 and looped[0] <= 200, looped

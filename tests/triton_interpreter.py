@@ -54,3 +54,33 @@ def interpret(script: str, *args: str, timeout: float = 900) -> dict:
                           timeout=timeout, cwd=ROOT)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def hopper_usage(fn, signature: dict, constants: dict, aligned: list[str], warps: int, **options: object) -> tuple[int, int]:
+    """``fn`` (a ``triton.jit`` kernel) compiled for sm_90 without a GPU (Triton's own ptxas) with
+    ``signature`` (argument -> type; the constants' names are added as constexpr), ``constants``, the
+    arguments in ``aligned`` known to be multiples of 16 (as a launch specializes them) and ``warps``:
+    its registers a thread and spill stack in bytes, read by Triton's bundled cuobjdump (the test is
+    skipped where this Triton install has none)."""
+    import re
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.access(cuobjdump, os.X_OK):
+        pytest.skip("this Triton install has no cuobjdump")
+    names = list(fn.arg_names)
+    full = {a: signature.get(a, "constexpr") for a in names}
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    kernel = triton.compile(ASTSource(fn=fn, signature=full, constexprs=constants, attrs=attrs),
+                            target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, **options})  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        out = subprocess.run([cuobjdump, "-res-usage", path], capture_output=True, text=True, check=True).stdout
+    m = re.search(r"REG:(\d+) STACK:(\d+)", out)
+    return int(m.group(1)), int(m.group(2))
