@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import argparse
 import math
-from pathlib import Path
 
 import torch
 
-from bench.gpu_steps import plot_forms, time_forms
-from bench.harness import result_path, write_json
+from bench.gpu_steps import form_bench, time_forms
 
 
 def voice_shaped_generator():
@@ -96,32 +94,20 @@ def stage_rows(windows: list[tuple[int, int]], tiles: list[tuple[int, int, int]]
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--plot", type=Path, metavar="FILE", help="only draw FILE (a result of this bench) as its .png")
-    p.add_argument("--hardware", help="hardware name in the result file's name (required unless --plot)")
-    p.add_argument("--date", default=None)
-    p.add_argument("--out", default="bench/results")
     p.add_argument("--windows", nargs="+", default=["278x64", "86x32", "76x1"], metavar="FRAMESxBATCH",
                    help="decode windows: frames (chunk + context) x rows (default: %(default)s)")
     p.add_argument("--step-tiles", nargs="+", default=[], metavar="COxTxW",
                    help="also the per-step kernels with the taps as a loop in these (channel block, time steps, warps)")
     p.add_argument("--tiles", nargs="+", default=[], metavar="COxTxW",
                    help="also the two-launch kernels in these (channel block, time steps, warps)")
-    args = p.parse_args(argv)
-    if args.plot:
-        print("wrote", plot_forms(args.plot, label))
-        return
-    if not args.hardware:
-        p.error("--hardware is required")
-    if not torch.cuda.is_available():
-        raise SystemExit("decoder_stages times CUDA kernels: no CUDA device here")
-    windows = [tuple(int(v) for v in w.split("x")) for w in args.windows]
-    tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles]
-    step_tiles = [tuple(int(v) for v in t.split("x")) for t in args.step_tiles]
-    rows = stage_rows(windows, tiles, step_tiles)
-    path = result_path("decoder_stages", "json", Path(args.out), args.hardware, args.date)
-    print("wrote", write_json("decoder_stages", rows, {"gpu": torch.cuda.get_device_name()}, path=path))
-    print("wrote", plot_forms(path, label))
 
+    def measure(args: argparse.Namespace) -> tuple[list[dict], dict]:
+        windows = [tuple(int(v) for v in w.split("x")) for w in args.windows]
+        tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles]
+        step_tiles = [tuple(int(v) for v in t.split("x")) for t in args.step_tiles]
+        return stage_rows(windows, tiles, step_tiles), {}
+
+    form_bench(p, argv, "decoder_stages", label, measure)
 
 if __name__ == "__main__":
     main()

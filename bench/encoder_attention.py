@@ -15,22 +15,19 @@ ms (median of 50) and the largest difference from the first form's output.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
-from bench.gpu_steps import plot_forms, time_forms
-from bench.harness import result_path, write_json
+from bench.gpu_steps import form_bench, time_forms
+from voxloop.config import parse_attention_tile
 
 CHANNELS, HEADS, WINDOW = 192, 2, 4
 
 
 def form_name(form: str) -> str:
-    """``--forms``' type: the tile's name, checked (``fused_attention.parse_tile``)."""
-    from tts_engine.torch_vits.fused_attention import parse_tile
-
+    """``--forms``' type: the tile's name, checked (``tts.fused_attention_tile``'s parser)."""
     try:
-        parse_tile(form)
+        parse_attention_tile(form)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return form
@@ -64,31 +61,18 @@ def attention_rows(windows: list[tuple[int, int]], forms: list[str], precision: 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--plot", type=Path, metavar="FILE", help="only draw FILE (a result of this bench) as its .png")
-    p.add_argument("--hardware", help="hardware name in the result file's name (required unless --plot)")
-    p.add_argument("--date", default=None)
-    p.add_argument("--out", default="bench/results")
     p.add_argument("--windows", nargs="+", default=["64x192", "16x128", "4x96", "1x64"], metavar="BATCHxPHONEMES",
                    help="sentences x phoneme bucket (default: %(default)s)")
     p.add_argument("--forms", nargs="+", type=form_name, metavar="FORM",
                    default=["32x32w4-loop", "64x64w4-unrolled", "64x64w4-loop", "16x32w4-loop", "16x64w4-loop"],
                    help="<queries>x<keys>w<warps>-unrolled|loop (tts.fused_attention_tile); the first is the reference (default: %(default)s)")
     p.add_argument("--precision", default="tf32x3", choices=["tf32x3", "tf32", "ieee"])
-    args = p.parse_args(argv)
-    if args.plot:
-        print("wrote", plot_forms(args.plot, label))
-        return
-    if not args.hardware:
-        p.error("--hardware is required")
-    if not torch.cuda.is_available():
-        raise SystemExit("encoder_attention times CUDA kernels: no CUDA device here")
-    windows = [tuple(int(v) for v in w.split("x")) for w in args.windows]
-    rows = attention_rows(windows, args.forms, args.precision)
-    path = result_path("encoder_attention", "json", Path(args.out), args.hardware, args.date)
-    print("wrote", write_json("encoder_attention", rows, {"gpu": torch.cuda.get_device_name(),
-                                                          "precision": args.precision}, path=path))  # fmt: skip
-    print("wrote", plot_forms(path, label))
 
+    def measure(args: argparse.Namespace) -> tuple[list[dict], dict]:
+        windows = [tuple(int(v) for v in w.split("x")) for w in args.windows]
+        return attention_rows(windows, args.forms, args.precision), {"precision": args.precision}
+
+    form_bench(p, argv, "encoder_attention", label, measure)
 
 if __name__ == "__main__":
     main()

@@ -83,6 +83,30 @@ def plot_forms(doc_path, label) -> Path:  # noqa: ANN001 - a result file's path,
     return save_png(fig, doc_path)
 
 
+def form_bench(parser, argv: list[str] | None, name: str, label, measure) -> None:  # noqa: ANN001
+    """The ``main`` of a bench of kernel forms (``time_forms`` rows): adds ``--plot FILE`` (only draw that
+    result), ``--hardware`` (required otherwise), ``--date`` and ``--out`` to ``parser`` and parses
+    ``argv``; on a CUDA device ``measure(args)`` -> (rows, extra), written as
+    ``<out>/<name>-<hardware>-<date>.json`` with the GPU's name and drawn by ``plot_forms`` (``label``)."""
+    from bench.harness import RESULTS, report
+
+    parser.add_argument("--plot", type=Path, metavar="FILE", help="only draw FILE (a result of this bench) as its .png")
+    parser.add_argument("--hardware", help="hardware name in the result file's name (required unless --plot)")
+    parser.add_argument("--date", default=None, help="date in the result file's name (default: today)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (default: bench/results)")
+    args = parser.parse_args(argv)
+    if args.plot:
+        print("wrote", plot_forms(args.plot, label))
+        return
+    if not args.hardware:
+        parser.error("--hardware is required")
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{name} times CUDA kernels: no CUDA device here")
+    rows, extra = measure(args)
+    report(name, rows, {"gpu": torch.cuda.get_device_name(), **extra}, args,
+           lambda rows, path: print("wrote", plot_forms(path, label)))  # fmt: skip
+
+
 def fill_slots(runner: StepRunner, sentences: list[list[int]], noise: bool) -> list[int]:
     """Encode real sentences into every slot; returns their frame counts."""
     n = runner.options.max_slots

@@ -212,7 +212,7 @@ def test_fused_attention_takes_the_text_encoders_products_and_refuses_others():
 
 
 def test_attention_tiles_are_parsed_and_refused_like_the_config():
-    """``fused_attention.parse_tile`` and ``tts.fused_attention_tile`` take and refuse the same names;
+    """``fused_attention.parse_tile`` (the config's parser) and ``tts.fused_attention_tile`` take and refuse the same names;
     another tile than the default needs the fused attention."""
     from tts_engine.torch_vits.fused_attention import TILE, parse_tile
 

@@ -46,10 +46,27 @@ FUSED_BLOCK_PRODUCTS = ("model", "e4m3")
 #: ``tts.fused_block_taps`` values: the fused residual steps' taps unrolled or as a loop
 #: (``tts_engine.torch_vits.fused_resblock.TAPS``; a copy, so that the config loads no torch).
 FUSED_BLOCK_TAPS = ("unrolled", "loop")
-#: ``tts.fused_attention_tile``: ``<queries>x<keys>w<warps>-unrolled|loop`` (the attention kernel's
-#: program: queries and keys per block, warps, the band's keys unrolled or as a loop;
-#: ``tts_engine.torch_vits.fused_attention.parse_tile``, a copy so that the config loads no torch).
-_ATTENTION_TILE = re.compile(r"(16|32|64|128)x(16|32|64|128)w(1|2|4|8)-(unrolled|loop)")
+#: ``tts.fused_attention_tile``'s default (``tts_engine.torch_vits.fused_attention.TILE``).
+ATTENTION_TILE = "32x32w4-loop"
+
+
+def parse_attention_tile(tile: str) -> tuple[int, int, int, bool]:
+    """A ``tts.fused_attention_tile``, ``"<queries>x<keys>w<warps>-unrolled|loop"`` (the attention kernel's
+    program: queries and keys per block, 16-128 in powers of two; 1-8 warps; the band's keys unrolled
+    or as a loop) -> (queries, keys, warps, band unrolled); ValueError for anything else."""
+    try:
+        block, band = tile.split("-")
+        m, rest = block.split("x")
+        n, warps = rest.split("w")
+        m, n, warps = int(m), int(n), int(warps)
+        if m not in (16, 32, 64, 128) or n not in (16, 32, 64, 128) or warps not in (1, 2, 4, 8) or \
+                band not in ("unrolled", "loop"):  # fmt: skip
+            raise ValueError(tile)
+    except ValueError:
+        raise ValueError("an attention tile is <queries>x<keys>w<warps>-unrolled|loop (queries and keys 16-128, "
+                         f"1-8 warps), got {tile!r}") from None  # fmt: skip
+    return m, n, warps, band == "unrolled"
+
 #: What ``server.allowed_origins`` entries look like (besides ``*``): no path, query or user.
 _ORIGIN = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[^\s/?#@:\[\]]+)(:\d{1,5})?", re.IGNORECASE)
 
@@ -501,7 +518,7 @@ class TtsConfig:
     #: (queries and keys per block of 16-128, 1-8 warps, the band's 2 window + 1 keys unrolled or as
     #: a loop): python -m bench.encoder_attention times them. H100, 2026-12-06: 32x32w4-loop the
     #: fastest, +3 % at 50 clients over 64x64w4-unrolled (the first, whose registers spilled).
-    fused_attention_tile: str = "32x32w4-loop"
+    fused_attention_tile: str = ATTENTION_TILE
     #: GPU (cuda backend): the rate the engine delivers, Hz; 0 = the voice's own (22 050 Hz for Piper's
     #: medium voices). Each chunk is resampled inside its decoder step on the GPU (a 128-tap
     #: Kaiser-windowed sinc, ~80 dB stopband; the chunks join into the whole sentence resampled at
@@ -575,11 +592,13 @@ class TtsConfig:
         if self.fused_blocks_channels_last and not self.fused_blocks:
             raise ConfigError("tts.fused_blocks_channels_last is the fused residual blocks' layout: it needs "
                               "tts.fused_blocks = true")  # fmt: skip
-        if not _ATTENTION_TILE.fullmatch(self.fused_attention_tile):
+        try:
+            parse_attention_tile(self.fused_attention_tile)
+        except ValueError:
             raise ConfigError("tts.fused_attention_tile must be <queries>x<keys>w<warps>-unrolled|loop with queries and "
                               "keys 16, 32, 64 or 128 and 1, 2, 4 or 8 warps (e.g. 32x32w4-loop), got "
-                              f"{self.fused_attention_tile!r}")  # fmt: skip
-        if self.fused_attention_tile != "32x32w4-loop" and not self.fused_attention:
+                              f"{self.fused_attention_tile!r}") from None  # fmt: skip
+        if self.fused_attention_tile != ATTENTION_TILE and not self.fused_attention:
             raise ConfigError(f"tts.fused_attention_tile = {self.fused_attention_tile!r} is the fused attention's: it "
                               "needs tts.fused_attention = true")  # fmt: skip
         if self.fused_attention_projections and not self.fused_attention:

@@ -52,7 +52,8 @@ from tts_engine.torch_vits import fused_ffn
 from tts_engine.torch_vits.fused_resblock import available, triton
 from tts_engine.torch_vits.fused_ffn import tap_major
 from tts_engine.torch_vits.text_encoder import ChannelLayerNorm, Encoder, RelativeSelfAttention
-from voxloop.config import ATTENTION_PRODUCTS
+from voxloop.config import ATTENTION_PRODUCTS, ATTENTION_TILE
+from voxloop.config import parse_attention_tile as parse_tile
 
 #: The kernel's program by default (``tts.fused_attention_tile``): 32 queries, keys 32 per step of its
 #: key loop, 4 warps, the band's ``2 window + 1`` keys as a loop. Compiled for sm_90 (Triton 3.9) the
@@ -62,7 +63,7 @@ from voxloop.config import ATTENTION_PRODUCTS
 #: 32 x 32 with the band as a loop was the fastest at 32-64 sentences, 41-55 % less time than
 #: "64x64w4-unrolled" (0.173 vs 0.295 ms at 64 sentences x 192 phonemes), and the engine +3 % at 50
 #: clients (``bench/results/encoder_attention-h100-2026-12-05-s54-attn.json``, ``tts_load-h100-2026-12-05-s54-pairs.json``).
-TILE = "32x32w4-loop"
+TILE = ATTENTION_TILE
 #: Software pipelining of the key loop: a sentence has at most a few key blocks, and Triton's default
 #: (3 stages of 64 keys x 128 channels of keys and values in fp32) needs 256 KiB of shared memory,
 #: more than a Hopper SM has (227 KiB).
@@ -70,23 +71,6 @@ NUM_STAGES = 1
 #: ``tl.dot``'s precision per ``tts.text_encoder_products`` (the feed-forward's products; fp16x3's
 #: split needs scaled operands, the attention takes tf32x3's precision instead).
 PRECISIONS = {"cublas": "ieee", "ieee": "ieee", "tf32x3": "tf32x3", "tf32": "tf32", "fp16x3": "tf32x3"}
-
-
-def parse_tile(tile: str) -> tuple[int, int, int, bool]:
-    """``"<queries>x<keys>w<warps>-unrolled|loop"`` -> (queries, keys, warps, band unrolled); queries and
-    keys 16-128 (powers of two), 1-8 warps (``voxloop.config`` checks the same)."""
-    try:
-        block, band = tile.split("-")
-        m, rest = block.split("x")
-        n, warps = rest.split("w")
-        m, n, warps = int(m), int(n), int(warps)
-        if m not in (16, 32, 64, 128) or n not in (16, 32, 64, 128) or warps not in (1, 2, 4, 8) or \
-                band not in ("unrolled", "loop"):  # fmt: skip
-            raise ValueError(tile)
-    except ValueError:
-        raise ValueError("an attention tile is <queries>x<keys>w<warps>-unrolled|loop (queries and keys 16-128, "
-                         f"1-8 warps), got {tile!r}") from None  # fmt: skip
-    return m, n, warps, band == "unrolled"
 
 
 if triton is not None:

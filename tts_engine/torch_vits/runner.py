@@ -51,7 +51,7 @@ from tts_engine.torch_vits.gemm_conv import use_gemm_convs
 from tts_engine.torch_vits.gpu_memory import GpuMemory
 from tts_engine.torch_vits.model import Vits
 from tts_engine.torch_vits.resample import ChunkResampler
-from voxloop.config import ATTENTION_PRODUCTS, ENCODER_CONVS, MAX_MAIN_IN_FLIGHT
+from voxloop.config import ATTENTION_PRODUCTS, ATTENTION_TILE, ENCODER_CONVS, MAX_MAIN_IN_FLIGHT
 from voxloop.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -182,8 +182,8 @@ class RunnerOptions:
     #: With ``fused_attention`` and tensor-core ``text_encoder_products``: its q/k/v and output products
     #: as ``fused_ffn.conv`` kernels in that precision (batches of ``fused_ffn.MIN_ROWS`` or more).
     fused_attention_projections: bool = False
-    #: With ``fused_attention``: its kernel's program (``fused_attention.parse_tile``).
-    fused_attention_tile: str = "32x32w4-loop"
+    #: With ``fused_attention``: its kernel's program (``voxloop.config.parse_attention_tile``).
+    fused_attention_tile: str = ATTENTION_TILE
     #: The voice's rate and the rate the decoder steps deliver, Hz (0: the voice's): resampled on
     #: the device inside each step (``resample.ChunkResampler``), the chunks still joining into the
     #: whole utterance's audio resampled at once.
