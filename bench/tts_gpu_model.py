@@ -66,7 +66,8 @@ SETTINGS = ("fast_lane", "fast_lanes", "chunk_frames", "tail_chunk_frames", "enc
             "main_in_flight", "chunks_per_step", "speculate_frames", "speculate_below", "max_batch", "phoneme_buckets",
             "precision", "polyphase", "fused_blocks", "fused_block_products", "fused_upsampling", "fused_flow",
             "encoder_convs", "fused_duration_predictor", "fused_text_encoder", "text_encoder_products", "fused_prior",
-            "fused_attention", "fused_attention_projections", "flow_once", "output_rate")  # fmt: skip
+            "fused_attention", "fused_attention_projections", "fused_attention_tile", "flow_once",
+            "output_rate")  # fmt: skip
 
 
 def voice_contexts(voice: str | None) -> tuple[int, int, int]:
