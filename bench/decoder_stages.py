@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from bench.gpu_steps import form_bench, time_forms
+from bench.gpu_steps import dims, form_bench, time_forms
 
 
 def voice_shaped_generator():
@@ -102,9 +102,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="also the two-launch kernels in these (channel block, time steps, warps)")
 
     def measure(args: argparse.Namespace) -> tuple[list[dict], dict]:
-        windows = [tuple(int(v) for v in w.split("x")) for w in args.windows]
-        tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles]
-        step_tiles = [tuple(int(v) for v in t.split("x")) for t in args.step_tiles]
+        windows, tiles, step_tiles = ([dims(s) for s in specs] for specs in (args.windows, args.tiles, args.step_tiles))
         return stage_rows(windows, tiles, step_tiles), {}
 
     form_bench(p, argv, "decoder_stages", label, measure)

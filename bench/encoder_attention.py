@@ -18,7 +18,7 @@ import argparse
 
 import torch
 
-from bench.gpu_steps import form_bench, time_forms
+from bench.gpu_steps import dims, form_bench, time_forms
 from voxloop.config import parse_attention_tile
 
 CHANNELS, HEADS, WINDOW = 192, 2, 4
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--precision", default="tf32x3", choices=["tf32x3", "tf32", "ieee"])
 
     def measure(args: argparse.Namespace) -> tuple[list[dict], dict]:
-        windows = [tuple(int(v) for v in w.split("x")) for w in args.windows]
+        windows = [dims(w) for w in args.windows]
         return attention_rows(windows, args.forms, args.precision), {"precision": args.precision}
 
     form_bench(p, argv, "encoder_attention", label, measure)

@@ -43,6 +43,11 @@ def timed(fn, reps: int) -> float:
     return statistics.median(times)
 
 
+def dims(spec: str) -> tuple[int, ...]:
+    """A bench argument's ``"AxBx..."`` (a shape, a window, a tile) as its integers."""
+    return tuple(int(v) for v in spec.split("x"))
+
+
 def time_forms(row: dict, forms: dict, reps: int = 20) -> None:
     """Each of ``forms`` (name -> a function of no arguments returning one tensor) captured as a CUDA
     graph: ``row["<name>_ms"]`` its replay's median ms over ``reps``, ``row["<name>_max_abs_diff"]`` its

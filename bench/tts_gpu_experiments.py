@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from bench.gpu_steps import fill_slots, graphed, timed
+from bench.gpu_steps import dims, fill_slots, graphed, timed
 from bench.harness import add_common_arguments, common_arguments, gpu_name, load_sentences, result_path, write_json
 from tts_engine.torch_vits.chunked import decode_windows, gather_windows
 from tts_engine.torch_vits.model import pad_ids
@@ -240,7 +240,7 @@ def encoder_products_rows(model, sentences: list[list[int]], tiles: list[str] = 
         fused_ffn.use_fused_ffn(m.enc_p, products)
         if attention:
             fused_attention.use_fused_attention(m.enc_p, products, projections)
-        fused_ffn.CONV_TILES = {**default_tiles, products: tuple(int(v) for v in spec.split("x"))} if spec else default_tiles
+        fused_ffn.CONV_TILES = {**default_tiles, products: dims(spec)} if spec else default_tiles
         fused_ffn.MIN_ROWS = 1  # every batch through the Triton convolution
         with torch.inference_mode():
             x, _, _, mask = m.encode(padded, lengths)
@@ -405,7 +405,7 @@ def main() -> int:
     synth = runner.synth_model
     rows = tile_rows(synth) if args.tiles else []
     if args.resample:
-        rows += resample_rows([tuple(int(v) for v in spec.split("x")) for spec in args.shapes.split(",")])
+        rows += resample_rows([dims(spec) for spec in args.shapes.split(",")])
     if args.flow_precision:
         with torch.inference_mode():
             rows += flow_precision_rows(model, sentences[: args.flow_precision])
@@ -432,7 +432,7 @@ def main() -> int:
     if args.fused_upsampling:
         variants.append(("fused_up", True, True, default_tiles, False))
         for spec in args.row_tiles:
-            variants.append((f"fused_up_{spec}", True, True, tuple(int(v) for v in spec.split("x")), False))
+            variants.append((f"fused_up_{spec}", True, True, dims(spec), False))
         if args.fused_flow:
             variants.append(("fused_up_flow", True, True, default_tiles, default_gate))
             if args.channels_last:
@@ -442,13 +442,13 @@ def main() -> int:
             for spec in args.stage_tiles:
                 variants.append((f"fused_up_flow_stages_{spec}", f"stages:{spec}", True, default_tiles, default_gate))
             for spec in args.gate_tiles:
-                tiles = tuple(int(v) for v in spec.split("x"))
+                tiles = dims(spec)
                 variants.append((f"fused_up_flow_{spec}", True, True, default_tiles, (tiles, tiles)))
     with torch.inference_mode():
         for shape in [s for s in args.shapes.split(",") if s]:
             if time.perf_counter() - t_start > args.budget_s:
                 break
-            chunk, b = (int(x) for x in shape.split("x"))
+            chunk, b = dims(shape)
             geo = runner.geometries[chunk]
             slots = torch.arange(b, device="cuda")
             z, mask = gather_windows(runner.latents, slots, slots * 0 + 64, runner.frames[:b], geo)
@@ -458,7 +458,7 @@ def main() -> int:
             for name, fused, poly, up_tiles, flow in variants:
                 stages = isinstance(fused, str) and fused.startswith("stages")
                 if stages and ":" in fused:  # every channel count in these (time steps, warps)
-                    bt, nw = (int(v) for v in fused.split(":")[1].split("x"))
+                    bt, nw = dims(fused.split(":")[1])
                     fused_stage.TILES = {c: (c, bt, nw) for c in default_stage_tiles}
                 synth.dec.use_fused_blocks(bool(fused), channels_last=fused == "cl", stages=stages)
                 synth.dec.use_polyphase(poly)
