@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable, Iterable, MutableMapping
 from pathlib import Path
 
-from voxloop.errors import ModelError
+from base.errors import ModelError
 
 log = logging.getLogger(__name__)
 

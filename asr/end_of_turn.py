@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from voxloop.config import Config
-from voxloop.errors import InvalidInput
+from base.config import Config
+from base.errors import InvalidInput
 
 SAMPLE_RATE = 16000
 #: Audio the model reads, seconds (the end of the utterance).
@@ -107,7 +107,7 @@ class EndOfTurnModel:
 
     @classmethod
     def from_config(cls, cfg: Config) -> "EndOfTurnModel":
-        from voxloop.models import resolve_turn
+        from base.models import resolve_turn
 
         return cls(resolve_turn(cfg).path, threads=cfg.turn.threads)
 

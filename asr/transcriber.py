@@ -37,8 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from voxloop.config import Config
-from voxloop.errors import InvalidInput, ModelError
+from base.config import Config
+from base.errors import InvalidInput, ModelError
 
 SAMPLE_RATE = 16000  # Hz, what whisper takes
 MIN_AUDIO_S = 0.1  # shorter audio is returned as empty text without running the model
@@ -168,7 +168,7 @@ class Transcriber:
     def from_config(cls, cfg: Config, postprocess: Postprocess | None = None) -> "Transcriber":
         """From ``cfg.asr``; without ``postprocess``, zh transcripts become Simplified
         when ``asr.zh_simplified`` (``asr.zh.postprocess_transcript``)."""
-        from voxloop.models import resolve_asr
+        from base.models import resolve_asr
 
         if postprocess is None and cfg.asr.zh_simplified:
             from asr.zh import postprocess_transcript as postprocess

@@ -44,8 +44,8 @@ from dataclasses import dataclass
 import numpy as np
 import webrtcvad
 
-from voxloop.config import Config, VadConfig
-from voxloop.errors import ConfigError, InvalidInput
+from base.config import Config, VadConfig
+from base.errors import ConfigError, InvalidInput
 
 SAMPLE_RATES = (8000, 16000, 32000, 48000)  # what webrtcvad accepts, Hz
 FRAME_MS = (10, 20, 30)

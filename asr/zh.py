@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from functools import lru_cache
 
-from voxloop.errors import ModelError
+from base.errors import ModelError
 
 _lock = threading.Lock()
 

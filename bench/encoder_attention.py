@@ -19,7 +19,7 @@ import argparse
 import torch
 
 from bench.gpu_steps import dims, form_bench, time_forms
-from voxloop.config import parse_attention_tile
+from base.config import parse_attention_tile
 
 CHANNELS, HEADS, WINDOW = 192, 2, 4
 

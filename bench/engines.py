@@ -193,7 +193,7 @@ def main() -> int:
     args = ap.parse_args()
     from tests.piper_speech import PiperSpeech
 
-    from voxloop.config import load_config
+    from base.config import load_config
 
     cfg = load_config()
     say = PiperSpeech(cfg).say

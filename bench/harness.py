@@ -520,9 +520,9 @@ def _tail(log, chars: int = 2000) -> str:
 
 
 def default_voice() -> str:
-    """The bundled Piper voice's path (``voxloop.models``), for scripts run without ``--voice``."""
-    from voxloop import models
-    from voxloop.config import load_config
+    """The bundled Piper voice's path (``base.models``), for scripts run without ``--voice``."""
+    from base import models
+    from base.config import load_config
 
     return str(models.resolve_voice(load_config()).path)
 

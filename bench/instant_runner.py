@@ -20,7 +20,7 @@ from tts_engine.torch_vits.buffers import HostBufferPool
 from tts_engine.torch_vits.chunked import ChunkGeometry, pack_flow
 from tts_engine.torch_vits.resample import ChunkResampler
 from tts_engine.torch_vits.runner import RunnerOptions, bucket_for, fast_lane_names
-from voxloop.config import load_config
+from base.config import load_config
 
 HOP = 256
 #: Phoneme-id symbols of the sentences' ids (the bundled voice has 256).

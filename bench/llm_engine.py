@@ -26,7 +26,7 @@ def measure(name: str, overrides: list[str], levels: list[int], run, note: str):
 def warm_engine(overrides: list[str]):  # noqa: ANN201 - (Config, BatchedChat)
     """The configured ``BatchedChat`` (``--set`` overrides applied), after one short warm-up reply."""
     from llm.batched import BatchedChat, ReplyOptions
-    from voxloop.config import load_config
+    from base.config import load_config
 
     cfg = load_config(None, overrides)
     engine = BatchedChat.from_config(cfg)

@@ -42,7 +42,7 @@ from bench.harness import (ROOT, add_common_arguments, closed_loop, free_port, l
                            stop_server, summarize)
 from bench.instant_runner import StandInEngine, stand_in_engine
 from bench.ws_clients import run_load
-from voxloop.config import load_config
+from base.config import load_config
 
 #: The served engine's frames per sentence (349 = the load bench sentences' 4.05 s mean at the
 #: bundled voice's 22 050 Hz and 256-sample hop).

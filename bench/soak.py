@@ -50,7 +50,7 @@ def speech_for_questions() -> dict[str, np.ndarray]:
     """Each question of voice_questions.txt spoken by the bundled voice (24 kHz int16, trimmed)."""
     from tts_engine.cpu_engine import OnnxTtsEngine
     from tts_engine.engine import SynthesisOptions
-    from voxloop.config import load_config
+    from base.config import load_config
 
     lines = (ROOT / "bench" / "voice_questions.txt").read_text().splitlines()
     questions = [ln.strip().replace(" | ", " ") for ln in lines if ln.strip() and not ln.startswith("#")]

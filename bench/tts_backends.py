@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 from bench.harness import Listening, cpu_name
 
 if TYPE_CHECKING:
-    from voxloop.config import Config, GpuConfig
+    from base.config import Config, GpuConfig
 
 
 def bucket_levels(args: argparse.Namespace) -> tuple[str, str]:
-    """(decoder, encoder) batch bucket levels (``voxloop.config.BATCH_BUCKET_LEVELS``) of ``bench.tts_load``'s
+    """(decoder, encoder) batch bucket levels (``base.config.BATCH_BUCKET_LEVELS``) of ``bench.tts_load``'s
     ``--batch-buckets`` / ``--encode-batch-buckets``, or of a namespace that says ``coarse`` /
     ``encode_fine`` (other benches'); default fine and coarse, as ``configs/gpu.toml``."""
     decode = getattr(args, "batch_buckets", None) or ("coarse" if getattr(args, "coarse", False) else "fine")
@@ -30,7 +30,7 @@ def bucket_levels(args: argparse.Namespace) -> tuple[str, str]:
 def config_of(args: argparse.Namespace) -> Config:
     """``bench.tts_load --config``: that file with ``--voice`` and each ``--set`` over it, and the
     environment's ``VOXLOOP_*`` settings as the server of a ws run reads them."""
-    from voxloop.config import load_config
+    from base.config import load_config
 
     return load_config(args.config, [f"tts.voice_path={args.voice}", *args.sets])
 
@@ -135,7 +135,7 @@ class CudaBackend:
         from tts_engine.torch_vits.cuda_engine import CudaTtsEngine, batch_buckets
         from tts_engine.torch_vits.runner import RunnerOptions
         from tts_engine.voice import Voice
-        from voxloop.config import GpuConfig
+        from base.config import GpuConfig
 
         fast_lane = getattr(args, "fast_lane", "overlap")  # callers building their own Namespace may omit it
         fast_lanes = getattr(args, "fast_lanes", 1)
@@ -225,7 +225,7 @@ class OnnxStreamBackend(OnnxBackend):
         from tts_engine.onnx_streaming import ChunkPlan
         from tts_engine.voice import Voice
         from tts_engine.chunked_voice import resolve_chunked_voice
-        from voxloop.config import load_config
+        from base.config import load_config
 
         cfg = load_config(overrides=[f"tts.voice_path={args.voice}"])
         plan = ChunkPlan(args.cpu_chunk_frames or cfg.tts.chunk_frames,

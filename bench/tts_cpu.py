@@ -58,7 +58,7 @@ class Piper:
         from piper.config import PiperConfig
         from piper.voice import PiperVoice
 
-        from voxloop import models
+        from base import models
 
         onnx = models.resolve_voice(cfg).path
         config = json.loads(models.voice_config_path(cfg, onnx).read_text())
@@ -160,7 +160,7 @@ def main() -> None:
 
     import onnxruntime
 
-    from voxloop.config import load_config
+    from base.config import load_config
 
     cfg = load_config()
     sentences = [s.strip() for s in args.sentences.read_text().splitlines() if s.strip()]

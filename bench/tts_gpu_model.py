@@ -58,7 +58,7 @@ from bench.instant_runner import HOP, FlowCost, GpuTimes, StandInEngine
 from bench.tts_backends import scheduler_breakdown, scheduler_counters
 from tts_engine.torch_vits.chunked import ChunkGeometry
 from tts_engine.torch_vits.runner import RunnerOptions
-from voxloop.config import load_config
+from base.config import load_config
 
 #: Settings a measured row must share with a variant to check it (``bench.tts_load``'s row keys):
 #: the scheduling, and the kernels (their graph times are the model's).
@@ -74,7 +74,7 @@ def voice_contexts(voice: str | None) -> tuple[int, int, int]:
     """The flow's and the decoder's context and the flow's ``conv_radius``, frames, of ``voice``
     (default: ``configs/gpu.toml``'s)."""
     from tts_engine.torch_vits.weights import load_vits
-    from voxloop import models
+    from base import models
 
     cfg = load_config(ROOT / "configs" / "gpu.toml", [f"tts.voice_path={voice}"] if voice else [], environ={})
     model = load_vits(models.resolve_voice(cfg).path)

@@ -305,8 +305,8 @@ def wer_pass(npz_path: Path) -> Path:
     import soxr
     from faster_whisper import WhisperModel
 
-    from voxloop import models
-    from voxloop.config import load_config
+    from base import models
+    from base.config import load_config
 
     results = npz_path.with_suffix(".json")
     rows = json.loads(results.read_text())
@@ -409,8 +409,8 @@ def make_calibration() -> None:
     from tts_engine.frontend import TextFrontend
     from tts_engine.torch_vits.int8 import CALIBRATION_SENTENCES
     from tts_engine.voice import Voice
-    from voxloop import models
-    from voxloop.config import load_config
+    from base import models
+    from base.config import load_config
 
     cfg = load_config()
     path = models.resolve_voice(cfg).path

@@ -79,7 +79,7 @@ from bench.harness import (
 from bench.gpu_timeline import profile_kernels
 from bench.tts_backends import CudaBackend, OnnxBackend, OnnxStreamBackend, scheduler_breakdown, scheduler_counters
 from bench.ws_clients import SESSIONS_PER_PROCESS
-from voxloop.config import BATCH_BUCKET_LEVELS, ENCODER_CONVS, FUSED_BLOCK_PRODUCTS, TEXT_ENCODER_PRODUCTS
+from base.config import BATCH_BUCKET_LEVELS, ENCODER_CONVS, FUSED_BLOCK_PRODUCTS, TEXT_ENCODER_PRODUCTS
 
 #: Engine-mode rows: clients are threads in the bench process calling the engine; audio stays int16 at
 #: the engine's rate (the voice's, or ``--output-rate`` resampled on the GPU; no serialization, no socket).
@@ -97,8 +97,8 @@ def make_sentences() -> None:
     from tts_engine.frontend import TextFrontend
     from tts_engine.onnx_backend import InferenceScales, OnnxVits
     from tts_engine.voice import Voice
-    from voxloop import models
-    from voxloop.config import load_config
+    from base import models
+    from base.config import load_config
 
     cfg = load_config()
     path = models.resolve_voice(cfg).path

@@ -46,7 +46,7 @@ def child(args: argparse.Namespace) -> dict:
     import torch
 
     from bench.tts_backends import CudaBackend
-    from voxloop.config import GpuConfig
+    from base.config import GpuConfig
 
     engine_args = argparse.Namespace(
         voice=args.voice, device="cuda", precision="fp16", chunk_frames=64, tail_chunk_frames=256, max_frames=3072,

@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     from tts_engine.torch_vits.cuda_engine import CudaTtsEngine, batch_buckets
     from tts_engine.torch_vits.runner import RunnerOptions
     from tts_engine.voice import Voice
-    from voxloop.config import GpuConfig
-    from voxloop.errors import Overloaded
+    from base.config import GpuConfig
+    from base.errors import Overloaded
 
     opts = RunnerOptions(chunk_frames=64, tail_chunk_frames=256, max_frames=3072, precision="fp16", cuda_graphs=False,
                          decode_batches=batch_buckets(args.max_batch, "coarse"),

@@ -156,7 +156,7 @@ def _round(x: float) -> float:
 def main(argv: list[str] | None = None) -> int:
     from asr.end_of_turn import EndOfTurnModel
     from bench.turn_set import TurnSet
-    from voxloop.config import load_config
+    from base.config import load_config
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--early-ms", type=int, default=60, help="turn.asr_pause_ms (default: %(default)s)")

@@ -68,7 +68,7 @@ class TurnSet:
         from faster_whisper import WhisperModel
 
         from tts_engine.cpu_engine import OnnxTtsEngine
-        from voxloop.models import resolve_asr
+        from base.models import resolve_asr
 
         whisper = WhisperModel(str(resolve_asr(cfg).path), device="cpu", compute_type="int8", cpu_threads=2)
         return cls(OnnxTtsEngine.from_config(cfg), whisper)

@@ -424,7 +424,7 @@ async def run(url: str, mode: str, talkers: int, turns, coughs, interruption, ti
 
 
 def main(argv: list[str] | None = None) -> int:
-    from voxloop.config import load_config
+    from base.config import load_config
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--talkers", type=int, nargs="+", default=[1])

@@ -88,7 +88,7 @@ def synthesize_questions(questions: list[str]) -> dict[str, np.ndarray]:
     """Speech for each question at 24 kHz (the voice's default noise: natural prosody)."""
     from tts_engine.cpu_engine import OnnxTtsEngine
     from tts_engine.engine import SynthesisOptions
-    from voxloop.config import load_config
+    from base.config import load_config
 
     engine = OnnxTtsEngine.from_config(load_config())
     opts = SynthesisOptions(sample_rate=RATE)

@@ -33,7 +33,7 @@ def _speech(seconds: float = 4.0) -> np.ndarray:
     """Real speech at 24 kHz (the bundled voice, resampled as the server does)."""
     from tts_engine.cpu_engine import OnnxTtsEngine
     from tts_engine.engine import SynthesisOptions
-    from voxloop.config import load_config
+    from base.config import load_config
 
     engine = OnnxTtsEngine.from_config(load_config(None, [], environ={}))
     text = "The weather should clear up by the afternoon, so we can go for a long walk by the lake."

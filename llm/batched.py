@@ -65,8 +65,8 @@ from pathlib import Path
 
 from llm.prompt import ChatPrompt, Cut, check_messages, common_prefix
 from llm.replies import ChatOptions, GenerationStats, Reply, ReplyEvent, ReplyOptions
-from voxloop.config import Config
-from voxloop.errors import InvalidInput, ModelError, VoxloopError
+from base.config import Config
+from base.errors import InvalidInput, ModelError, VoxloopError
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ class BatchedChat:
 
     @classmethod
     def from_config(cls, cfg: Config) -> "BatchedChat":
-        from voxloop.models import resolve_llm
+        from base.models import resolve_llm
 
         c = cfg.llm
         return cls(resolve_llm(cfg).path, ChatOptions(

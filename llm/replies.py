@@ -37,6 +37,12 @@ class ReplyOptions:
     priority: int = 1
     #: Set from any thread to cancel (checked at every step), like ``cancel(reply)``.
     cancel: threading.Event | None = None
+    #: Function tools the model may call, in the Chat Completions shape
+    #: (``{"type": "function", "function": {"name", "description", "parameters"}}``); empty: none.
+    tools: tuple[dict, ...] = ()
+    #: ``"auto"`` | ``"none"`` | ``"required"`` | ``{"type": "function", "function": {"name": ...}}``
+    #: (Chat Completions shape); None: ``"auto"`` when there are tools.
+    tool_choice: str | dict | None = None
 
 
 @dataclass(frozen=True)
@@ -87,9 +93,25 @@ class Reply:
 
 
 @dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of a function call in a reply, as every LLM backend streams it.
+
+    The first delta of a call carries its ``call_id`` and ``name``; later ones of the same
+    ``index`` only add to ``arguments`` (JSON text, concatenated in order). A call is complete
+    when a delta of a higher index or the reply's end arrives.
+    """
+
+    index: int  # order of the call in the reply, from 0
+    arguments: str = ""
+    call_id: str | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True)
 class ReplyEvent:
-    """Output of a step for one reply: a text delta (maybe empty) and, at the end, its stats."""
+    """Output of a step for one reply: a text delta (maybe empty), tool-call pieces and, at the end, its stats."""
 
     reply: Reply
     text: str
     stats: GenerationStats | None = None
+    tool_calls: tuple[ToolCallDelta, ...] = ()

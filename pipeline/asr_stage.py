@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.workers import NORMAL
-from voxloop.errors import Cancelled, Overloaded
+from base.errors import Cancelled, Overloaded
 
 log = logging.getLogger(__name__)
 

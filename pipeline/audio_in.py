@@ -10,7 +10,7 @@ import numpy as np
 import soxr
 
 from realtime.wire import ErrorCode
-from voxloop.errors import InvalidInput
+from base.errors import InvalidInput
 
 ASR_RATE = 16000
 

@@ -25,8 +25,8 @@ from pipeline.turn import Turn, TurnControl
 from realtime import events as ev
 from realtime.items import ContentPart, ErrorInfo, MessageItem
 from realtime.wire import ErrorCode, new_id
-from voxloop.config import Config
-from voxloop.errors import InvalidInput, VoxloopError
+from base.config import Config
+from base.errors import InvalidInput, VoxloopError
 
 log = logging.getLogger(__name__)
 

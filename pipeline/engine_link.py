@@ -59,7 +59,7 @@ from pipeline.speech import FirstAudioTiming, sentence_ids
 from pipeline.workers import NORMAL, ModelWorker
 from tts_engine.engine import AudioChunk, SynthesisOptions, engine_defaults, resolve_options
 from tts_engine.resample import StreamResampler
-from voxloop.errors import Cancelled, ModelError
+from base.errors import Cancelled, ModelError
 
 log = logging.getLogger(__name__)
 
@@ -466,7 +466,7 @@ class SpeechText:
     def __init__(self, cfg: Any) -> None:
         from tts_engine.frontend import TextFrontend
         from tts_engine.voice import Voice
-        from voxloop import models
+        from base import models
 
         path = models.resolve_voice(cfg).path
         self.voice = Voice.load(path, models.voice_config_path(cfg, path))

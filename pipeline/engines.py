@@ -19,8 +19,8 @@ from pipeline.asr_stage import BatchingAsr
 from pipeline.llm_worker import BatchedLlm, SerialLlm
 from pipeline.speech import BatchedSpeech, SpeechStage, ThreadedSpeech
 from pipeline.workers import ModelWorker
-from voxloop.config import Config
-from voxloop.errors import ConfigError
+from base.config import Config
+from base.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -34,8 +34,8 @@ import threading
 import time
 
 from pipeline import gc_pauses
-from voxloop.config import Config
-from voxloop.errors import ConfigError
+from base.config import Config
+from base.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ A collection holds the GIL: while it runs, no thread of the process moves — no
 not the GPU scheduler that launches the next step. A full (generation 2) collection walks every
 container object alive, and a process with the models loaded holds a great many of them (the GPU
 engine process: PyTorch, the voice, the graphs). ``freeze_loaded``
-(``server.gc_freeze``, off by default: see its doc in ``voxloop/config.py`` for what the H200
+(``server.gc_freeze``, off by default: see its doc in ``base/config.py`` for what the H200
 showed) collects once after the models are loaded and moves every survivor to the permanent
 generation (``gc.freeze()``), so later collections only walk what serving created.
 ``IdleCollector`` (``server.gc_full = "idle"``, off by default) keeps the interpreter from starting

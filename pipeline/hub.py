@@ -44,7 +44,7 @@ from pipeline.conversation import AfterSent
 from pipeline.session import Session
 from pipeline.trace import Metrics, TraceSink
 from realtime.protocol import BINARY_AUDIO_EVENTS, RealtimeProtocol
-from voxloop.config import Config
+from base.config import Config
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import ipaddress
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from voxloop.config import ServerConfig
+from base.config import ServerConfig
 
 #: The config key that widens the policy (named in refusals and logs).
 CONFIG_KEY = "server.allowed_origins"

@@ -28,7 +28,7 @@ from realtime.items import (
 )
 from tts_engine.engine import SynthesisOptions
 from tts_engine.segmenter import ClauseSegmenter
-from voxloop.config import Config
+from base.config import Config
 
 @dataclass(frozen=True)
 class ReplyRequest:

@@ -28,8 +28,8 @@ from pipeline.voice_input import VoiceInput
 from realtime import events as ev
 from realtime.session_schema import default_session
 from realtime.wire import ErrorCode
-from voxloop.config import Config
-from voxloop.errors import InvalidInput, VoxloopError
+from base.config import Config
+from base.errors import InvalidInput, VoxloopError
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from realtime import events as ev
 from realtime.wire import ErrorCode
-from voxloop.errors import InvalidInput
+from base.errors import InvalidInput
 
 #: Client event type -> the stages it needs. Audio input becomes a voice turn (ASR, then the LLM).
 NEEDED_STAGES: dict[type, tuple[str, ...]] = {

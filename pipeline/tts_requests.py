@@ -20,7 +20,7 @@ from pipeline.workers import NORMAL
 from realtime import events as ev
 from realtime.wire import ErrorCode
 from tts_engine.engine import SynthesisOptions
-from voxloop.errors import InvalidInput, Overloaded, VoxloopError
+from base.errors import InvalidInput, Overloaded, VoxloopError
 
 #: Requests in flight per session; more get ``server_overloaded``.
 MAX_CONCURRENT = 8

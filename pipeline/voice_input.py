@@ -33,8 +33,8 @@ from pipeline.turn_taking import (
 from pipeline.workers import BACKGROUND, NORMAL, PARTIAL, URGENT
 from realtime import events as ev
 from realtime.wire import ErrorCode, new_id
-from voxloop.config import Config
-from voxloop.errors import InvalidInput, VoxloopError
+from base.config import Config
+from base.errors import InvalidInput, VoxloopError
 
 log = logging.getLogger(__name__)
 #: Shortest push-to-talk commit that is transcribed, ms.

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from voxloop.errors import Cancelled, Overloaded
+from base.errors import Cancelled, Overloaded
 
 log = logging.getLogger(__name__)
 E = TypeVar("E")

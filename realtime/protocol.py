@@ -42,7 +42,7 @@ from realtime.events import (
 )
 from realtime.session_schema import SessionConfig, apply_session_update
 from realtime.wire import ErrorCode, ProtocolError, encode_pcm16, pcm16_bytes, pcm16_from_bytes
-from voxloop.config import LimitsConfig
+from base.config import LimitsConfig
 
 __all__ = [
     "BINARY_AUDIO_EVENTS",

@@ -22,7 +22,7 @@ from realtime.wire import (
     nullable,
     wire_name,
 )
-from voxloop.errors import InvalidInput, Overloaded, VoxloopError
+from base.errors import InvalidInput, Overloaded, VoxloopError
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -29,7 +29,7 @@ from realtime.wire import (
 )
 
 if typing.TYPE_CHECKING:
-    from voxloop.config import Config
+    from base.config import Config
 
 #: Sample rates accepted for ``audio/pcm`` input (Hz); the ASR side resamples to 16 kHz.
 INPUT_RATES = (16000, 24000)

@@ -31,7 +31,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import pybase64
 
-from voxloop.errors import ProtocolError
+from base.errors import ProtocolError
 
 __all__ = [
     "ErrorCode",
@@ -71,7 +71,7 @@ class ErrorCode:
     INPUT_AUDIO_BUFFER_FULL = "input_audio_buffer_full"
     DUPLICATE_REQUEST_ID = "duplicate_request_id"
     REQUEST_NOT_FOUND = "request_not_found"
-    # From voxloop.errors: InvalidInput, Overloaded, ModelError, anything unexpected.
+    # From base.errors: InvalidInput, Overloaded, ModelError, anything unexpected.
     INVALID_REQUEST_ERROR = "invalid_request_error"
     SERVER_OVERLOADED = "server_overloaded"
     MODEL_ERROR = "model_error"

@@ -10,7 +10,7 @@ import numpy as np
 from pipeline.engines import Engines
 from pipeline.hub import Hub
 from tts_engine.factory import create_engines
-from voxloop.config import load_config
+from base.config import load_config
 
 PTT = {"audio": {"input": {"turn_detection": None}}}
 

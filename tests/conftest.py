@@ -34,6 +34,6 @@ async def eventually(predicate: Callable[[], bool], timeout_s: float = 2.0) -> b
 
 @pytest.fixture(scope="session")
 def cfg():
-    from voxloop.config import load_config
+    from base.config import load_config
 
     return load_config()

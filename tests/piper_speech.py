@@ -25,7 +25,7 @@ class PiperSpeech:
     """``say(text)`` -> int16 PCM at 16 kHz with leading/trailing near-silence trimmed."""
 
     def __init__(self, cfg) -> None:
-        from voxloop import models
+        from base import models
 
         self.voice = _voice(str(models.resolve_voice(cfg).path))
 

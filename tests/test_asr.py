@@ -10,7 +10,7 @@ from piper_speech import RATE, PiperSpeech, noise, silence
 
 import asr.transcriber as transcriber_mod
 from asr.transcriber import Transcriber, Transcript
-from voxloop.errors import InvalidInput, ModelError
+from base.errors import InvalidInput, ModelError
 
 # Numbers as words: whisper writes digits, and the reference needs no number normalization.
 SENTENCES = [
@@ -140,7 +140,7 @@ def test_too_short_or_silent_audio_does_not_run_the_model(transcriber, monkeypat
 
 @pytest.mark.slow
 def test_language_detection_and_postprocess(cfg, speech):
-    from voxloop.models import resolve_asr
+    from base.models import resolve_asr
 
     calls = []
 

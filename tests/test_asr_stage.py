@@ -12,7 +12,7 @@ import pytest
 from conftest import eventually, scaled
 from pipeline.asr_stage import BatchingAsr
 from pipeline.workers import BACKGROUND, NORMAL, PARTIAL, URGENT
-from voxloop.errors import Cancelled, ConfigError, ModelError, Overloaded
+from base.errors import Cancelled, ConfigError, ModelError, Overloaded
 
 
 class FakeTranscriber:

@@ -35,7 +35,7 @@ INSTRUCTIONS = "You are a storyteller. Tell long, detailed stories of at least t
 def fake_microphone_wav(cfg, path: Path) -> dict[str, float]:
     """Write the scripted user's audio; returns when each question starts and ends (s)."""
     from piper_speech import RATE, PiperSpeech
-    from voxloop.wav import write_wav
+    from base.wav import write_wav
 
     speech = PiperSpeech(cfg)
     gap = lambda s: np.zeros(int(RATE * s), np.int16)  # noqa: E731
@@ -125,7 +125,7 @@ async def test_browser_smart_turn_a_cough_pauses_and_resumes_the_reply(cfg, tmp_
     playwright = pytest.importorskip("playwright.async_api", reason="playwright (dev extra) is not installed")
     from bench.turn_set import cough
     from piper_speech import RATE, PiperSpeech
-    from voxloop.wav import write_wav
+    from base.wav import write_wav
 
     gap = lambda s: np.zeros(int(RATE * s), np.int16)  # noqa: E731
     parts = [gap(0.5), PiperSpeech(cfg).say(FIRST), gap(6.0), cough(3, ms=300), gap(30.0)]

@@ -18,7 +18,7 @@ from conftest import scaled
 from pipeline.engines import Engines
 from pipeline.hub import Hub
 from voxloop.client import RealtimeClient, RetryPolicy
-from voxloop.errors import ConnectionFailed, ModelError, Overloaded, ProtocolError
+from base.errors import ConnectionFailed, ModelError, Overloaded, ProtocolError
 
 pytestmark = pytest.mark.timeout(scaled(120))
 FAST_RETRY = RetryPolicy(attempts=6, initial_delay_s=0.05, max_delay_s=0.5)

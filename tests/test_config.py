@@ -1,7 +1,7 @@
 import pytest
 
-from voxloop.config import Config, load_config
-from voxloop.errors import ConfigError
+from base.config import Config, load_config
+from base.errors import ConfigError
 
 
 def test_default_toml_loads_and_differs_from_nothing():

@@ -24,7 +24,7 @@ from client_fakes import FakeASR, FakeLLM, real_tts_engines, slow_link, start_hu
 from conftest import scaled
 from llm.replies import GenerationStats
 from rt import append, http_get, recv, speech_24k, until, url, user_text
-from voxloop.errors import ModelError
+from base.errors import ModelError
 
 pytestmark = pytest.mark.timeout(scaled(120))
 PTT = {"type": "realtime", "audio": {"input": {"turn_detection": None, "format": {"type": "audio/pcm", "rate": 24000}}}}

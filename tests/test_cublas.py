@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from asr.cublas import CT2_CUBLAS, RESTART_MARK, arrange_cublas, find_cublas
-from voxloop.errors import ModelError
+from base.errors import ModelError
 
 
 def lib(d: Path, name: str) -> Path:

@@ -40,7 +40,7 @@ def _env(container: dict) -> dict[str, str]:
 
 
 def _config_default(section: str, key: str):
-    from voxloop.config import load_config
+    from base.config import load_config
 
     return getattr(getattr(load_config(environ={}), section), key)
 

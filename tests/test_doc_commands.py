@@ -131,7 +131,7 @@ def run(argv: list[str], env: dict[str, str], cwd: Path = ROOT, timeout_s: float
 
 def check_voxloop_config(words: list[str], env: dict[str, str]) -> None:
     """The command's --config, --set and VOXLOOP_* variables load (no unknown key, valid values)."""
-    from voxloop.config import load_config
+    from base.config import load_config
 
     config, overrides = None, []
     for i, word in enumerate(words):

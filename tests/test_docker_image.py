@@ -138,7 +138,7 @@ async def test_speak_and_spoken_turn(container, cfg):
 
 async def test_docker_stop_drains_turn_and_exits_0(harness, container):
     from voxloop.client import RealtimeClient
-    from voxloop.errors import ConnectionFailed
+    from base.errors import ConnectionFailed
 
     name, port = container
     # A short reply (40 tokens) so the turn fits the grace period on a loaded 2-core machine.

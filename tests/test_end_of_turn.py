@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from asr.end_of_turn import WINDOW_SAMPLES, LogMel, window
-from voxloop.errors import InvalidInput
+from base.errors import InvalidInput
 
 DATA = Path(__file__).parent / "data"
 
@@ -112,7 +112,7 @@ def test_unfused_model_tells_complete_from_incomplete(cfg, pause_audio):
     """The float32 graph (what a CPU without VNNI runs, whatever this one has) tells the voice's
     complete sentences from its cut ones as the fused one does where it computes exactly."""
     from asr.end_of_turn import EndOfTurnModel
-    from voxloop.models import resolve_turn
+    from base.models import resolve_turn
 
     unfused = EndOfTurnModel(resolve_turn(cfg).path, threads=cfg.turn.threads, int8_kernels=False)
     assert not unfused.int8_kernels

@@ -181,7 +181,7 @@ def test_fused_attention_takes_the_text_encoders_products_and_refuses_others():
     the attention takes tf32x3's precision), one entry per setting; unknown ones are refused."""
     from tts_engine.torch_vits import fused_attention
     from tts_engine.torch_vits.text_encoder import RelativeSelfAttention, TextEncoder
-    from voxloop.config import TEXT_ENCODER_PRODUCTS
+    from base.config import TEXT_ENCODER_PRODUCTS
 
     assert set(fused_attention.PRECISIONS) == set(TEXT_ENCODER_PRODUCTS)
     assert fused_attention.PRECISIONS["cublas"] == "ieee" and fused_attention.PRECISIONS["fp16x3"] == "tf32x3"
@@ -216,7 +216,7 @@ def test_attention_tiles_are_parsed_and_refused_like_the_config():
     another tile than the default needs the fused attention."""
     from tts_engine.torch_vits.fused_attention import TILE, parse_tile
 
-    from voxloop.config import ConfigError, load_config
+    from base.config import ConfigError, load_config
 
     assert parse_tile(TILE) == (32, 32, 4, False) and parse_tile("64x64w4-unrolled") == (64, 64, 4, True)
     assert load_config(None, [], environ={}).tts.fused_attention_tile == TILE

@@ -141,7 +141,7 @@ def test_fused_blocks_e4m3_products_stay_close_to_float32():
 
 def test_fused_blocks_e4m3_need_32_channels():
     from tts_engine.torch_vits import fused_resblock
-    from voxloop.config import FUSED_BLOCK_PRODUCTS, FUSED_BLOCK_TAPS
+    from base.config import FUSED_BLOCK_PRODUCTS, FUSED_BLOCK_TAPS
 
     assert fused_resblock.PRODUCTS == FUSED_BLOCK_PRODUCTS  # the config's copy (it loads no torch)
     assert fused_resblock.TAPS == FUSED_BLOCK_TAPS

@@ -34,7 +34,7 @@ from realtime import events as ev
 from realtime.protocol import RealtimeProtocol
 from realtime.wire import ErrorCode
 from rt import recv, until, user_text
-from voxloop.config import LimitsConfig
+from base.config import LimitsConfig
 
 SEED = 17
 LIVE_FRAMES = 10_000

@@ -164,8 +164,8 @@ def test_a_busy_check_that_fails_counts_as_busy():
 
 
 def test_gc_settings_are_checked():
-    from voxloop.config import Config
-    from voxloop.errors import ConfigError
+    from base.config import Config
+    from base.errors import ConfigError
 
     cfg = Config()
     assert cfg.server.gc_full == "auto" and cfg.server.gc_freeze is False
@@ -177,8 +177,8 @@ def test_gc_settings_are_checked():
 def test_the_thread_switch_interval_is_set_in_each_serving_process():
     import sys
 
-    from voxloop.config import Config
-    from voxloop.errors import ConfigError
+    from base.config import Config
+    from base.errors import ConfigError
 
     cfg = Config()
     assert cfg.server.switch_interval_ms is None

@@ -39,7 +39,7 @@ def bench_ids(n: int) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def voice_path(cfg) -> Path:
-    from voxloop import models
+    from base import models
 
     return models.resolve_voice(cfg).path
 
@@ -58,7 +58,7 @@ def engine(voice_path, precision: str, max_batch: int = 8, chunk_frames: int = 6
     from tts_engine.torch_vits.cuda_engine import CudaTtsEngine, batch_buckets
     from tts_engine.torch_vits.runner import RunnerOptions
     from tts_engine.voice import Voice
-    from voxloop.config import GpuConfig
+    from base.config import GpuConfig
 
     opts = RunnerOptions(
         chunk_frames=chunk_frames, tail_chunk_frames=tail_chunk_frames, max_frames=1024, precision=precision,
@@ -89,7 +89,7 @@ def runs_here(voice_path, test_name: str, precision: str = "fp32", **options: ob
     """True in a process whose PyTorch uses the native allocator. Elsewhere (conftest's default is the
     async one) the engine with ``options`` must refuse (``ConfigError`` naming "native") and the test
     ``test_name`` runs in a native process instead (``run_with_native_allocator``): False."""
-    from voxloop.errors import ConfigError
+    from base.errors import ConfigError
 
     if running_allocator() == "native":
         return True
@@ -670,7 +670,7 @@ def test_gpu_graph_budgets_need_the_native_allocator(voice_path):
     from tts_engine.torch_vits.cuda_engine import CudaTtsEngine
     from tts_engine.torch_vits.runner import RunnerOptions
     from tts_engine.voice import Voice
-    from voxloop.errors import ConfigError
+    from base.errors import ConfigError
 
     opts = RunnerOptions(chunk_frames=64, max_frames=512, decode_batches=(1, 2), encode_batches=(1,),
                          phoneme_buckets=(64, 128, 256), decode_budget_mb=100)  # fmt: skip

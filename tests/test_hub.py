@@ -23,7 +23,7 @@ from rt import append, http_get, recv, speech_24k, until, url, user_text
 from pipeline.engines import Engines
 from pipeline.hub import Hub
 from tts_engine.factory import create_engines
-from voxloop.config import load_config
+from base.config import load_config
 
 pytestmark = pytest.mark.timeout(scaled(120))
 
@@ -393,7 +393,7 @@ async def test_session_time_limit_closes_with_1008(tts_engines):
 
 
 async def test_upgrade_refused_while_models_load(tts_engines):
-    from voxloop.config import load_config
+    from base.config import load_config
 
     cfg = load_config(None, ["server.port=0", "trace.path=none"], environ={})
     hub = Hub(cfg, Engines(cfg))  # nothing loaded yet

@@ -31,7 +31,7 @@ STATIC_MIN_SNR_DB = 21.9
 
 @pytest.fixture(scope="module")
 def voice_path(cfg) -> Path:
-    from voxloop import models
+    from base import models
 
     return models.resolve_voice(cfg).path
 
@@ -210,7 +210,7 @@ def test_calibration_set_is_valid_for_the_voice(voice_path):
 
 def test_calibration_set_must_fit_the_voice():
     from tts_engine.torch_vits.model import Vits, VitsConfig
-    from voxloop.errors import ConfigError
+    from base.errors import ConfigError
 
     small = VitsConfig(n_vocab=64, inter_channels=16, hidden_channels=16, filter_channels=32,
                        n_layers=2, upsample_initial_channel=32, dp_filter_channels=16)  # fmt: skip
@@ -307,7 +307,7 @@ def test_from_config_accepts_int8(cfg):
     from dataclasses import replace
 
     from tts_engine.torch_vits.cuda_engine import CudaTtsEngine
-    from voxloop.errors import ConfigError, ModelError
+    from base.errors import ConfigError, ModelError
 
     if torch.cuda.is_available():
         pytest.skip("builds a whole engine on CUDA")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("voxloop", "realtime", "pipeline", "asr", "llm", "tts_engine")
+PACKAGES = ("base", "voxloop", "realtime", "pipeline", "asr", "llm", "tts_engine")
 #: Modules that need an optional heavy package to import: (module prefix, package).
 OPTIONAL = (("tts_engine.torch_vits", "torch"),)
 
@@ -41,6 +41,23 @@ def layer_table() -> dict[str, tuple[list[str], set[str]]]:
 
 
 LAYERS = layer_table()
+
+
+def folder_table() -> dict[str, set[str]]:
+    """``{folder: folders it may import}`` from docs/architecture.md's folder table."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    lines = text[text.index("| folder | holds | may import folders |") :].splitlines()[2:]
+    folders: dict[str, set[str]] = {}
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        names, _, allowed = (cell.strip() for cell in line.strip("|").split("|"))
+        for name in re.findall(r"`(\w+)/`", names):
+            folders[name] = set(re.findall(r"`(\w+)/`", allowed))
+    return folders
+
+
+FOLDERS = folder_table()
 
 
 def layer_of(module: str) -> str:
@@ -141,6 +158,40 @@ def test_no_import_goes_up_or_sideways():
     assert not wrong, "\n".join(wrong)
 
 
+def wrong_folder_imports(graph: dict[str, dict[str, int]]) -> list[str]:
+    """``module:line imports target`` for every import of another top-level folder its row does not name."""
+    wrong = []
+    for module, targets in graph.items():
+        folder = module.split(".")[0]
+        for target, line in targets.items():
+            other = target.split(".")[0]
+            if other != folder and other not in FOLDERS[folder]:
+                wrong.append(f"{module}:{line} ({folder}/) imports {target} ({other}/)")
+    return wrong
+
+
+def test_the_folder_table_names_every_folder_in_order():
+    assert set(FOLDERS) == set(PACKAGES)
+    # An order exists: each folder may import only folders listed before it (no two import each other).
+    placed: list[str] = []
+    while len(placed) < len(FOLDERS):
+        ready = [f for f in FOLDERS if f not in placed and FOLDERS[f] <= set(placed)]
+        assert ready, f"the folder table has a loop among {set(FOLDERS) - set(placed)}"
+        placed += ready
+
+
+def test_no_folder_imports_a_folder_above_it():
+    wrong = wrong_folder_imports(GRAPH)
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_folder_check_catches_an_upward_import():
+    graph = {"base.config": {"tts_engine.voice": 12}, "realtime.items": {"llm.replies": 3},
+             "pipeline.hub": {"realtime.protocol": 9}, "voxloop.cli": {"pipeline.hub": 4}}
+    assert wrong_folder_imports(graph) == ["base.config:12 (base/) imports tts_engine.voice (tts_engine/)",
+                                           "realtime.items:3 (realtime/) imports llm.replies (llm/)"]
+
+
 def test_no_import_cycle():
     assert not import_cycles(GRAPH)
 
@@ -148,14 +199,14 @@ def test_no_import_cycle():
 def test_the_checks_catch_what_the_issue_found():
     """The two upward imports, the client -> server import and the protocol -> engine type one."""
     graph = {
-        "voxloop.models": {"tts_engine.onnx_streaming": 277},
+        "base.models": {"tts_engine.onnx_streaming": 277},
         "voxloop.client": {"pipeline.protocol": 39},
         "realtime.client_events": {"tts_engine.engine": 27},
         "tts_engine.frontend": {"tts_engine.zh": 84},
         "tts_engine.zh": {"tts_engine.frontend": 21},
     }
     assert [w.split(" imports ")[0] for w in wrong_imports(graph)] == [
-        "voxloop.models:277 (base)", "voxloop.client:39 (clients)", "realtime.client_events:27 (protocol core)"]
+        "base.models:277 (base)", "voxloop.client:39 (clients)", "realtime.client_events:27 (protocol core)"]
     assert import_cycles(graph) == [["tts_engine.frontend", "tts_engine.zh"]]
 
 

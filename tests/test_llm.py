@@ -10,7 +10,7 @@ import pytest
 from conftest import scaled
 
 from llm.batched import BatchedChat, ChatOptions, ReplyOptions
-from voxloop.errors import InvalidInput, ModelError
+from base.errors import InvalidInput, ModelError
 
 STORY = "Tell me a very long story about a dragon, a knight and a village by the sea."
 QUESTIONS = [
@@ -251,7 +251,7 @@ def test_cancel_from_another_thread_while_decoding(engine, cfg):
 @pytest.mark.slow
 def test_more_conversations_than_sequences(cfg):
     """3 conversations on 2 sequences: the third waits for a free one, then takes the idlest."""
-    from voxloop.models import resolve_llm
+    from base.models import resolve_llm
 
     small = BatchedChat(resolve_llm(cfg).path, ChatOptions(max_sequences=2, batch_tokens=16, n_ctx=512,
                                                            system_prompt=cfg.llm.system_prompt))
@@ -275,7 +275,7 @@ def test_more_conversations_than_sequences(cfg):
 
 @pytest.mark.slow
 def test_history_over_the_context_drops_the_oldest_messages(cfg):
-    from voxloop.models import resolve_llm
+    from base.models import resolve_llm
 
     small = BatchedChat(resolve_llm(cfg).path, ChatOptions(n_ctx=512, max_sequences=1, batch_tokens=32,
                                                            seed=1, max_tokens=32))
@@ -300,7 +300,7 @@ def test_history_over_the_context_drops_the_oldest_messages(cfg):
 def test_a_history_cut_shifts_the_cached_rest_instead_of_reading_it_again(cfg):
     """The turn whose history first overflows drops the oldest messages; the rest is still in the
     sequence's cache, at later positions: shifted back, it is not read again (llama.cpp's context shift)."""
-    from voxloop.models import resolve_llm
+    from base.models import resolve_llm
 
     question = {"role": "user", "content": "Which fact was the most surprising?"}
     runs = {}
@@ -401,7 +401,7 @@ def test_a_prompt_over_the_context_fails_alone(engine, cfg):
 
 def test_the_memory_budget_refuses_start_up_before_the_kv_cache(cfg):
     """llm.memory_budget_mb: weights + KV cache over it is an exact error naming what to lower."""
-    from voxloop.models import resolve_llm
+    from base.models import resolve_llm
 
     path = resolve_llm(cfg).path
     # SmolLM2-135M: ~100 MB of weights; 255 + 1 sequences x 2048 tokens of 23 KB: 11 520 MiB.

@@ -39,7 +39,7 @@ WORDS = ("the quick brown fox jumps over a lazy dog and then runs far away into 
 
 def _engine_and_ids():  # noqa: ANN202 - (OnnxTtsEngine, ids of the first n words)
     from tts_engine.cpu_engine import OnnxTtsEngine
-    from voxloop.config import load_config
+    from base.config import load_config
 
     engine = OnnxTtsEngine.from_config(load_config(None, [], environ={}))
 
@@ -122,7 +122,7 @@ async def test_every_hub_gives_the_heap_back_only_while_no_session_is_open(monke
 
     from pipeline.engines import Engines
     from pipeline.hub import Hub
-    from voxloop.config import load_config
+    from base.config import load_config
 
     cfg = load_config(None, ["server.port=0", "trace.path=none"], environ={})
     hub = Hub(cfg, Engines(cfg))
@@ -153,8 +153,8 @@ def test_no_sentence_of_the_frontend_is_longer_than_the_reserved_arena():
     from tts_engine.frontend import MAX_SENTENCE_PHONEMES, TextFrontend
     from tts_engine.onnx_backend import SHRINK_ARENA_ABOVE_IDS
     from tts_engine.voice import Voice
-    from voxloop import models
-    from voxloop.config import load_config
+    from base import models
+    from base.config import load_config
 
     cfg = load_config(None, [], environ={})
     path = models.resolve_voice(cfg).path

@@ -5,9 +5,9 @@ import shutil
 
 import pytest
 
-from voxloop import models
-from voxloop.config import load_config
-from voxloop.errors import ModelError
+from base import models
+from base.config import load_config
+from base.errors import ModelError
 
 
 def _cfg(tmp_path, *overrides):

@@ -10,8 +10,8 @@ import websockets
 from client_fakes import real_tts_engines, start_hub, ws_url
 from pipeline.origin import exposure_warning, is_loopback_host, normalize_origin, origin_allowed, refused_origin
 from rt import recv
-from voxloop.config import load_config
-from voxloop.errors import ConfigError
+from base.config import load_config
+from base.errors import ConfigError
 
 LOCAL, PUBLIC = "127.0.0.1", "0.0.0.0"
 

@@ -11,7 +11,7 @@ from conftest import scaled
 
 from pipeline.engines import Engines
 from pipeline.llm_worker import BatchedLlm
-from voxloop.config import Config
+from base.config import Config
 
 
 class StepRecorder:

@@ -32,11 +32,11 @@ from realtime.protocol import (
 )
 from realtime.session_schema import SessionConfig, default_session
 from realtime.wire import ErrorCode, ProtocolError
-from voxloop.errors import Overloaded
+from base.errors import Overloaded
 
 PCM = np.array([0, 1, -1, 32767, -32768, 1234], dtype=np.int16)
 PCM_B64 = base64.b64encode(PCM.astype("<i2").tobytes()).decode()
-SESSION = default_session(__import__("voxloop.config", fromlist=["Config"]).Config(), "sess_abc").to_dict()
+SESSION = default_session(__import__("base.config", fromlist=["Config"]).Config(), "sess_abc").to_dict()
 PART = {"response_id": "resp_1", "item_id": "item_2", "output_index": 0, "content_index": 0}
 USER_ITEM = {"type": "message", "role": "user", "id": "item_1", "object": "realtime.item", "status": "completed",
              "content": [{"type": "input_audio", "transcript": "hello there"}]}
@@ -554,7 +554,7 @@ def _error_codes_in_server_code() -> set[str]:
     ``code=`` string literals, and the default code of each ``VoxloopError`` it raises."""
     import ast
 
-    from voxloop import errors
+    from base import errors
 
     classes = {name: cls for name, cls in vars(errors).items()
                if isinstance(cls, type) and issubclass(cls, errors.VoxloopError)}

@@ -18,8 +18,8 @@ import soxr
 from conftest import scaled
 from client_fakes import PTT, FakeASR, FakeLLM, start_hub, tone, real_tts_engines, ws_url
 from voxloop.client import RealtimeClient
-from voxloop.errors import VoxloopError
-from voxloop.wav import read_wav, write_wav
+from base.errors import VoxloopError
+from base.wav import read_wav, write_wav
 from voxloop.ptt_live import LiveConversation, Playback, TalkKey, open_sounddevice
 
 pytestmark = pytest.mark.timeout(scaled(180))
@@ -215,7 +215,7 @@ async def test_wav_mode_end_to_end_with_real_models(tmp_path, capsys):
     from pipeline.engines import Engines
     from pipeline.hub import Hub
     from voxloop.cli import main
-    from voxloop.config import load_config
+    from base.config import load_config
 
     question = tmp_path / "q.wav"
     # Noise-free synthesis with room silence around it, as a recording would have: with random

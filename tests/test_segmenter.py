@@ -8,7 +8,7 @@ import re
 import pytest
 
 from tts_engine.segmenter import CJK_CHAR_WEIGHT, ClauseSegmenter, clause_weight
-from voxloop.config import TtsConfig
+from base.config import TtsConfig
 
 
 def segment(tokens: list[str], **limits: int) -> list[str]:
@@ -271,8 +271,8 @@ def test_bad_limits_are_rejected():
 
 
 def test_first_clause_max_words_from_config():
-    from voxloop.config import load_config
-    from voxloop.errors import ConfigError
+    from base.config import load_config
+    from base.errors import ConfigError
 
     assert ClauseSegmenter.from_config(TtsConfig()).first_max_words == 0  # off by default
     assert ClauseSegmenter.from_config(TtsConfig(first_clause_max_words=4)).first_max_words == 4

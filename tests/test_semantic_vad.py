@@ -45,7 +45,7 @@ def tts_engines():
 async def _hub(tts_engines, turn, *overrides, asr=None, llm=None):
     from pipeline.engines import Engines
     from pipeline.hub import Hub
-    from voxloop.config import load_config
+    from base.config import load_config
 
     cfg = load_config(None, ["server.port=0", "trace.path=none", "asr.partial_interval_ms=0", *overrides], environ={})
     hub = Hub(cfg, Engines.from_parts(cfg, asr or FakeASR(), llm or FakeLLM(), tts_engines, turn=turn))

@@ -119,7 +119,7 @@ def batching_engine(cfg):
     from tts_engine.torch_vits.cuda_engine import CudaTtsEngine
     from tts_engine.torch_vits.runner import RunnerOptions
     from tts_engine.voice import Voice
-    from voxloop import models
+    from base import models
 
     torch.set_num_threads(2)
     # The engine delivers the sessions' 24 kHz (resampled in its decoder steps, as configs/gpu.toml does).
@@ -142,7 +142,7 @@ def test_first_chunks_reach_the_sink_before_the_step_decodes_the_rest(cfg):
     from tts_engine.torch_vits.cuda_engine import CudaTtsEngine
     from tts_engine.torch_vits.runner import RunnerOptions
     from tts_engine.voice import Voice
-    from voxloop import models
+    from base import models
 
     # First chunks of 32 frames, later ones of up to 128: two groups in one step.
     options = RunnerOptions(chunk_frames=32, tail_chunk_frames=128, max_frames=1024, decode_batches=(1, 2),
@@ -189,7 +189,7 @@ def test_first_chunks_reach_the_sink_before_the_step_decodes_the_rest(cfg):
 async def _start_hub(engine, *overrides: str):
     from pipeline.engines import Engines
     from pipeline.hub import Hub
-    from voxloop.config import load_config
+    from base.config import load_config
 
     cfg = load_config(None, ["server.port=0", "trace.path=none", "server.stages=tts", *overrides], environ={})
     hub = Hub(cfg, Engines.from_parts(cfg, None, None, [engine]))

@@ -26,7 +26,7 @@ from tts_engine.torch_vits.resample import ChunkResampler  # noqa: E402
 from tts_engine.torch_vits.runner import RunnerOptions, StepRunner, bucket_for  # noqa: E402
 from tts_engine.torch_vits.scheduler import BatchScheduler, Scales  # noqa: E402
 from tts_engine.torch_vits.weights import load_vits, save_checkpoint, state_dict_from_checkpoint  # noqa: E402
-from voxloop.errors import InvalidInput, Overloaded  # noqa: E402
+from base.errors import InvalidInput, Overloaded  # noqa: E402
 
 #: A small random-weight model with the voice's structure (fast scheduler tests).
 TINY = VitsConfig(
@@ -42,7 +42,7 @@ def bench_ids(n: int) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def voice_path(cfg) -> Path:
-    from voxloop import models
+    from base import models
 
     return models.resolve_voice(cfg).path
 

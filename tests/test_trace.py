@@ -4,7 +4,7 @@ import pytest
 
 from pipeline.trace import Metrics, TraceSink, TurnTrace
 from voxloop.cli import main
-from voxloop.errors import InvalidInput
+from base.errors import InvalidInput
 
 
 def test_trace_relative_times_and_summary(tmp_path):

@@ -65,8 +65,8 @@ def make_engine(cfg):
     from tts_engine.torch_vits.cuda_engine import CudaTtsEngine
     from tts_engine.torch_vits.runner import RunnerOptions
     from tts_engine.voice import Voice
-    from voxloop import models
-    from voxloop.config import GpuConfig
+    from base import models
+    from base.config import GpuConfig
 
     voice = Voice.load(models.resolve_voice(cfg).path)
     torch.set_num_threads(2)
@@ -171,7 +171,7 @@ class _FakeMemory:
 def test_a_stage_budget_keeps_the_batches_that_fit_and_refuses_when_none_does():
     """Orchestration of the budget rule (the memory figures are faked; on CUDA they are measured)."""
     from tts_engine.torch_vits.runner import StepRunner
-    from voxloop.errors import ConfigError
+    from base.errors import ConfigError
 
     runner = StepRunner.__new__(StepRunner)  # only _capture_stage's state
     runner.memory, runner.stage_bytes = _FakeMemory(), {}

@@ -11,7 +11,7 @@ from conftest import scaled
 
 from tts_engine.cpu_engine import OnnxTtsEngine
 from tts_engine.engine import AudioChunk, SynthesisOptions
-from voxloop.errors import InvalidInput
+from base.errors import InvalidInput
 
 pytestmark = pytest.mark.slow
 
@@ -214,7 +214,7 @@ def test_factory_shares_one_engine_across_worker_threads(cfg):
 
 def test_factory_rejects_unknown_backend(cfg):
     from tts_engine.factory import create_engines
-    from voxloop.errors import ConfigError
+    from base.errors import ConfigError
 
     with pytest.raises(ConfigError, match="tts.backend"):
         create_engines(cfg.replace("tts", backend="tpu"))

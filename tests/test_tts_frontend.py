@@ -11,7 +11,7 @@ import pytest
 from tts_engine import frontend as fe
 from tts_engine.frontend import PhonemeScheme, TextFrontend, register_phoneme_type
 from tts_engine.voice import Voice, VoiceConfig
-from voxloop.errors import InvalidInput, ModelError
+from base.errors import InvalidInput, ModelError
 
 # Varied on purpose: numbers, abbreviations, clause punctuation (, : ;), quotes,
 # contractions, hyphens, accents, parentheses, several sentences, no final stop.
@@ -31,7 +31,7 @@ SENTENCES = [
 
 @pytest.fixture(scope="module")
 def voice_config(cfg) -> VoiceConfig:
-    from voxloop import models
+    from base import models
 
     path = models.resolve_voice(cfg).path
     return VoiceConfig.load(models.voice_config_path(cfg, path))
@@ -50,7 +50,7 @@ def piper_voice(cfg):
     from piper.config import PiperConfig
     from piper.voice import PiperVoice
 
-    from voxloop import models
+    from base import models
 
     path = models.resolve_voice(cfg).path
     config = json.loads(models.voice_config_path(cfg, path).read_text())
@@ -205,7 +205,7 @@ def test_text_phoneme_type_uses_codepoints(voice_config):
 
 
 def test_voice_loads_config_beside_onnx(cfg):
-    from voxloop import models
+    from base import models
 
     voice = Voice.load(models.resolve_voice(cfg).path)
     assert voice.config.sample_rate == 22050 and voice.config.espeak_voice == "en-us"

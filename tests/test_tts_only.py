@@ -23,8 +23,8 @@ from conftest import scaled
 from rt import append, http_get, recv, until, url, user_text
 from pipeline.engines import Engines
 from pipeline.hub import Hub
-from voxloop.config import load_config
-from voxloop.errors import ConfigError
+from base.config import load_config
+from base.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(scaled(120))
 ROOT = Path(__file__).resolve().parent.parent
@@ -244,7 +244,7 @@ class Absent:
 sys.meta_path.insert(0, Absent())
 import pipeline.hub, pipeline.session, voxloop.cli  # noqa: E401
 from pipeline.engines import Engines
-from voxloop.config import load_config
+from base.config import load_config
 
 voxloop.cli.build_parser()  # imports every subcommand module, as `python -m voxloop serve` does
 engines = Engines(load_config(None, ["server.stages=tts", "trace.path=none"], environ={}))

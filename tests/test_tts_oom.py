@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from conftest import scaled  # noqa: E402
-from voxloop.errors import Overloaded  # noqa: E402
+from base.errors import Overloaded  # noqa: E402
 
 RETRY_AFTER_MS = 20
 SENTENCES = ["Hello there.", "How are you today?", "Fine, thanks.", "See you soon."]
@@ -29,7 +29,7 @@ def engine(cfg, request):
     from tts_engine.torch_vits.cuda_engine import CudaTtsEngine
     from tts_engine.torch_vits.runner import RunnerOptions
     from tts_engine.voice import Voice
-    from voxloop import models
+    from base import models
 
     torch.set_num_threads(2)
     options = RunnerOptions(

@@ -40,7 +40,7 @@ def normalize(text: str) -> str:
 def whisper(cfg):
     from faster_whisper import WhisperModel
 
-    from voxloop import models
+    from base import models
 
     return WhisperModel(str(models.resolve_asr(cfg).path), device="cpu", compute_type="int8")
 

@@ -28,7 +28,7 @@ def test_say_writes_a_wav(tmp_path):
 
 @pytest.mark.slow
 def test_say_with_explicit_voice(tmp_path, cfg):
-    from voxloop import models
+    from base import models
 
     out = tmp_path / "v.wav"
     assert main(["say", "Hi.", "-o", str(out), "--voice", str(models.resolve_voice(cfg).path)]) == 0

@@ -19,8 +19,8 @@ from tts_engine.cpu_engine import OnnxTtsEngine
 from tts_engine.engine import SynthesisOptions
 from tts_engine.onnx_backend import InferenceScales, OnnxVits
 from tts_engine.onnx_streaming import ChunkPlan, _SessionPool
-from voxloop import models
-from voxloop.errors import ModelError
+from base import models
+from base.errors import ModelError
 
 SENTENCES = Path(__file__).resolve().parent.parent / "bench" / "tts_sentences.json"
 ZERO = InferenceScales(noise_scale=0.0, length_scale=1.0, noise_w=0.0)

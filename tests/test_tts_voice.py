@@ -8,12 +8,12 @@ import shutil
 import pytest
 
 from tts_engine.voice import Voice, VoiceConfig
-from voxloop.errors import InvalidInput, ModelError
+from base.errors import InvalidInput, ModelError
 
 
 @pytest.fixture(scope="module")
 def voice_files(cfg):
-    from voxloop import models
+    from base import models
 
     onnx = models.resolve_voice(cfg).path
     return onnx, models.voice_config_path(cfg, onnx)

@@ -18,8 +18,8 @@ from asr.vad import (
     VoiceActivityDetector,
 )
 from bench.turn_taking import human_voices, read_voice
-from voxloop.config import VadConfig
-from voxloop.errors import ConfigError, InvalidInput
+from base.config import VadConfig
+from base.errors import ConfigError, InvalidInput
 
 VAD = VadConfig(aggressiveness=2, frame_ms=30, start_frames=3, silence_duration_ms=500,
                 prefix_padding_ms=300, speculative_pause_ms=200)

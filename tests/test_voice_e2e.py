@@ -30,7 +30,7 @@ RATE = 24000
 @pytest.fixture(scope="module")
 def engines():
     from pipeline.engines import Engines
-    from voxloop.config import load_config
+    from base.config import load_config
 
     # Synthesis noise off: the reply audio is a deterministic function of the reply text,
     # so the whisper round trip below does not depend on a random prosody draw (a draw where

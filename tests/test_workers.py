@@ -9,7 +9,7 @@ import pytest
 
 from conftest import eventually, scaled
 from pipeline.workers import BACKGROUND, NORMAL, URGENT, ModelWorker
-from voxloop.errors import Cancelled, Overloaded
+from base.errors import Cancelled, Overloaded
 
 
 async def blocked_worker(queue_size: int) -> tuple[ModelWorker, threading.Event, asyncio.Future]:

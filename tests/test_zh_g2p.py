@@ -12,7 +12,7 @@ from bench.zh_evaluation import load_cases, score, syllable_errors
 from tts_engine.zh.g2p import ChineseG2p
 from tts_engine.zh.lexicon import Lexicon
 from tts_engine.zh.normalize import normalize_zh
-from voxloop.errors import ConfigError
+from base.errors import ConfigError
 
 TEST_SET = Path(__file__).parent / "data" / "zh_polyphones.tsv"
 

@@ -347,7 +347,7 @@ def test_cmn_voice_without_language_code_uses_the_chinese_front_end():
 def test_english_voice_is_untouched_by_the_chinese_package(cfg):
     """Importing tts_engine.zh changes nothing for the bundled English voice."""
     from tts_engine.espeak import EspeakPhonemizer
-    from voxloop import models
+    from base import models
 
     path = models.resolve_voice(cfg).path
     english = TextFrontend(VoiceConfig.load(models.voice_config_path(cfg, path)))

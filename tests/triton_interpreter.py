@@ -30,8 +30,8 @@ import torch
 from bench.harness import load_sentences
 from tts_engine.torch_vits.model import pad_ids
 from tts_engine.torch_vits.weights import load_vits
-from voxloop import models
-from voxloop.config import load_config
+from base import models
+from base.config import load_config
 
 model = load_vits(models.resolve_voice(load_config(None, [], environ={})).path)
 """

@@ -2,7 +2,7 @@
 
 ``encoder.onnx`` + ``chunk_decoder.onnx`` (``tts_engine.onnx_streaming.export_chunked``) are
 written into a scratch folder, then renamed into ``<cache>/vits-chunked/<voice>-<sha256[:16]>``
-(the cache directory of ``voxloop.models``), so a half-written export never looks complete.
+(the cache directory of ``base.models``), so a half-written export never looks complete.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from voxloop import models
-from voxloop.config import Config
+from base import models
+from base.config import Config
 
 #: Version of the chunked export's layout; a cache folder of another version is exported again.
 CHUNKED_FORMAT = 1

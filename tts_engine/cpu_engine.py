@@ -30,8 +30,8 @@ from tts_engine.onnx_backend import InferenceScales, OnnxVits, to_int16
 from tts_engine.resample import StreamResampler
 from tts_engine.onnx_streaming import ChunkedOnnxVits, ChunkPlan
 from tts_engine.voice import Voice
-from voxloop.config import Config
-from voxloop.errors import ModelError
+from base.config import Config
+from base.errors import ModelError
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +76,8 @@ class OnnxTtsEngine:
 
     @classmethod
     def from_config(cls, cfg: Config) -> OnnxTtsEngine:
-        """The voice, threads, defaults and text limit from ``cfg`` (models via ``voxloop.models``)."""
-        from voxloop import models
+        """The voice, threads, defaults and text limit from ``cfg`` (models via ``base.models``)."""
+        from base import models
 
         onnx_path = models.resolve_voice(cfg).path
         voice = Voice.load(onnx_path, models.voice_config_path(cfg, onnx_path))

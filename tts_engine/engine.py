@@ -30,7 +30,7 @@ class SynthesisOptions:
     sample_rate: int | None = None
 
     @classmethod
-    def from_config(cls, tts) -> SynthesisOptions:  # noqa: ANN001 - voxloop.config.TtsConfig
+    def from_config(cls, tts) -> SynthesisOptions:  # noqa: ANN001 - base.config.TtsConfig
         """An engine's defaults from ``cfg.tts`` (scales and speaker; None keeps the voice's own)."""
         return cls(length_scale=tts.length_scale, noise_scale=tts.noise_scale, noise_w=tts.noise_w,
                    speaker_id=tts.speaker_id)
@@ -107,7 +107,7 @@ def resolve_options(options: SynthesisOptions | None, defaults: SynthesisOptions
     """
     import math
 
-    from voxloop.errors import InvalidInput
+    from base.errors import InvalidInput
 
     req, cfg = options or SynthesisOptions(), voice.config
 
@@ -138,7 +138,7 @@ def phoneme_id_array(phoneme_ids, num_symbols: int) -> np.ndarray:
     when they are empty, not integers (floats, strings and booleans included) or out of range.
     Vectorized: a sentence's ids are checked in a few microseconds (the GPU engine does it per
     sentence, on the path its scheduler serves)."""
-    from voxloop.errors import InvalidInput
+    from base.errors import InvalidInput
 
     try:
         ids = np.asarray(phoneme_ids)

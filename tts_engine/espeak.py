@@ -16,7 +16,7 @@ from pathlib import Path
 from types import ModuleType
 
 from tts_engine.voice import VoiceConfig
-from voxloop.errors import ModelError
+from base.errors import ModelError
 
 # espeak-ng is one global C state (voice, buffers): every call goes through this lock.
 # (piper.voice has its own lock; do not phonemize with PiperVoice concurrently in one process.)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib
 
 from tts_engine.engine import TtsEngine
-from voxloop.config import Config
-from voxloop.errors import ConfigError, ModelError
+from base.config import Config
+from base.errors import ConfigError, ModelError
 
 #: Streaming CPU engine: clauses in flight per onnxruntime session. Their chunks share the
 #: sessions first-chunk-first, so a new clause's first audio waits for one chunk, not whole clauses.

@@ -24,7 +24,7 @@ from typing import Protocol
 
 from tts_engine.espeak import EspeakPhonemizer
 from tts_engine.voice import VoiceConfig, phoneme_ids
-from voxloop.errors import InvalidInput, ModelError
+from base.errors import InvalidInput, ModelError
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ import numpy as np
 import onnxruntime as ort
 
 from tts_engine.resample import StreamResampler  # noqa: F401 - re-exported
-from voxloop.errors import ConfigError, ModelError
+from base.errors import ConfigError, ModelError
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ import numpy as np
 import onnxruntime as ort
 
 from tts_engine.onnx_backend import InferenceScales, session_options
-from voxloop.errors import ConfigError, ModelError
+from base.errors import ConfigError, ModelError
 
 ENCODER_FILE, DECODER_FILE = "encoder.onnx", "chunk_decoder.onnx"
 _TORCH_HINT = (

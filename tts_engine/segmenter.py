@@ -121,7 +121,7 @@ class ClauseSegmenter:
 
     @classmethod
     def from_config(cls, tts_cfg: Any) -> "ClauseSegmenter":
-        """Build from a ``voxloop.config.TtsConfig`` (``first_clause_min_chars`` etc.)."""
+        """Build from a ``base.config.TtsConfig`` (``first_clause_min_chars`` etc.)."""
         return cls(
             first_min_chars=tts_cfg.first_clause_min_chars,
             min_chars=tts_cfg.clause_min_chars,

@@ -8,7 +8,7 @@ import importlib
 import logging
 import sys
 
-from voxloop.errors import VoxloopError
+from base.errors import VoxloopError
 
 COMMANDS = ("serve", "say", "models", "trace", "g2p", "ptt")
 

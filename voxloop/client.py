@@ -16,7 +16,7 @@ in :attr:`RealtimeClient.session`), ``x.tts.*`` events and errors about a reques
 
 Back-pressure: at most ``max_pending_events`` unread events are buffered; past that the
 reader stops reading the socket, and a server whose send queue fills closes the
-connection (1008). Errors are ``voxloop.errors`` types (see :func:`error_from_event`).
+connection (1008). Errors are ``base.errors`` types (see :func:`error_from_event`).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from voxloop.client_types import (
     event_type_name,
     retry_after_s,
 )
-from voxloop.errors import ConnectionFailed, InvalidInput, Overloaded, VoxloopError
+from base.errors import ConnectionFailed, InvalidInput, Overloaded, VoxloopError
 
 __all__ = ["RealtimeClient", "Reply", "RetryPolicy", "TtsResult", "error_from_event"]
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from realtime import events as ev
 from realtime.wire import ErrorCode
-from voxloop.errors import ModelError, Overloaded, ProtocolError, VoxloopError
+from base.errors import ModelError, Overloaded, ProtocolError, VoxloopError
 
 _EMPTY = np.zeros(0, np.int16)
 
@@ -104,7 +104,7 @@ class TtsResult:
 
 
 def error_from_event(event: ev.ErrorEvent) -> VoxloopError:
-    """The ``voxloop.errors`` exception for a server ``error`` event.
+    """The ``base.errors`` exception for a server ``error`` event.
 
     ``server_overloaded`` -> ``Overloaded`` (with ``retry_after_ms``); other client-side
     errors (``invalid_request_error``) -> ``ProtocolError`` (``code``, ``param``, ``event_id``);

@@ -21,8 +21,8 @@ import numpy as np
 
 from realtime import events as ev
 from voxloop.client import RealtimeClient, Reply
-from voxloop.errors import VoxloopError
-from voxloop.wav import read_wav, write_wav
+from base.errors import VoxloopError
+from base.wav import read_wav, write_wav
 
 #: The session a push-to-talk client asks for: no server VAD, binary audio frames.
 PTT_SESSION: dict[str, Any] = {"audio": {"input": {"turn_detection": None}}}

@@ -32,7 +32,7 @@ import soxr
 
 from realtime import events as ev
 from voxloop.client import RealtimeClient
-from voxloop.errors import VoxloopError
+from base.errors import VoxloopError
 from voxloop.ptt import format_latency
 
 HOLD_DETECT_S = 0.8  # longer than common key-repeat delays (250-660 ms)

@@ -46,7 +46,7 @@ class ClientLog:
 
 async def client_loop(url: str, log: ClientLog, stop: asyncio.Event, pause_s: float) -> None:
     from voxloop.client import RealtimeClient, RetryPolicy
-    from voxloop.errors import ConnectionFailed
+    from base.errors import ConnectionFailed
 
     retry = RetryPolicy(attempts=20, initial_delay_s=0.05, max_delay_s=1.0)
     client = await RealtimeClient.connect(url, retry=retry)

@@ -12,7 +12,7 @@ Needs ``pip install -e '.[torch]'`` (torch, onnx). Importing this package import
 
 from __future__ import annotations
 
-from voxloop.config import Config
+from base.config import Config
 
 
 def create_engines(cfg: Config) -> list:

@@ -30,8 +30,8 @@ from tts_engine.torch_vits.runner import DTYPES, FAST_LANE_MODES, MAX_FAST_LANES
 from tts_engine.torch_vits.scheduler import BatchScheduler, Scales, Sink, SpeechRequest
 from tts_engine.torch_vits.weights import load_vits
 from tts_engine.voice import Voice
-from voxloop.config import BATCH_BUCKET_LEVELS, Config, GpuConfig
-from voxloop.errors import ConfigError, ModelError
+from base.config import BATCH_BUCKET_LEVELS, Config, GpuConfig
+from base.errors import ConfigError, ModelError
 
 log = logging.getLogger(__name__)
 
@@ -125,9 +125,9 @@ class CudaTtsEngine:
 
     @classmethod
     def from_config(cls, cfg: Config, runner: Callable[[RunnerOptions], StepRunner] | None = None) -> CudaTtsEngine:
-        """Voice, precision, chunking and batching from ``cfg.tts`` (models via ``voxloop.models``);
+        """Voice, precision, chunking and batching from ``cfg.tts`` (models via ``base.models``);
         ``runner`` as in the constructor."""
-        from voxloop import models
+        from base import models
 
         tts = cfg.tts
         onnx_path = models.resolve_voice(cfg).path

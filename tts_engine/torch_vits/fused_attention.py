@@ -30,7 +30,7 @@ differ within fp32 rounding, and a phoneme's duration (ceil'd) can move where it
 rounding of a whole frame; ``bench.tts_gpu_experiments --encoder-products`` counts the phonemes that
 move over the bench sentences and noise draws (none of 84 636 on an H100 with "tf32x3", the
 products ``configs/gpu.toml`` ships it with). The engine and the configuration take it only with
-tensor-core products (``voxloop.config.ATTENTION_PRODUCTS``): with IEEE fp32 ``tl.dot`` the kernel is
+tensor-core products (``base.config.ATTENTION_PRODUCTS``): with IEEE fp32 ``tl.dot`` the kernel is
 ~10x the encoder it replaces.
 
 Layouts: ``q``, ``k``, ``v`` and the output ``[B, H * D, T]`` (the convolutions' layout; head ``h``
@@ -52,8 +52,8 @@ from tts_engine.torch_vits import fused_ffn
 from tts_engine.torch_vits.fused_resblock import available, triton
 from tts_engine.torch_vits.fused_ffn import tap_major
 from tts_engine.torch_vits.text_encoder import ChannelLayerNorm, Encoder, RelativeSelfAttention
-from voxloop.config import ATTENTION_PRODUCTS, ATTENTION_TILE
-from voxloop.config import parse_attention_tile as parse_tile
+from base.config import ATTENTION_PRODUCTS, ATTENTION_TILE
+from base.config import parse_attention_tile as parse_tile
 
 #: The kernel's program by default (``tts.fused_attention_tile``): 32 queries, keys 32 per step of its
 #: key loop, 4 warps, the band's ``2 window + 1`` keys as a loop. Compiled for sm_90 (Triton 3.9) the

@@ -48,7 +48,7 @@ from torch import nn
 from tts_engine.torch_vits.fused_resblock import available, triton
 from tts_engine.torch_vits.gemm_conv import GemmConv1d
 from tts_engine.torch_vits.text_encoder import FeedForward
-from voxloop.config import TEXT_ENCODER_PRODUCTS
+from base.config import TEXT_ENCODER_PRODUCTS
 
 #: Channels and time steps per program.
 BLOCK_C = 32

@@ -17,8 +17,8 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from voxloop.config import GpuConfig
-from voxloop.errors import ConfigError
+from base.config import GpuConfig
+from base.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from tts_engine.torch_vits.model import Vits
-from voxloop.errors import ConfigError
+from base.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

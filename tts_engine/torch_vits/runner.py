@@ -51,8 +51,8 @@ from tts_engine.torch_vits.gemm_conv import use_gemm_convs
 from tts_engine.torch_vits.gpu_memory import GpuMemory
 from tts_engine.torch_vits.model import Vits
 from tts_engine.torch_vits.resample import ChunkResampler
-from voxloop.config import ATTENTION_PRODUCTS, ATTENTION_TILE, ENCODER_CONVS, MAX_MAIN_IN_FLIGHT
-from voxloop.errors import ConfigError
+from base.config import ATTENTION_PRODUCTS, ATTENTION_TILE, ENCODER_CONVS, MAX_MAIN_IN_FLIGHT
+from base.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class RunnerOptions:
     #: ("encode", "decode"); the others take cuDNN's heuristic choice. Eager (``cuda_graphs`` off):
     #: every stage is timed.
     cudnn_benchmark_stages: tuple[str, ...] = ("encode", "decode")
-    #: Device memory budgets of the stages, MiB (0: none; see ``voxloop.config.GpuConfig``):
+    #: Device memory budgets of the stages, MiB (0: none; see ``base.config.GpuConfig``):
     #: weights + slot buffers, encoder graphs, decoder graphs. Enforced at start-up on CUDA.
     state_budget_mb: int = 0
     encode_budget_mb: int = 0
@@ -182,7 +182,7 @@ class RunnerOptions:
     #: With ``fused_attention`` and tensor-core ``text_encoder_products``: its q/k/v and output products
     #: as ``fused_ffn.conv`` kernels in that precision (batches of ``fused_ffn.MIN_ROWS`` or more).
     fused_attention_projections: bool = False
-    #: With ``fused_attention``: its kernel's program (``voxloop.config.parse_attention_tile``).
+    #: With ``fused_attention``: its kernel's program (``base.config.parse_attention_tile``).
     fused_attention_tile: str = ATTENTION_TILE
     #: The voice's rate and the rate the decoder steps deliver, Hz (0: the voice's): resampled on
     #: the device inside each step (``resample.ChunkResampler``), the chunks still joining into the

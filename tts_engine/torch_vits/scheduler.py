@@ -70,7 +70,7 @@ import torch
 from tts_engine.engine import AudioChunk
 from tts_engine.torch_vits.buffers import HostBufferPool
 from tts_engine.torch_vits.runner import EncodeItem, StepRunner, bucket_for
-from voxloop.errors import InvalidInput, ModelError, Overloaded
+from base.errors import InvalidInput, ModelError, Overloaded
 
 log = logging.getLogger(__name__)
 

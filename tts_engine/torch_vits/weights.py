@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from tts_engine.torch_vits.model import Vits, VitsConfig
-from voxloop.errors import ModelError
+from base.errors import ModelError
 
 #: Prefixes of parameters used only in training (posterior encoder, discriminators, ...).
 _TRAINING_ONLY = ("enc_q.", "dp.post_", "dp.flows.1.", "model_d.", "net_dur_disc.")

@@ -13,7 +13,7 @@ import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from voxloop.errors import ConfigError
+from base.errors import ConfigError
 
 #: The lexicon shipped with voxloop.
 BUILTIN_LEXICON = Path(__file__).with_name("lexicon.tsv")

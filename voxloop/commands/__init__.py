@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from voxloop.config import Config, load_config
+from base.config import Config, load_config
 
 
 def config_from_args(args: argparse.Namespace) -> Config:

@@ -10,7 +10,7 @@ import argparse
 import json
 
 from tts_engine import chunked_voice
-from voxloop import models
+from base import models
 from voxloop.commands import config_from_args
 
 

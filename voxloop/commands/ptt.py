@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 
 from voxloop.commands import config_from_args
-from voxloop.errors import InvalidInput
+from base.errors import InvalidInput
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

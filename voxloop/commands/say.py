@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from voxloop.commands import config_from_args
-from voxloop.errors import InvalidInput, VoxloopError
-from voxloop.wav import write_wav
+from base.errors import InvalidInput, VoxloopError
+from base.wav import write_wav
 
 log = logging.getLogger(__name__)
 

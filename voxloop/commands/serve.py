@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = cfg.replace("server", **changes)
     if "asr" in cfg.server.stages and cfg.asr.device == "cuda":
         from asr.cublas import arrange_cublas
-        from voxloop.models import cache_dir
+        from base.models import cache_dir
 
         arrange_cublas(cache_dir(cfg))  # may restart this process once with LD_LIBRARY_PATH set
     if "llm" in cfg.server.stages and cfg.llm.n_gpu_layers != 0 and cfg.server.front_ends == 1:

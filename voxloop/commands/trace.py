@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.trace import STAGES
-from voxloop.errors import InvalidInput
+from base.errors import InvalidInput
 
 COLUMNS = ("p50", "p90", "p99")
 

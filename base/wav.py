@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from voxloop.errors import InvalidInput
+from base.errors import InvalidInput
 
 
 def read_wav(path: Path) -> tuple[np.ndarray, int]:

