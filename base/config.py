@@ -40,12 +40,6 @@ TEXT_ENCODER_PRODUCTS = ("cublas", "ieee", "tf32x3", "tf32", "fp16x3")
 #: The ``tts.text_encoder_products`` that ``tts.fused_attention`` takes its precision from: tensor-core
 #: products only (fp32 ``tl.dot`` on the CUDA cores made its kernel ~10x the encoder it replaces).
 ATTENTION_PRODUCTS = ("tf32x3", "fp16x3", "tf32")
-#: ``tts.fused_block_products`` values: the fused residual blocks' products in the model's dtype or in FP8 e4m3
-#: (``tts_engine.torch_vits.fused_resblock.PRODUCTS``; not imported here: config loads no torch).
-FUSED_BLOCK_PRODUCTS = ("model", "e4m3")
-#: ``tts.fused_block_taps`` values: the fused residual steps' taps unrolled or as a loop
-#: (``tts_engine.torch_vits.fused_resblock.TAPS``; a copy, so that the config loads no torch).
-FUSED_BLOCK_TAPS = ("unrolled", "loop")
 #: ``tts.fused_attention_tile``'s default (``tts_engine.torch_vits.fused_attention.TILE``).
 ATTENTION_TILE = "32x32w4-loop"
 
@@ -446,25 +440,6 @@ class TtsConfig:
     #: GPU, fp16/bf16: the decoder's residual blocks as fused Triton kernels (activation, mask,
     #: dilated convolution, bias, residual and the mean over blocks in one pass per convolution).
     fused_blocks: bool = False
-    #: GPU, with ``fused_blocks``: their products, "model" (the model's fp16/bf16) or "e4m3" (FP8 on the
-    #: tensor cores of compute capability 8.9+: weights with one scale per output channel, each input tile
-    #: scaled by its own largest magnitude; ~22 dB SNR per layer in Triton's interpreter). Slower than fp16
-    #: on the H200 (a 32-row decode step 9.75 vs 5.58 ms) at 23.5 dB against fp32: "model" is the default
-    #: (the GPU tests hold "e4m3" to bf16's SNR floor).
-    fused_block_products: str = "model"
-    #: GPU, with ``fused_blocks``: their steps time-major (``[B, T, C]``): each tap's tile is whole rows of
-    #: contiguous channels, loaded 16 bytes at a time whatever the tap's dilation shift (channel-major,
-    #: most of a shifted tile's loads are 2 bytes each); each stage's input and output transposed once.
-    fused_blocks_channels_last: bool = False
-    #: GPU, with ``fused_blocks``: each step's taps "unrolled" (every tap's loads in flight at once: 255
-    #: registers a thread at sm_90, spilling at 32 and 64 channels) or a "loop" (one tap's tile at a time,
-    #: in smaller tiles: 80-100 registers, two to three blocks per SM). Not yet timed against each other.
-    fused_block_taps: str = "unrolled"
-    #: GPU, with ``fused_blocks`` ("model" products): each stage of ``ResBlock2`` blocks as two launches,
-    #: every block's first step from one read of the stage's input, then every second step and the mean
-    #: over blocks written once (eight passes over the stage's tensors instead of fourteen). Stages it
-    #: does not take (``ResBlock1``, FP8) keep the per-step kernels.
-    fused_stages: bool = False
     #: GPU, fp16/bf16: the decoder's input convolution, upsampling layers (polyphase form, with the
     #: leaky ReLU and mask before each) and output convolution + tanh as fused Triton kernels: one
     #: pass per layer instead of cuDNN's transposes, bias adds and interleaving copies.
@@ -508,12 +483,6 @@ class TtsConfig:
     #: its products in tts.text_encoder_products' precision, which must be "tf32x3", "fp16x3" or "tf32"
     #: (tensor cores); needs gpu.allocator = "native" with CUDA graphs.
     fused_attention: bool = False
-    #: GPU, with tts.fused_attention: its query/key/value and output products as the feed-forward's
-    #: Triton kernels in tts.text_encoder_products' precision (tensor cores instead of fp32 on the CUDA
-    #: cores), skipping each sentence's padding, for encoder batches of 16 sentences or more. Not bit
-    #: for bit cuBLAS's sums: python -m bench.tts_gpu_experiments --encoder-products counts the
-    #: phonemes whose frames move.
-    fused_attention_projections: bool = False
     #: GPU, with tts.fused_attention: its kernel's program, "<queries>x<keys>w<warps>-unrolled|loop"
     #: (queries and keys per block of 16-128, 1-8 warps, the band's 2 window + 1 keys unrolled or as
     #: a loop): python -m bench.encoder_attention times them. H100, 2026-12-06: 32x32w4-loop the
@@ -573,8 +542,6 @@ class TtsConfig:
         # default only with that kernel on.
         for name, values, kernel, whose in (
             ("text_encoder_products", TEXT_ENCODER_PRODUCTS, "fused_text_encoder", "the fused feed-forward's"),
-            ("fused_block_products", FUSED_BLOCK_PRODUCTS, "fused_blocks", "the fused residual blocks'"),
-            ("fused_block_taps", FUSED_BLOCK_TAPS, "fused_blocks", "the fused residual blocks'"),
         ):
             value = getattr(self, name)
             if value not in values:
@@ -586,12 +553,6 @@ class TtsConfig:
                               f"one of {', '.join(ATTENTION_PRODUCTS)} (tensor-core products; with tts.fused_text_encoder "
                               f"= true), got {self.text_encoder_products!r}: in fp32 on the CUDA cores its kernel made the "
                               "text encoder ~10x slower (H100: 30 instead of 2.6 ms at 16 sentences)")  # fmt: skip
-        if self.fused_stages and (not self.fused_blocks or self.fused_block_products != "model"):
-            raise ConfigError("tts.fused_stages runs the fused residual blocks a stage at a time: it needs "
-                              'tts.fused_blocks = true and tts.fused_block_products = "model"')  # fmt: skip
-        if self.fused_blocks_channels_last and not self.fused_blocks:
-            raise ConfigError("tts.fused_blocks_channels_last is the fused residual blocks' layout: it needs "
-                              "tts.fused_blocks = true")  # fmt: skip
         try:
             parse_attention_tile(self.fused_attention_tile)
         except ValueError:
@@ -601,9 +562,6 @@ class TtsConfig:
         if self.fused_attention_tile != ATTENTION_TILE and not self.fused_attention:
             raise ConfigError(f"tts.fused_attention_tile = {self.fused_attention_tile!r} is the fused attention's: it "
                               "needs tts.fused_attention = true")  # fmt: skip
-        if self.fused_attention_projections and not self.fused_attention:
-            raise ConfigError("tts.fused_attention_projections are the fused attention's products: it needs "
-                              "tts.fused_attention = true")  # fmt: skip
         if not self.cudnn_benchmark_stages or not set(self.cudnn_benchmark_stages) <= {"encode", "decode"}:
             raise ConfigError("tts.cudnn_benchmark_stages must name one or both of 'encode', 'decode' (no timing: "
                               f"tts.cudnn_benchmark = false), got {list(self.cudnn_benchmark_stages)}")  # fmt: skip
@@ -742,6 +700,22 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     raise ConfigError(f"{where}: unsupported type {tp!r}")
 
 
+#: Keys that configurations may still carry but the engine no longer reads, with why: a ConfigError
+#: names the key and says what to do instead of the bare "unknown key".
+REMOVED_KEYS = {
+    "tts.fused_stages": "a decoder stage as two launches was slower than the per-step kernels (H100, "
+                        "docs/benchmarks.md): delete the key",
+    "tts.fused_blocks_channels_last": "time-major residual steps made the engine 7-10 % slower (H100, "
+                                      "docs/benchmarks.md): delete the key",
+    "tts.fused_block_taps": "the residual steps' taps are always unrolled (the loop was slower on an H100, "
+                            "docs/benchmarks.md): delete the key",
+    "tts.fused_block_products": "the fused residual blocks multiply in the model's fp16/bf16 (FP8 e4m3 was "
+                                "slower and noisier on the H200, docs/benchmarks.md): delete the key",
+    "tts.fused_attention_projections": "the fused attention's projections stay cuBLAS products (Triton "
+                                       "products gave no gain on an H100, docs/benchmarks.md): delete the key",
+}
+
+
 def _merge(cfg: Config, data: Mapping[str, Any], source: str) -> Config:
     sections = _field_types(Config)
     new_sections = {}
@@ -756,6 +730,8 @@ def _merge(cfg: Config, data: Mapping[str, Any], source: str) -> Config:
         types_ = _field_types(section_cls)
         changes = {}
         for key, value in values.items():
+            if f"{name}.{key}" in REMOVED_KEYS:
+                raise ConfigError(f"{source}: {name}.{key} was removed: {REMOVED_KEYS[f'{name}.{key}']}")
             if key not in types_:
                 raise ConfigError(
                     f"{source}: unknown key {name}.{key}; known: {', '.join(sorted(types_))}"

@@ -37,7 +37,7 @@ def config_of(args: argparse.Namespace) -> Config:
 
 def config_tag(args: argparse.Namespace) -> str:
     """The backend-name suffix of a ``--config`` run: the file's stem and each ``--set``, e.g.
-    ``-gpu-fused_attention_projections=true``."""
+    ``-gpu-fast_lanes=1``."""
     sets = "".join(f"-{s.removeprefix('tts.')}" for s in args.sets)
     return f"-{Path(args.config).stem}{sets}"
 
@@ -59,7 +59,6 @@ def cuda_variant(args: argparse.Namespace, timing_tag: bool) -> str:
             + (f"-inflight{getattr(args, 'main_in_flight', 1)}" if getattr(args, "main_in_flight", 1) != 1 else "")
             + ("-polyphase" if getattr(args, "polyphase", False) else "")
             + ("-fused" if getattr(args, "fused_blocks", False) else "")
-            + (f"-{args.fused_block_products}blocks" if getattr(args, "fused_block_products", "model") != "model" else "")
             + ("-fusedup" if getattr(args, "fused_upsampling", False) else "")
             + ("-fusedflow" if getattr(args, "fused_flow", False) else "")
             + ("-gemmenc" if getattr(args, "encoder_convs", "cudnn") == "gemm" else "")
@@ -69,7 +68,6 @@ def cuda_variant(args: argparse.Namespace, timing_tag: bool) -> str:
             + (f"-{args.text_encoder_products}" if getattr(args, "text_encoder_products", "cublas") != "cublas" else "")
             + ("-fusedprior" if getattr(args, "fused_prior", False) else "")
             + ("-fusedattn" if getattr(args, "fused_attention", False) else "")
-            + ("-fusedproj" if getattr(args, "fused_projections", False) else "")
             + (f"-out{args.output_rate}" if getattr(args, "output_rate", 0) else ""))
 
 
@@ -115,13 +113,12 @@ class CudaBackend:
             "cudnn_benchmark_stages": list(opts.cudnn_benchmark_stages), "allocator": allocator, "fast_lane": opts.fast_lane,
             "fast_lanes": opts.fast_lanes, "speculate_frames": opts.speculate_frames, "speculate_below": opts.speculate_below,
             "flow_once": opts.flow_once,
-            "polyphase": opts.polyphase, "fused_blocks": opts.fused_blocks, "fused_block_products": opts.fused_block_products,
+            "polyphase": opts.polyphase, "fused_blocks": opts.fused_blocks,
             "fused_upsampling": opts.fused_upsampling, "fused_flow": opts.fused_flow, "chunks_per_step": opts.chunks_per_step,
             "main_in_flight": opts.main_in_flight, "encoder_convs": opts.encoder_convs,
             "phoneme_buckets": list(opts.phoneme_buckets), "fused_duration_predictor": opts.fused_duration_predictor,
             "fused_text_encoder": opts.fused_text_encoder, "text_encoder_products": opts.text_encoder_products,
             "fused_prior": opts.fused_prior, "fused_attention": opts.fused_attention,
-            "fused_attention_projections": opts.fused_attention_projections,
             "fused_attention_tile": opts.fused_attention_tile,
             "decode_batches": len(opts.decode_batches), "encode_batches": len(opts.encode_batches), "output_rate": opts.output_rate,
             "precision": opts.precision, "max_batch": max_batch, "max_frames": opts.max_frames,
@@ -152,7 +149,6 @@ class CudaBackend:
             speculate_below=getattr(args, "speculate_below", 2), flow_once=getattr(args, "flow_once", False),
             polyphase=getattr(args, "polyphase", False),
             fused_blocks=getattr(args, "fused_blocks", False),
-            fused_block_products=getattr(args, "fused_block_products", "model"),
             fused_upsampling=getattr(args, "fused_upsampling", False), fused_flow=getattr(args, "fused_flow", False),
             chunks_per_step=getattr(args, "chunks_per_step", 1),
             main_in_flight=getattr(args, "main_in_flight", 1), encoder_convs=getattr(args, "encoder_convs", "cudnn"),
@@ -161,7 +157,6 @@ class CudaBackend:
             text_encoder_products=getattr(args, "text_encoder_products", "cublas"),
             fused_prior=getattr(args, "fused_prior", False),
             fused_attention=getattr(args, "fused_attention", False),
-            fused_attention_projections=getattr(args, "fused_projections", False),
             output_rate=getattr(args, "output_rate", 0),
             **({"phoneme_buckets": tuple(args.phoneme_buckets)} if getattr(args, "phoneme_buckets", None) else {}),
         )  # fmt: skip

@@ -17,8 +17,7 @@ fp32 of the fp16 flow (PyTorch's and fused) and of the audio after it; ``--tiles
 activation, mask, bias, residual) per channel count, cuDNN + PyTorch's pointwise ops against the
 fused kernel in each tile shape; ``--resample`` times the decoder step's resampling to 24 kHz both
 ways (``resample.FUSED_MAX_SAMPLES``); ``--encoder-products`` compares the text encoder's feed-forward
-products (``tts.text_encoder_products``) and its fused attention (``tts.fused_attention``, with its
-projections: ``tts.fused_attention_projections``): graph ms
+products (``tts.text_encoder_products``) and its fused attention (``tts.fused_attention``): graph ms
 per batch, and the durations against cuBLAS's
 (phonemes whose frames move over the bench and calibration sentences x noise draws). Writes ``<out>/tts_gpu_experiments-<hardware>-<date>.json``. Example::
 
@@ -74,10 +73,8 @@ def tile_rows(synth, batch: int = 48, frames: int = 278) -> list[dict]:
     """One residual step (kernel 7, dilation 12, masked) per decoder stage's channel count, at a
     256-frame chunk's decoder window for ``batch`` rows: cuDNN + pointwise ops (graph), the same
     compiled, and the fused kernel in each tile shape (graph); then in the shipped tile's channel block
-    with ``time_rows`` tiles and with e4m3 products (``fused_resblock.quantize_e4m3``), each in
-    three time blocks and two warp counts: keys ``fused_<CO>x<T>w<W>[t][_e4m3]_ms`` (``t``: time rows);
-    time-major (``channels_last``) in four time blocks, ``fused_cl_<CO>x<T>w<W>_ms``, and one
-    ``[B, C, T]`` -> ``[B, T, C]`` transpose (``transpose_ms``: a time-major stage adds two)."""
+    with ``time_rows`` tiles in three time blocks and two warp counts: keys ``fused_<CO>x<T>w<W>[t]_ms``
+    (``t``: time rows)."""
     from torch.nn import functional as F
 
     from tts_engine.torch_vits import fused_resblock as fr
@@ -101,36 +98,18 @@ def tile_rows(synth, batch: int = 48, frames: int = 278) -> list[dict]:
         g, _ = graphed(step_c)
         row["compiled_graph_ms"] = round(timed(g.replay, 20), 3)
         w, b = fr.tap_major(conv), conv.bias.detach()
-        q, scale = fr.quantize_e4m3(w)
         out = torch.empty_like(x)
         shipped_co = fr.TILES[c][0]
-        variants = [((bc, bt, nw, False), False) for bc in (16, 32, 64, 128) for bt in (64, 128, 256) for nw in (4, 8)
-                    if bc <= c]
-        variants += [((shipped_co, bt, nw, rows), fp8) for rows, fp8 in ((True, False), (False, True), (True, True))
-                     for bt in (64, 128, 256) for nw in (4, 8) if not fp8 or fr.supports(c, "e4m3")]  # fmt: skip
-        for tiles, fp8 in variants:
-            key = f"fused_{tiles[0]}x{tiles[1]}w{tiles[2]}{'t' if tiles[3] else ''}{'_e4m3' if fp8 else ''}"
-            weights = (q, scale) if fp8 else (w, None)
+        variants = [(bc, bt, nw, False) for bc in (16, 32, 64, 128) for bt in (64, 128, 256) for nw in (4, 8) if bc <= c]
+        variants += [(shipped_co, bt, nw, True) for bt in (64, 128, 256) for nw in (4, 8)]
+        for tiles in variants:
+            key = f"fused_{tiles[0]}x{tiles[1]}w{tiles[2]}{'t' if tiles[3] else ''}"
             try:
-                g, _ = graphed(lambda tiles=tiles, weights=weights: fr.conv_step(
-                    x, weights[0], b, conv.dilation[0], m, x, out, tiles=tiles, weight_scale=weights[1]))
+                g, _ = graphed(lambda tiles=tiles: fr.conv_step(x, w, b, conv.dilation[0], m, x, out, tiles=tiles))
                 row[f"{key}_ms"] = round(timed(g.replay, 20), 3)
                 row[f"{key}_diff"] = float((out.float() - ref.float()).abs().max())
             except Exception as exc:  # a tile shape out of the GPU's resources
                 row[f"{key}_error"] = str(exc)[:120]
-        x_cl, out_cl = x.transpose(1, 2).contiguous(), torch.empty_like(x).transpose(1, 2).contiguous()
-        cl_variants = [(bc, bt, nw) for bc in {c, min(c, 64)} for bt in (32, 64, 128, 256) for nw in (4, 8)]
-        for tiles in cl_variants:  # time-major steps (channels_last): x, residual and out [B, T, C]
-            key = f"fused_cl_{tiles[0]}x{tiles[1]}w{tiles[2]}"
-            try:
-                g, _ = graphed(lambda tiles=tiles: fr.conv_step(x_cl, w, b, conv.dilation[0], m, x_cl, out_cl,
-                                                                tiles=tiles, channels_last=True))  # fmt: skip
-                row[f"{key}_ms"] = round(timed(g.replay, 20), 3)
-                row[f"{key}_diff"] = float((out_cl.transpose(1, 2).float() - ref.float()).abs().max())
-            except Exception as exc:
-                row[f"{key}_error"] = str(exc)[:120]
-        g, _ = graphed(lambda: x.transpose(1, 2).contiguous())  # what a stage adds: one of its two transposes
-        row["transpose_ms"] = round(timed(g.replay, 20), 3)
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
@@ -214,9 +193,7 @@ def encoder_products_rows(model, sentences: list[list[int]], tiles: list[str] = 
     "tf32x3", "tf32" and "fp16x3" with the Triton convolution in those tile shapes ("COxTxKxWxS": output
     channels, time steps, input channels per product, warps, stages; ``fused_ffn.CONV_TILES``). Then
     "tf32x3" again with the relative-position attention as one kernel per layer (``tts.fused_attention``;
-    ``"attention": true`` in its row), and "tf32x3" and "fp16x3" with its q/k/v and output products in
-    that precision too (``tts.fused_attention_projections``, ``"projections": true``; at every batch,
-    where the engine keeps cuBLAS's under ``fused_ffn.MIN_ROWS``). ``profile_batch``: also the GPU time
+    ``"attention": true`` in its row). ``profile_batch``: also the GPU time
     by kernel of the text encoder and the duration predictor (eager) at that many sentences."""
     from tts_engine.torch_vits import fused_attention, fused_ffn
     from tts_engine.torch_vits.gemm_conv import use_gemm_convs
@@ -232,20 +209,20 @@ def encoder_products_rows(model, sentences: list[list[int]], tiles: list[str] = 
     length_scale = torch.ones(n, device="cuda")
     rows, ref = [], None
     default_tiles, default_rows = fused_ffn.CONV_TILES, fused_ffn.MIN_ROWS
-    variants = [(p, None, False, False) for p in fused_ffn.PRODUCTS]
-    variants += [(p, spec, False, False) for spec in tiles for p in ("tf32x3", "tf32", "fp16x3")]
-    variants += [("tf32x3", None, True, False), ("tf32x3", None, True, True), ("fp16x3", None, True, True)]
-    for products, spec, attention, projections in variants:
+    variants = [(p, None, False) for p in fused_ffn.PRODUCTS]
+    variants += [(p, spec, False) for spec in tiles for p in ("tf32x3", "tf32", "fp16x3")]
+    variants += [("tf32x3", None, True)]
+    for products, spec, attention in variants:
         m = copy.deepcopy(base)
         fused_ffn.use_fused_ffn(m.enc_p, products)
         if attention:
-            fused_attention.use_fused_attention(m.enc_p, products, projections)
+            fused_attention.use_fused_attention(m.enc_p, products)
         fused_ffn.CONV_TILES = {**default_tiles, products: dims(spec)} if spec else default_tiles
         fused_ffn.MIN_ROWS = 1  # every batch through the Triton convolution
         with torch.inference_mode():
             x, _, _, mask = m.encode(padded, lengths)
             w = [m.durations(x, mask, nw, length_scale, noise=nz)[0] for nw, nz in zip(noise_w, [*noises, noises[0]])]
-            row = {"what": "encoder_products", "products": products, "attention": attention, "projections": projections,
+            row = {"what": "encoder_products", "products": products, "attention": attention,
                    "sentences": n, "draws": draws,
                    "phonemes": int(mask.sum()) * len(w), "ids_of_bucket_pct": round(100 * float(lengths.float().mean()) / 256, 1)}  # fmt: skip
             if products != "cublas":
@@ -304,9 +281,8 @@ def plot(path: Path) -> Path:
         ax.legend(fontsize=8)
     if "residual step" in panels:
         ax, steps = panels["residual step"], kinds["residual step"]
-        kinds_of_tile = {"fused, fp16 (best tile)": lambda k: "t_" not in k and "_e4m3" not in k,
-                         "fused, fp16, time rows": lambda k: "t_" in k and "_e4m3" not in k,
-                         "fused, e4m3 (best tile)": lambda k: "_e4m3" in k}  # fmt: skip
+        kinds_of_tile = {"fused, fp16 (best tile)": lambda k: "t_" not in k,
+                         "fused, fp16, time rows": lambda k: "t_" in k}  # fmt: skip
         width = 0.8 / (2 + len(kinds_of_tile))
         for j, r in enumerate(steps):
             best = [min([v for k, v in r.items() if k.startswith("fused_") and k.endswith("_ms") and keep(k)] or [float("nan")])
@@ -333,7 +309,7 @@ def plot(path: Path) -> Path:
         for j, b in enumerate(batches):
             ax.bar([i + (j - 1) * 0.27 for i in range(len(enc))], [r[f"graph_ms_{b}"] for r in enc], width=0.27,
                    label=f"{b} sentences x 256 ids")  # fmt: skip
-        names = [r["products"] + (" + attention" if r.get("attention") else "") + (" + projections" if r.get("projections") else "")
+        names = [r["products"] + (" + attention" if r.get("attention") else "")
                  for r in enc]  # fmt: skip
         labels = [f"{name} {r.get('tiles', '')}\n{r['phonemes_moved']} moved" if "phonemes_moved" in r else name
                   for name, r in zip(names, enc)]  # fmt: skip
@@ -369,12 +345,6 @@ def main() -> int:
     p.add_argument("--row-tiles", nargs="+", default=[], metavar="RxMxW",
                    help="with --fused-upsampling: also time it with these (BLOCK_R, BLOCK_M, num_warps) of "
                         "fused_upsample's row kernel, e.g. 64x64x4 (default: its ROW_TILES)")
-    p.add_argument("--channels-last", action="store_true",
-                   help="with --fused-flow: add that decoder with its residual blocks time-major (fused_blocks_channels_last)")
-    p.add_argument("--stages", action="store_true",
-                   help="with --fused-flow: add that decoder with each stage's residual blocks as two launches (fused_stages)")
-    p.add_argument("--stage-tiles", nargs="+", default=[], metavar="TxW",
-                   help="with --fused-flow: also the two-launch stages with these (time steps, warps) at every channel count")
     p.add_argument("--tiles", action="store_true", help="time one residual step per channel count and tile shape")
     p.add_argument("--flow-precision", type=int, default=0, metavar="N",
                    help="per sentence of the first N: SNR against fp32 of the fp16 flow (PyTorch's and fused) and "
@@ -415,10 +385,9 @@ def main() -> int:
         calibration = [s["ids"] for s in json.loads(CALIBRATION_SENTENCES.read_text())["sentences"]]
         rows += encoder_products_rows(model, sentences + calibration, args.conv_tiles, profile_batch=16 if args.profile else 0)
     torch._dynamo.config.cache_size_limit = 64
-    from tts_engine.torch_vits import fused_flow, fused_stage, fused_upsample
+    from tts_engine.torch_vits import fused_flow, fused_upsample
 
     default_tiles = fused_upsample.ROW_TILES
-    default_stage_tiles = dict(fused_stage.TILES)
     default_gate = (fused_flow.GATE_TILES, fused_flow.RES_SKIP_TILES)
     # (name, fused blocks, polyphase upsampling, fused upsampling tiles or None, fused flow: False or
     # its (gate, res/skip) tiles)
@@ -435,12 +404,6 @@ def main() -> int:
             variants.append((f"fused_up_{spec}", True, True, dims(spec), False))
         if args.fused_flow:
             variants.append(("fused_up_flow", True, True, default_tiles, default_gate))
-            if args.channels_last:
-                variants.append(("fused_up_flow_cl", "cl", True, default_tiles, default_gate))
-            if args.stages or args.stage_tiles:
-                variants.append(("fused_up_flow_stages", "stages", True, default_tiles, default_gate))
-            for spec in args.stage_tiles:
-                variants.append((f"fused_up_flow_stages_{spec}", f"stages:{spec}", True, default_tiles, default_gate))
             for spec in args.gate_tiles:
                 tiles = dims(spec)
                 variants.append((f"fused_up_flow_{spec}", True, True, default_tiles, (tiles, tiles)))
@@ -456,11 +419,7 @@ def main() -> int:
             row = {"what": "decode", "chunk": chunk, "batch": b}
             out_eager = None
             for name, fused, poly, up_tiles, flow in variants:
-                stages = isinstance(fused, str) and fused.startswith("stages")
-                if stages and ":" in fused:  # every channel count in these (time steps, warps)
-                    bt, nw = dims(fused.split(":")[1])
-                    fused_stage.TILES = {c: (c, bt, nw) for c in default_stage_tiles}
-                synth.dec.use_fused_blocks(bool(fused), channels_last=fused == "cl", stages=stages)
+                synth.dec.use_fused_blocks(fused)
                 synth.dec.use_polyphase(poly)
                 if flow:
                     fused_flow.GATE_TILES, fused_flow.RES_SKIP_TILES = flow
@@ -496,7 +455,6 @@ def main() -> int:
                     fused_flow.use_fused_flow(synth.flow, False)
                     fused_upsample.ROW_TILES = default_tiles
                     fused_flow.GATE_TILES, fused_flow.RES_SKIP_TILES = default_gate
-                    fused_stage.TILES = default_stage_tiles
             rows.append(row)
             print(json.dumps(row), flush=True)
         if not args.no_compile and time.perf_counter() - t_start < args.budget_s:

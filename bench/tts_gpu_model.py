@@ -64,9 +64,9 @@ from base.config import load_config
 #: the scheduling, and the kernels (their graph times are the model's).
 SETTINGS = ("fast_lane", "fast_lanes", "chunk_frames", "tail_chunk_frames", "encode_batches", "decode_batches",
             "main_in_flight", "chunks_per_step", "speculate_frames", "speculate_below", "max_batch", "phoneme_buckets",
-            "precision", "polyphase", "fused_blocks", "fused_block_products", "fused_upsampling", "fused_flow",
+            "precision", "polyphase", "fused_blocks", "fused_upsampling", "fused_flow",
             "encoder_convs", "fused_duration_predictor", "fused_text_encoder", "text_encoder_products", "fused_prior",
-            "fused_attention", "fused_attention_projections", "fused_attention_tile", "flow_once",
+            "fused_attention", "fused_attention_tile", "flow_once",
             "output_rate")  # fmt: skip
 
 

@@ -2,8 +2,7 @@
 
 For each variant of ``--precisions`` (``fp32``, ``fp16``, ``bf16``, ``int8`` = the runner's
 default int8 options; ``int8-dynamic`` / ``int8-static`` force per-row / calibrated activation
-scales; ``fp16-fused`` / ``fp16-e4m3``: the decoder's Triton kernels of ``configs/gpu.toml``, the
-residual blocks' products in fp16 or FP8 e4m3 (``KERNEL_MODES``); ``+compile`` adds
+scales; ``fp16-fused``: the decoder's Triton kernels of ``configs/gpu.toml`` (``KERNEL_MODES``); ``+compile`` adds
 ``torch.compile`` of the decode step, e.g. ``int8-static+compile``) an
 in-process ``CudaTtsEngine`` is built as ``bench.tts_load``'s engine mode builds it (power-of-two
 decode batch buckets unless ``--fine``), then:
@@ -58,20 +57,19 @@ DEFAULT_PRECISIONS = "fp16,int8-dynamic,int8-static,bf16,fp32"
 
 
 #: Variant modes of fp16 / bf16: the decoder's Triton kernels of ``configs/gpu.toml`` (polyphase
-#: upsampling, fused blocks, fused upsampling, fused flow), their residual blocks' products in the
-#: model's dtype ("fused") or in FP8 e4m3 ("e4m3", ``tts.fused_block_products``).
-KERNEL_MODES = ("fused", "e4m3")
+#: upsampling, fused blocks, fused upsampling, fused flow).
+KERNEL_MODES = ("fused",)
 
 
 def parse_variant(name: str) -> tuple[str, str | None, bool]:
     """``int8-dynamic+compile`` -> (runner precision ``int8``, int8 mode ``dynamic``, compile True);
-    ``fp16-e4m3`` -> (``fp16``, ``e4m3``, False); the mode is None where the runner's default applies."""
+    ``fp16-fused`` -> (``fp16``, ``fused``, False); the mode is None where the runner's default applies."""
     base, compiled = name.removesuffix("+compile"), name.endswith("+compile")
     precision, _, mode = base.partition("-")
     modes = ("static", "dynamic") if precision == "int8" else KERNEL_MODES if precision in ("fp16", "bf16") else ()
     if precision not in ("fp32", "fp16", "bf16", "int8") or (mode and mode not in modes):
         raise SystemExit(
-            f"unknown precision variant {name!r} (fp32, fp16|bf16[-fused|-e4m3], int8[-static|-dynamic], "
+            f"unknown precision variant {name!r} (fp32, fp16|bf16[-fused], int8[-static|-dynamic], "
             "each [+compile])"
         )
     return precision, mode or None, compiled
@@ -95,8 +93,7 @@ def build(args: argparse.Namespace, variant: str) -> CudaBackend:
     precision, mode, compiled = parse_variant(variant)
     kernels = {}
     if mode in KERNEL_MODES:
-        kernels = {"polyphase": True, "fused_blocks": True, "fused_upsampling": True, "fused_flow": True,
-                   "fused_block_products": "e4m3" if mode == "e4m3" else "model"}  # fmt: skip
+        kernels = {"polyphase": True, "fused_blocks": True, "fused_upsampling": True, "fused_flow": True}
     engine_args = argparse.Namespace(
         **{**vars(args), "precision": precision, "compile": compiled, **kernels}
     )

@@ -51,7 +51,7 @@ Examples::
         --speculate-frames 512
     # configs/gpu.toml as shipped, and with one setting changed, engine then served:
     python -m bench.tts_load --config configs/gpu.toml --backends cuda --concurrency 1 50 --hardware h200
-    python -m bench.tts_load --config configs/gpu.toml --set tts.fused_attention_projections=true --backends cuda \
+    python -m bench.tts_load --config configs/gpu.toml --set tts.fast_lanes=1 --backends cuda \
         --concurrency 50 --hardware h200 --append
     python -m bench.tts_load --mode ws --config configs/gpu.toml --backends cuda --concurrency 50 1 --ws-formats json \
         --hardware h200 --append
@@ -79,7 +79,7 @@ from bench.harness import (
 from bench.gpu_timeline import profile_kernels
 from bench.tts_backends import CudaBackend, OnnxBackend, OnnxStreamBackend, scheduler_breakdown, scheduler_counters
 from bench.ws_clients import SESSIONS_PER_PROCESS
-from base.config import BATCH_BUCKET_LEVELS, ENCODER_CONVS, FUSED_BLOCK_PRODUCTS, TEXT_ENCODER_PRODUCTS
+from base.config import BATCH_BUCKET_LEVELS, ENCODER_CONVS, TEXT_ENCODER_PRODUCTS
 
 #: Engine-mode rows: clients are threads in the bench process calling the engine; audio stays int16 at
 #: the engine's rate (the voice's, or ``--output-rate`` resampled on the GPU; no serialization, no socket).
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                         "it has them (e.g. configs/gpu.toml as shipped), with --set over it; the per-setting flags "
                         "below (GPU engine settings) are then refused")  # fmt: skip
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="with --config: a setting over the file (repeatable), e.g. --set tts.fused_attention_projections=true")
+                   help="with --config: a setting over the file (repeatable), e.g. --set tts.fast_lanes=1")
     engine.add_argument("--chunk-frames", type=int, default=64)
     engine.add_argument("--tail-chunk-frames", type=int, default=256)
     engine.add_argument("--max-batch", type=int, default=128)
@@ -322,8 +322,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="tts.flow_once: the later chunks' flow once per utterance, packed, not per chunk window")
     engine.add_argument("--polyphase", action="store_true", help="tts.polyphase_upsampling: upsampling as plain convolutions")
     engine.add_argument("--fused-blocks", action="store_true", help="tts.fused_blocks: residual blocks as fused Triton kernels")
-    engine.add_argument("--fused-block-products", choices=FUSED_BLOCK_PRODUCTS, default="model",
-                   help="tts.fused_block_products: with --fused-blocks, their products in the model's dtype or FP8 e4m3")
     engine.add_argument("--fused-upsampling", action="store_true",
                    help="tts.fused_upsampling: the decoder's input, upsampling and output convolutions as fused Triton kernels")
     engine.add_argument("--fused-flow", action="store_true", help="tts.fused_flow: the flow's WaveNet layers as fused Triton kernels")
@@ -341,9 +339,6 @@ def main(argv: list[str] | None = None) -> int:
                         "Triton convolutions skipping the padding, in that precision")  # fmt: skip
     engine.add_argument("--fused-attention", action="store_true",
                    help="tts.fused_attention: the text encoder's relative-position attention as one Triton kernel per layer")
-    engine.add_argument("--fused-projections", action="store_true",
-                   help="tts.fused_attention_projections: with --fused-attention, its q/k/v and output products as "
-                        "Triton kernels in --text-encoder-products' precision")  # fmt: skip
     engine.add_argument("--fused-prior", action="store_true",
                    help="tts.fused_prior: the prior's expansion to frames as one Triton kernel writing the slot latents")
     engine.add_argument("--output-rate", type=int, default=0,

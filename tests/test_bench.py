@@ -522,15 +522,15 @@ def test_load_clients_ceiling_runs_each_decoder_against_the_instant_server(tmp_p
 
 
 def test_precision_variants_name_the_decoder_kernels_and_their_products():
-    """``bench.tts_int8 --precisions``: fp16/bf16 take the decoder's Triton kernels with fp16 or e4m3
-    block products; int8 its activation-scale modes; nothing else."""
+    """``bench.tts_int8 --precisions``: fp16/bf16 take the decoder's Triton kernels; int8 its
+    activation-scale modes; nothing else."""
     from bench.tts_int8 import parse_variant
 
-    assert parse_variant("fp16-e4m3") == ("fp16", "e4m3", False)
+    assert parse_variant("fp16-fused") == ("fp16", "fused", False)
     assert parse_variant("bf16-fused+compile") == ("bf16", "fused", True)
     assert parse_variant("int8-static") == ("int8", "static", False)
     assert parse_variant("fp32") == ("fp32", None, False)
-    for bad in ("fp32-e4m3", "int8-e4m3", "fp16-static", "fp8"):
+    for bad in ("fp32-fused", "int8-fused", "fp16-fp8", "fp16-static", "fp8"):
         with pytest.raises(SystemExit, match="unknown precision variant"):
             parse_variant(bad)
 
@@ -595,14 +595,13 @@ def test_load_bench_runs_the_gpu_engine_of_a_config_file(tmp_path, monkeypatch):
     monkeypatch.setattr(CudaTtsEngine, "from_config", classmethod(from_config))
     common = ["--backends", "cuda", "--concurrency", "2", "--duration", "0.4", "--warmup", "0.1", "--device", "cpu",
               "--out", str(tmp_path), "--hardware", "test", "--date", "d"]  # fmt: skip
-    assert main(["--config", str(ROOT / "configs" / "gpu.toml"), "--set", "tts.fused_attention_projections=true",
-                 *common]) == 0  # fmt: skip
+    assert main(["--config", str(ROOT / "configs" / "gpu.toml"), "--set", "tts.fast_lanes=1", *common]) == 0
     (cfg,) = built
-    assert cfg.tts.fused_attention_projections and cfg.tts.flow_once and cfg.tts.device == "cpu"  # the file's, the set's
+    assert cfg.tts.fast_lanes == 1 and cfg.tts.flow_once and cfg.tts.device == "cpu"  # the file's, the set's
     (row,) = json.loads((tmp_path / "tts_load-test-d.json").read_text())
-    assert row["backend"] == "cuda-fp16-gpu-fused_attention_projections=true" and row["qps"] > 0
-    assert row["sets"] == ["tts.fused_attention_projections=true"] and row["config"].endswith("gpu.toml")
-    assert row["fused_attention_projections"] and row["fast_lanes"] == cfg.tts.fast_lanes
+    assert row["backend"] == "cuda-fp16-gpu-fast_lanes=1" and row["qps"] > 0
+    assert row["sets"] == ["tts.fast_lanes=1"] and row["config"].endswith("gpu.toml")
+    assert row["fast_lanes"] == 1 and row["precision"] == cfg.tts.precision
     assert row["allocator"] == cfg.gpu.allocator and row["max_batch"] == cfg.tts.max_batch
     for argv, message in ([["--config", "configs/gpu.toml", "--fused-attention"], "--fused-attention would not apply"],
                           [["--set", "tts.flow_once=false"], "--set needs --config"]):  # fmt: skip
@@ -626,11 +625,11 @@ def test_ws_load_bench_starts_the_server_with_the_config_file_and_its_sets(monke
 
     monkeypatch.setattr(tts_load_ws, "start_server", start_server)
     config = str(ROOT / "configs" / "gpu.toml")
-    args = argparse.Namespace(config=config, sets=["tts.fused_attention_projections=true"], voice="/v.onnx",
+    args = argparse.Namespace(config=config, sets=["tts.fast_lanes=1"], voice="/v.onnx",
                               server_arg=["--set=server.port_hint=1"])  # fmt: skip
     with pytest.raises(KeyboardInterrupt):
         tts_load_ws.WsBackend(args, "cuda", 50)
     (server_args,) = started
     assert server_args[:2] == ["--config", config]
-    assert "--set=tts.fused_attention_projections=true" in server_args and "--set=tts.voice_path=/v.onnx" in server_args
+    assert "--set=tts.fast_lanes=1" in server_args and "--set=tts.voice_path=/v.onnx" in server_args
     assert server_args[-1] == "--set=server.port_hint=1" and not any("fused_attention=" in a for a in server_args)

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from base.config import Config, load_config
@@ -19,6 +21,26 @@ def test_unknown_key_names_the_key(tmp_path):
     p.write_text("[vad]\nsilence_ms = 3\n")
     with pytest.raises(ConfigError, match=r"vad\.silence_ms"):
         load_config(p, environ={})
+
+
+def test_removed_keys_name_the_key_and_say_why(tmp_path):
+    """A key the engine no longer reads (a form measured slower and removed, or a setting that became a
+    constant) is refused with its name and what to do, from a file, the environment and --set alike."""
+    from base.config import REMOVED_KEYS
+
+    assert REMOVED_KEYS
+    for key, why in REMOVED_KEYS.items():
+        section, name = key.split(".")
+        p = tmp_path / "c.toml"
+        p.write_text(f"[{section}]\n{name} = true\n")
+        with pytest.raises(ConfigError, match=rf"{section}\.{name} was removed: .*delete the key") as exc:
+            load_config(p, environ={})
+        assert why in str(exc.value)
+        with pytest.raises(ConfigError, match=rf"{section}\.{name} was removed"):
+            load_config(None, environ={f"VOXLOOP_{section.upper()}__{name.upper()}": "1"})
+        with pytest.raises(ConfigError, match=rf"{section}\.{name} was removed"):
+            load_config(None, [f"{key}=1"], environ={})
+        assert name not in {f.name for f in dataclasses.fields(getattr(Config(), section))}
 
 
 def test_unknown_section(tmp_path):
@@ -125,10 +147,6 @@ def test_gpu_tts_start_up_settings_are_checked():
     for option, kernel, bad, refusal, good, default in (
         ("text_encoder_products", "fused_text_encoder", "fp16", r"tts\.text_encoder_products must be one of",
          "tf32x3", "cublas"),
-        ("fused_block_products", "fused_blocks", "int4", r"tts\.fused_block_products must be one of model, e4m3",
-         "e4m3", "model"),
-        ("fused_block_taps", "fused_blocks", "rolled", r"tts\.fused_block_taps must be one of unrolled, loop",
-         "loop", "unrolled"),
     ):  # fmt: skip
         with pytest.raises(ConfigError, match=refusal):
             load_config(None, [f"tts.{kernel}=true", f"tts.{option}={bad}"], environ={})
@@ -137,13 +155,6 @@ def test_gpu_tts_start_up_settings_are_checked():
         cfg = load_config(None, [f"tts.{kernel}=true", f"tts.{option}={good}"], environ={})
         assert getattr(cfg.tts, option) == good
         assert getattr(load_config(None, [], environ={}).tts, option) == default
-    # Other ways to run the fused blocks need them (and the stages their "model" products)
-    for option in ("fused_blocks_channels_last", "fused_stages"):
-        with pytest.raises(ConfigError, match=rf"tts\.{option} .*needs tts\.fused_blocks = true"):
-            load_config(None, [f"tts.{option}=true"], environ={})
-        assert getattr(load_config(None, ["tts.fused_blocks=true", f"tts.{option}=true"], environ={}).tts, option)
-    with pytest.raises(ConfigError, match=r"tts\.fused_stages .*fused_block_products = \"model\""):
-        load_config(None, ["tts.fused_blocks=true", "tts.fused_block_products=e4m3", "tts.fused_stages=true"], environ={})
     # The fused attention takes the feed-forward's products' precision: tensor-core ones only
     for products in ("cublas", "ieee"):
         with pytest.raises(ConfigError, match=r"tts\.fused_attention computes in tts\.text_encoder_products' precision"):
@@ -153,11 +164,6 @@ def test_gpu_tts_start_up_settings_are_checked():
         cfg = load_config(None, ["tts.fused_attention=true", "tts.fused_text_encoder=true",
                                  f"tts.text_encoder_products={products}"], environ={})  # fmt: skip
         assert (cfg.tts.fused_attention, cfg.tts.text_encoder_products) == (True, products)
-    with pytest.raises(ConfigError, match=r"tts\.fused_attention_projections .* needs tts\.fused_attention = true"):
-        load_config(None, ["tts.fused_attention_projections=true"], environ={})
-    cfg = load_config(None, ["tts.fused_attention=true", "tts.fused_text_encoder=true", "tts.text_encoder_products=tf32x3",
-                             "tts.fused_attention_projections=true"], environ={})  # fmt: skip
-    assert cfg.tts.fused_attention_projections and not load_config(None, [], environ={}).tts.fused_attention_projections
     for bad in ("", "64,32", "0,32", "32,32", "1024,8192"):
         with pytest.raises(ConfigError, match=r"tts\.phoneme_buckets"):
             load_config(None, [f"tts.phoneme_buckets={bad}"], environ={})

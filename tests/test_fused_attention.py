@@ -81,27 +81,6 @@ print(json.dumps({"swapped": swapped, "phonemes": int(want[3].sum()),
                   "moved": int((w_want != w_got).sum()), "eager_err": eager_err, "fused_err": fused_err}))
 """
 
-PROJECTIONS = RANDOM_ENCODER + r"""
-products = sys.argv[1]
-attn_only, projected = copy.deepcopy(enc), copy.deepcopy(enc)
-for m, projections in ((attn_only, False), (projected, True)):
-    fused_ffn.use_fused_ffn(m, products)  # the engine's order: the feed-forward first
-    fused_attention.use_fused_attention(m, products, projections)
-calls = []  # the products through fused_ffn.conv, by weight shape
-conv = fused_ffn.conv
-fused_ffn.conv = lambda x, mask, w, *rest: (calls.append(tuple(w.shape)), conv(x, mask, w, *rest))[1]
-with torch.inference_mode():
-    small = projected(ids, lengths)  # 5 rows < MIN_ROWS: cuBLAS's products, as without projections
-    small_calls = list(calls)
-    want_small = attn_only(ids, lengths)
-    fused_ffn.MIN_ROWS = 1
-    calls.clear()
-    want, got = enc(ids, lengths), projected(ids, lengths)
-print(json.dumps({"small_equal": all(bool(torch.equal(a, b)) for a, b in zip(small, want_small)),
-                  "small_calls": len(small_calls), "calls": sorted(set(calls)), "n_calls": len(calls),
-                  "diff": max(float((a - b).abs().max()) for a, b in zip(want, got)), "peak": float(want[0].abs().max())}))
-"""
-
 NORM = r"""
 import json, torch
 from tts_engine.torch_vits import fused_attention
@@ -149,21 +128,6 @@ def test_fused_attention_computes_what_pytorch_computes(form):
 
 
 @needs_triton
-@pytest.mark.parametrize("products", ["tf32x3", "fp16x3"])
-def test_fused_attention_projections_compute_the_layer_in_the_feed_forwards_products(products):
-    """``tts.fused_attention_projections``: with the feed-forward's Triton products, the q/k/v and output
-    products through ``fused_ffn.conv`` too (kernel 1: [3 C, C] and [C, C] per layer) give PyTorch's
-    encoder states within fp32 rounding (the interpreter multiplies in fp32 whatever ``input_precision``
-    names, "fp16x3" with its fp16 halves); batches under ``MIN_ROWS`` keep cuBLAS's products, bit for
-    bit the fused attention without them."""
-    r = interpret(PROJECTIONS, products)
-    assert r["small_equal"] and r["small_calls"] == 0, r
-    assert r["calls"] == [[24, 24], [24, 120], [40, 72], [72, 24]], r  # output, ffn conv_2, ffn conv_1, q/k/v
-    assert r["n_calls"] == 2 * 4, r  # two layers: q/k/v, output, the feed-forward's two
-    assert 0 < r["diff"] < 2e-5 * r["peak"], r
-
-
-@needs_triton
 @pytest.mark.slow
 def test_fused_attention_keeps_the_voices_encoder_and_durations():
     """The voice's encoder on 6 bench sentences in the 256-id bucket: states within 1e-5 of the peak,
@@ -190,12 +154,6 @@ def test_fused_attention_takes_the_text_encoders_products_and_refuses_others():
     assert {m.precision for m in enc.modules() if isinstance(m, fused_attention.FusedRelativeSelfAttention)} == {"tf32x3"}
     with pytest.raises(ValueError, match="products must be one of"):
         fused_attention.FusedRelativeSelfAttention(RelativeSelfAttention(24, 2, 4), "bf16")
-    for products in ("cublas", "ieee"):  # projections need the tensor-core products of fused_ffn.conv
-        with pytest.raises(ValueError, match="projections as Triton products need tensor-core products"):
-            fused_attention.FusedRelativeSelfAttention(RelativeSelfAttention(24, 2, 4), products, projections=True)
-    layer = fused_attention.FusedRelativeSelfAttention(RelativeSelfAttention(24, 2, 4), "fp16x3", projections=True)
-    scale = fused_attention.fused_ffn.fp16_weight_scale
-    assert layer.scales == (scale(layer.w_qkv), scale(layer.w_o)) and layer.projections
     # with the fused feed-forward, in either order (the runner swaps the feed-forward first): both kept
     from tts_engine.torch_vits import fused_ffn
 

@@ -1293,12 +1293,8 @@ def test_engine_from_config_captures_the_configured_batch_buckets(cfg):
         assert engine.runner.options.text_encoder_products == "cublas"
         with pytest.raises(ValueError, match="'tf32x3' needs fused_text_encoder"):
             StepRunner(engine.runner.model, replace(engine.runner.options, text_encoder_products="tf32x3"), "cpu")
-        with pytest.raises(ValueError, match=r"fused_block_products must be one of .* and needs fused_blocks"):
-            StepRunner(engine.runner.model, replace(engine.runner.options, fused_block_products="e4m3"), "cpu")
         with pytest.raises(ValueError, match="fused_attention needs tensor-core text_encoder_products .* got 'cublas'"):
             StepRunner(engine.runner.model, replace(engine.runner.options, fused_attention=True), "cpu")
-        with pytest.raises(ValueError, match="fused_attention_projections needs fused_attention"):
-            StepRunner(engine.runner.model, replace(engine.runner.options, fused_attention_projections=True), "cpu")
     finally:
         engine.close()
     with pytest.raises(ValueError, match="fused_text_encoder needs CUDA"):

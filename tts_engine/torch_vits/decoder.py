@@ -134,29 +134,20 @@ class Generator(nn.Module):
         """Upsample with ``PolyphaseUp`` (where every stage has a kernel that is a multiple of its stride)."""
         self.polyphase = [PolyphaseUp(up) for up in self.ups] if on and all(map(PolyphaseUp.supports, self.ups)) else None
 
-    def use_fused_blocks(self, on: bool = True, products: str = "model", channels_last: bool = False,
-                         stages: bool = False, taps: str = "unrolled") -> None:  # fmt: skip
+    def use_fused_blocks(self, on: bool = True) -> None:
         """Run the residual blocks as fused Triton kernels (``fused_resblock``; call after the last dtype or
-        device change: the kernels hold their own copy of the weights), their products in ``products``
-        (``fused_resblock.PRODUCTS``), time-major with ``channels_last``; ``stages``: a stage the
-        two-launch kernels take (``fused_stage.FusedStageSteps.supports``, "model" products) runs as
-        two launches (all first steps, then all second steps and the mean); ``taps``: the per-step
-        kernels' taps (``fused_resblock.TAPS``). A stage whose channel count the kernel does not take keeps
-        PyTorch's convolutions (its entry is None)."""
+        device change: the kernels hold their own copy of the weights). A stage whose channel count the
+        kernel does not take keeps PyTorch's convolutions (its entry is None)."""
         if not on:
             self.fused = None
             return
         from tts_engine.torch_vits import fused_resblock
-        from tts_engine.torch_vits.fused_stage import FusedStageSteps
 
         self.fused = []
         for i, up in enumerate(self.ups):
             blocks = list(self.resblocks[i * self.num_kernels : (i + 1) * self.num_kernels])
-            if stages and products == "model" and FusedStageSteps.supports(blocks):
-                self.fused.append(FusedStageSteps(blocks, LRELU_SLOPE))
-                continue
-            ok = fused_resblock.supports(up.out_channels, products)
-            self.fused.append(fused_resblock.FusedStage(blocks, LRELU_SLOPE, products, channels_last, taps) if ok else None)
+            ok = fused_resblock.supports(up.out_channels)
+            self.fused.append(fused_resblock.FusedStage(blocks, LRELU_SLOPE) if ok else None)
 
     def use_fused_upsampling(self, on: bool = True) -> bool:
         """Run ``conv_pre``, the upsampling layers (with the leaky ReLU and mask before each) and

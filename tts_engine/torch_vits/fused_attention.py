@@ -19,11 +19,9 @@ padding rows and the phoneme bucket's padding cost nothing. The positions past a
 0 where PyTorch gives them an average over all keys; nothing reads them (the feed-forward masks its
 input, the encoder's output is masked).
 
-With ``projections`` (``tts.fused_attention_projections``) the query/key/value and output products
-run as the feed-forward's Triton convolutions (``fused_ffn.conv``, kernel 1) in the text encoder's
-tensor-core ``products``, skipping the time blocks past each sentence's end, for batches of
-``fused_ffn.MIN_ROWS`` sentences or more (fewer keep cuBLAS's fp32 products, as the feed-forward does);
-otherwise they are cuBLAS's fp32 products on the CUDA cores.
+The query/key/value and output products stay cuBLAS's fp32 products (as Triton products in the
+tensor-core precision they made the engine no faster on an H100: docs/benchmarks.md,
+bench/results/tts_load-h100-2026-12-05-s53-pairs.json).
 
 Not PyTorch's sums in PyTorch's order (the softmax's maximum and sum run block by block): the states
 differ within fp32 rounding, and a phoneme's duration (ceil'd) can move where its length lies within
@@ -48,11 +46,10 @@ import math
 import torch
 from torch import nn
 
-from tts_engine.torch_vits import fused_ffn
 from tts_engine.torch_vits.fused_resblock import available, triton
 from tts_engine.torch_vits.fused_ffn import tap_major
 from tts_engine.torch_vits.text_encoder import ChannelLayerNorm, Encoder, RelativeSelfAttention
-from base.config import ATTENTION_PRODUCTS, ATTENTION_TILE
+from base.config import ATTENTION_TILE
 from base.config import parse_attention_tile as parse_tile
 
 #: The kernel's program by default (``tts.fused_attention_tile``): 32 queries, keys 32 per step of its
@@ -215,20 +212,13 @@ class FusedRelativeSelfAttention(nn.Module):
     matrix product of their stacked weights (their biases added inside ``attention``), everything
     between them and ``conv_o`` in ``attention``, its products in ``PRECISIONS[products]``."""
 
-    def __init__(self, attn: RelativeSelfAttention, products: str = "cublas", projections: bool = False,
-                 tile: str = TILE) -> None:  # fmt: skip
+    def __init__(self, attn: RelativeSelfAttention, products: str = "cublas", tile: str = TILE) -> None:
         super().__init__()
         parse_tile(tile)
         self.tile = tile
         if products not in PRECISIONS:
             raise ValueError(f"products must be one of {sorted(PRECISIONS)}, got {products!r}")
-        if projections and products not in ATTENTION_PRODUCTS:
-            raise ValueError(f"projections as Triton products need tensor-core products ({', '.join(ATTENTION_PRODUCTS)}), "
-                             f"got {products!r}")  # fmt: skip
         self.precision = PRECISIONS[products]
-        #: The q/k/v and output products as ``fused_ffn.conv`` in ``products`` (batches of ``fused_ffn.MIN_ROWS``
-        #: sentences or more; smaller ones keep cuBLAS's fp32 products, faster there)
-        self.projections, self.products = projections, products
         self.n_heads, self.window_size = attn.n_heads, attn.window_size
         w_o, b_o = _pointwise(attn.conv_o)
         self.register_buffer("w_o", w_o.contiguous())
@@ -238,30 +228,17 @@ class FusedRelativeSelfAttention(nn.Module):
         self.register_buffer("b_qkv", torch.cat(biases).contiguous())  # [3C]
         self.register_buffer("emb_k", attn.emb_rel_k.detach()[0].float().contiguous())
         self.register_buffer("emb_v", attn.emb_rel_v.detach()[0].float().contiguous())
-        #: "fp16x3": the weights' power-of-two scales (host numbers: no read-back inside a graph capture)
-        self.scales = (fused_ffn.fp16_weight_scale(self.w_qkv), fused_ffn.fp16_weight_scale(self.w_o)) \
-            if projections and products == "fp16x3" else (1.0, 1.0)  # fmt: skip
 
-    def unbiased(self, x: torch.Tensor, masked: torch.Tensor,
-                 mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
-        """The layer's output before its output convolution's bias, and that bias [C] (``add_norm`` adds
-        it). With ``projections`` and ``mask`` ([B, 1, T] float) at ``fused_ffn.MIN_ROWS`` sentences or
-        more: the products as ``fused_ffn.conv`` kernels (their time blocks past each sentence's end
-        skipped, q/k/v and the output 0 there, nothing reads them), the output with its bias (None)."""
-        if self.projections and mask is not None and x.shape[0] >= fused_ffn.MIN_ROWS:
-            qkv = fused_ffn.conv(x, mask, self.w_qkv, self.b_qkv, 1, 0, False, self.products, self.scales[0])
-            q, k, v = qkv.chunk(3, dim=1)
-            out = attention(q, k, v, masked, self.emb_k, self.emb_v, self.n_heads, self.window_size, self.precision,
-                            tile=self.tile)  # fmt: skip
-            return fused_ffn.conv(out, mask, self.w_o, self.b_o, 1, 0, False, self.products, self.scales[1]), None
+    def unbiased(self, x: torch.Tensor, masked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's output before its output convolution's bias, and that bias [C] (``add_norm`` adds it)."""
         q, k, v = torch.matmul(self.w_qkv, x).chunk(3, dim=1)  # [B, 3C, T] in three views of one layout
         out = attention(q, k, v, masked, self.emb_k, self.emb_v, self.n_heads, self.window_size, self.precision,
                         self.b_qkv, self.tile)  # fmt: skip
         return torch.matmul(self.w_o, out), self.b_o
 
-    def forward(self, x: torch.Tensor, masked: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        y, bias = self.unbiased(x, masked, mask)
-        return y if bias is None else y + bias[:, None]
+    def forward(self, x: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+        y, bias = self.unbiased(x, masked)
+        return y + bias[:, None]
 
 
 def _pointwise(conv: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
@@ -297,9 +274,9 @@ class FusedEncoder(nn.Module):
     first LayerNorm in one kernel (``add_norm``); the feed-forward (whichever it is), then the
     residual and the second LayerNorm in one kernel."""
 
-    def __init__(self, encoder: Encoder, products: str = "cublas", projections: bool = False, tile: str = TILE) -> None:
+    def __init__(self, encoder: Encoder, products: str = "cublas", tile: str = TILE) -> None:
         super().__init__()
-        self.attn_layers = nn.ModuleList(FusedRelativeSelfAttention(a, products, projections, tile)
+        self.attn_layers = nn.ModuleList(FusedRelativeSelfAttention(a, products, tile)
                                          for a in encoder.attn_layers)  # fmt: skip
         self.norm_layers_1, self.ffn_layers, self.norm_layers_2 = (encoder.norm_layers_1, encoder.ffn_layers,
                                                                    encoder.norm_layers_2)  # fmt: skip
@@ -309,25 +286,24 @@ class FusedEncoder(nn.Module):
         x = x * mask
         layers = zip(self.attn_layers, self.norm_layers_1, self.ffn_layers, self.norm_layers_2)
         for attn, norm_1, ffn, norm_2 in layers:
-            y, bias = attn.unbiased(x, masked, mask)
+            y, bias = attn.unbiased(x, masked)
             x = add_norm(x, y, bias, norm_1)
             x = add_norm(x, ffn(x, mask), None, norm_2)
         return x * mask
 
 
-def use_fused_attention(module: nn.Module, products: str = "cublas", projections: bool = False,
-                        tile: str = TILE) -> int:  # fmt: skip
+def use_fused_attention(module: nn.Module, products: str = "cublas", tile: str = TILE) -> int:
     """Swap every text ``Encoder`` inside ``module`` for a ``FusedEncoder`` (its attention products after
-    the text encoder's ``products``; with ``projections`` its q/k/v and output products too; its kernel's
-    program ``tile``); returns how many attention layers were fused."""
+    the text encoder's ``products``; its kernel's program ``tile``); returns how many attention layers
+    were fused."""
     swapped = 0
     for name, child in list(module.named_children()):
         if isinstance(child, Encoder):
-            fused = FusedEncoder(child, products, projections, tile)
+            fused = FusedEncoder(child, products, tile)
             setattr(module, name, fused)
             swapped += len(fused.attn_layers)
         else:
-            swapped += use_fused_attention(child, products, projections, tile)
+            swapped += use_fused_attention(child, products, tile)
     return swapped
 
 

@@ -145,15 +145,6 @@ class RunnerOptions:
     polyphase: bool = False
     #: CUDA, fp16/bf16: the decoder's residual blocks as fused Triton kernels (``fused_resblock``).
     fused_blocks: bool = False
-    #: With ``fused_blocks``: their products, ``fused_resblock.PRODUCTS`` ("model": the model's dtype;
-    #: "e4m3": FP8, per-channel weight scales and per-tile input scales; GPUs of compute capability 8.9+).
-    fused_block_products: str = "model"
-    #: With ``fused_blocks``: their steps time-major (``fused_resblock.FusedStage``'s ``channels_last``).
-    fused_blocks_channels_last: bool = False
-    #: With ``fused_blocks``: their taps, ``fused_resblock.TAPS`` ("unrolled" or "loop").
-    fused_block_taps: str = "unrolled"
-    #: With ``fused_blocks``: a stage the two-launch kernels take as two launches (``fused_stage``).
-    fused_stages: bool = False
     #: CUDA, fp16/bf16: the decoder's input, upsampling and output convolutions as fused Triton
     #: kernels (``fused_upsample``).
     fused_upsampling: bool = False
@@ -179,9 +170,6 @@ class RunnerOptions:
     #: kernel per layer (``fused_attention``), skipping what lies past each sentence's end; the states
     #: within fp32 rounding (another order of the softmax's sums).
     fused_attention: bool = False
-    #: With ``fused_attention`` and tensor-core ``text_encoder_products``: its q/k/v and output products
-    #: as ``fused_ffn.conv`` kernels in that precision (batches of ``fused_ffn.MIN_ROWS`` or more).
-    fused_attention_projections: bool = False
     #: With ``fused_attention``: its kernel's program (``base.config.parse_attention_tile``).
     fused_attention_tile: str = ATTENTION_TILE
     #: The voice's rate and the rate the decoder steps deliver, Hz (0: the voice's): resampled on
@@ -376,22 +364,8 @@ class StepRunner:
             if not cuda or options.precision not in ("fp16", "bf16") or not fused_resblock.available():
                 raise ValueError(f"{fused[0]} needs CUDA, triton and precision fp16 or bf16; got "
                                  f"{self.device} and {options.precision!r}")  # fmt: skip
-        if options.fused_block_products != "model":
-            from tts_engine.torch_vits import fused_resblock
-
-            if options.fused_block_products not in fused_resblock.PRODUCTS or not options.fused_blocks:
-                raise ValueError(f"fused_block_products must be one of {fused_resblock.PRODUCTS} and needs fused_blocks; "
-                                 f"got {options.fused_block_products!r} with fused_blocks={options.fused_blocks}")  # fmt: skip
-            if torch.cuda.get_device_capability(self.device) < (8, 9):
-                raise ValueError(f"e4m3 products need FP8 tensor cores (compute capability 8.9+), not "
-                                 f"{torch.cuda.get_device_name(self.device)}")  # fmt: skip
-        if (options.fused_blocks_channels_last or options.fused_stages) and not options.fused_blocks:
-            raise ValueError("fused_blocks_channels_last and fused_stages are ways to run the fused blocks: they "
-                             "need fused_blocks")  # fmt: skip
         if options.fused_blocks:
-            self.synth_model.dec.use_fused_blocks(products=options.fused_block_products,
-                                                  channels_last=options.fused_blocks_channels_last,
-                                                  stages=options.fused_stages, taps=options.fused_block_taps)
+            self.synth_model.dec.use_fused_blocks()
         if options.fused_upsampling:
             if not self.synth_model.dec.use_fused_upsampling():
                 log.warning("fused upsampling: this decoder has a layer the kernels do not take; left as is")
@@ -408,8 +382,6 @@ class StepRunner:
             raise ValueError(f"encoder_convs must be one of {ENCODER_CONVS}, got {options.encoder_convs!r}")
         if options.text_encoder_products != "cublas" and not options.fused_text_encoder:
             raise ValueError(f"text_encoder_products {options.text_encoder_products!r} needs fused_text_encoder")
-        if options.fused_attention_projections and not options.fused_attention:
-            raise ValueError("fused_attention_projections needs fused_attention")
         if options.fused_attention and options.text_encoder_products not in ATTENTION_PRODUCTS:
             raise ValueError(f"fused_attention needs tensor-core text_encoder_products ({', '.join(ATTENTION_PRODUCTS)}), got "
                              f"{options.text_encoder_products!r}: fp32 products on the CUDA cores make its kernel slow")  # fmt: skip
@@ -435,8 +407,7 @@ class StepRunner:
                 fused_ffn.use_fused_ffn(self.model.enc_p, options.text_encoder_products)
             if options.fused_attention:
                 fused_attention.use_fused_attention(self.model.enc_p, options.text_encoder_products,
-                                                    options.fused_attention_projections,
-                                                    options.fused_attention_tile)  # fmt: skip
+                                                    options.fused_attention_tile)
         if options.output_rate and not options.voice_rate:
             raise ValueError(f"output_rate {options.output_rate} needs the voice's rate (voice_rate)")
         rate = options.voice_rate or 1
