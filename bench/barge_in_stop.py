@@ -26,7 +26,7 @@ import json
 import random
 import time
 
-from bench.harness import free_port, pct, result_path, start_server, stop_server, write_json
+from bench.harness import add_output_arguments, free_port, pct, start_server, stop_server, write_json
 
 RATE = 24000
 #: About a minute of speech: synthesis (faster than real time) must still be running at the cancel.
@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--delta-ms", type=int, nargs="+", default=[100, 200], help="server.audio_delta_ms values")
     p.add_argument("--trials", type=int, default=20, help="interruptions per value")
     p.add_argument("--server-arg", action="append", default=[], help="extra args before `serve`, e.g. --set=x.y=z")
+    add_output_arguments(p)
     args = p.parse_args(argv)
     raw: dict[int, list[dict]] = {d: [] for d in args.delta_ms}
     servers = {}
@@ -125,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = [summarize(d, raw[d]) for d in args.delta_ms]
     for row in rows:
         print(json.dumps(row))
-    path = write_json("barge_in_stop", rows, {"text_chars": len(TEXT), "rate": RATE, "raw": raw})
-    plot(rows, raw, result_path("barge_in_stop", "png"))
+    path = write_json("barge_in_stop", rows, {"text_chars": len(TEXT), "rate": RATE, "raw": raw}, out=args.out)
+    plot(rows, raw, path.with_suffix(".png"))
     print(f"wrote {path}")
     return 0
 

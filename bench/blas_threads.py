@@ -7,7 +7,7 @@ a server the cores belong to the engines, so that pool mostly waits. This bench 
 call, the features of a 3 s utterance (whisper) and of the 8 s window of the end-of-turn model,
 in ``--workers`` processes at once while ``--burners`` processes keep cores busy, with
 ``OPENBLAS_NUM_THREADS`` unset (numpy's default) and = 1 (what ``voxloop serve`` sets), in the
-same run, alternating. Writes ``bench/results/blas_threads-<hardware>-<date>.json`` and a PNG::
+same run, alternating. Writes ``OUT/blas_threads-<hardware>-<date>.json`` and a PNG::
 
     python -m bench.blas_threads --workers 2 --burners 2 --duration-s 10
 """

@@ -8,7 +8,7 @@ does not depend on their values), ``tl.dot`` in ``--precision`` (configs/gpu.tom
 the program's warps, the band's ``2 window + 1`` keys unrolled or as a loop): the CUDA graph's replay
 ms (median of 50) and the largest difference from the first form's output.
 
-    python -m bench.encoder_attention --hardware h100 --out /tmp/res \\
+    python -m bench.encoder_attention --hardware h100 --out OUT/ \\
         [--windows 64x192 16x128 4x96 1x64] [--forms 32x32w4-loop 64x64w4-unrolled 16x32w4-loop]
 """
 

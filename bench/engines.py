@@ -5,7 +5,7 @@ ASR compares our ``Transcriber`` (short encoder window) with faster-whisper's ow
 interleaved. Speech is the bundled Piper voice, framed like VAD output (silence
 before and after) to total 1, 2 and 5 s.
 
-Writes ``bench/results/engines-<hardware>-<date>.json`` and a PNG beside it.
+Writes ``OUT/engines-<hardware>-<date>.json`` and a PNG beside it.
 
     python -m bench.engines --reps 7
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.harness import result_path, write_json
+from bench.harness import add_output_arguments, write_json
 
 RATE = 16000
 CANDIDATES = [
@@ -190,6 +190,7 @@ def plot(asr_rows: list[dict], llm: dict, path: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=7)
+    add_output_arguments(ap)
     args = ap.parse_args()
     from tests.piper_speech import PiperSpeech
 
@@ -208,8 +209,8 @@ def main() -> int:
                      if k in os.environ},
              "config": {"asr.cpu_threads": cfg.asr.cpu_threads, "llm.n_threads": cfg.llm.n_threads},
              "note": "shared 2-core host: other processes ran during the measurement"}
-    path = write_json("engines", asr_rows, extra)
-    plot(asr_rows, llm, result_path("engines", "png"))
+    path = write_json("engines", asr_rows, extra, out=args.out)
+    plot(asr_rows, llm, path.with_suffix(".png"))
     print(path)
     return 0
 

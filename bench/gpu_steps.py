@@ -90,15 +90,15 @@ def plot_forms(doc_path, label) -> Path:  # noqa: ANN001 - a result file's path,
 
 def form_bench(parser, argv: list[str] | None, name: str, label, measure) -> None:  # noqa: ANN001
     """The ``main`` of a bench of kernel forms (``time_forms`` rows): adds ``--plot FILE`` (only draw that
-    result), ``--hardware`` (required otherwise), ``--date`` and ``--out`` to ``parser`` and parses
+    result), ``--hardware`` (required otherwise), ``--date`` and ``--out`` / ``--save`` to ``parser`` and parses
     ``argv``; on a CUDA device ``measure(args)`` -> (rows, extra), written as
     ``<out>/<name>-<hardware>-<date>.json`` with the GPU's name and drawn by ``plot_forms`` (``label``)."""
-    from bench.harness import RESULTS, report
+    from bench.harness import add_output_arguments, report
 
     parser.add_argument("--plot", type=Path, metavar="FILE", help="only draw FILE (a result of this bench) as its .png")
     parser.add_argument("--hardware", help="hardware name in the result file's name (required unless --plot)")
     parser.add_argument("--date", default=None, help="date in the result file's name (default: today)")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (default: bench/results)")
+    add_output_arguments(parser)
     args = parser.parse_args(argv)
     if args.plot:
         print("wrote", plot_forms(args.plot, label))

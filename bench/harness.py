@@ -2,6 +2,12 @@
 
 Every benchmark is a module of this package run from the repository root as
 ``python -m bench.<name>``; they share this module and never import each other.
+
+Result files (JSON with date, hardware and command, a PNG beside it) go to ``--out DIR``, by default
+``default_out()`` outside the repository (``OUT/`` in recorded commands); ``--save`` writes them into
+``bench/results/`` instead, for a run the docs cite as current (tests/test_results.py: what is there
+is cited, within 5 MiB, with no path of the machine that ran it). Commands are recorded as anyone
+can repeat them from the repository's root (``portable``).
 """
 
 from __future__ import annotations
@@ -31,7 +37,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The results the docs cite as current; a run goes there only with ``--save`` (tests/test_results.py).
 RESULTS = ROOT / "bench" / "results"
+#: Placeholders for user files outside the repository in a recorded command, by suffix.
+PLACEHOLDERS = {".onnx": "VOICE.onnx", ".gguf": "MODEL.gguf"}
 SENTENCES = ROOT / "bench" / "tts_sentences.json"
 
 # ---------------------------------------------------------------- hardware names
@@ -314,7 +323,24 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--voice", help="Piper .onnx (default: the configured voice, VOXLOOP_TTS__VOICE_PATH or bundled)")
     parser.add_argument("--hardware", default=hardware_tag(), help="hardware name in result file names (default: %(default)s)")
     parser.add_argument("--date", default=dt.date.today().isoformat(), help="date in result file names")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (default: bench/results)")
+    add_output_arguments(parser)
+
+
+def add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--out DIR`` (default ``default_out()``, outside the repository) or ``--save`` (``bench/results/``,
+    for a run the docs cite): both set ``args.out``."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--out", type=Path, default=default_out(),
+                       help="folder for the result files (default: $VOXLOOP_BENCH_OUT or %(default)s)")
+    where.add_argument("--save", dest="out", action="store_const", const=RESULTS,
+                       help="write into bench/results/ instead, to cite the run in the docs")  # fmt: skip
+
+
+def default_out() -> Path:
+    """Where runs go unless saved: ``$VOXLOOP_BENCH_OUT``, else ``<user cache>/voxloop/bench`` (outside the tree)."""
+    if os.environ.get("VOXLOOP_BENCH_OUT"):
+        return Path(os.environ["VOXLOOP_BENCH_OUT"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "voxloop" / "bench"
 
 
 def common_arguments(args: argparse.Namespace) -> argparse.Namespace:
@@ -330,19 +356,44 @@ RECORDED_ENV = ("CUDNN_", "TORCH_CUDNN", "TORCHINDUCTOR_", "TRITON_", "CUBLAS_",
 
 
 def command_line() -> str:
-    """How this benchmark was started, e.g. ``CUDNN_X=1 python -m bench.tts_load --backends onnx``
-    (variables of ``RECORDED_ENV`` first)."""
+    """How this benchmark was started, as anyone can repeat it from the repository's root, e.g.
+    ``CUDNN_X=1 python -m bench.tts_load --voice VOICE.onnx --out OUT/`` (variables of ``RECORDED_ENV``
+    first; paths made ``portable``)."""
     argv = list(sys.argv)
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     if spec is not None and spec.name:
         argv[0:1] = ["-m", spec.name]
-    env = [f"{k}={shlex.quote(v)}" for k, v in sorted(os.environ.items()) if k.startswith(RECORDED_ENV)]
-    return " ".join(env + [shlex.quote(a) for a in [Path(sys.executable).name, *argv]])
+    env = [f"{k}={portable(v)}" for k, v in sorted(os.environ.items())
+           if k.startswith(RECORDED_ENV) and k != "VOXLOOP_BENCH_OUT"]
+    args = []
+    for before, word in zip(["", *argv], argv):
+        key, eq, value = word.partition("=")
+        if before == "--out" or key == "--out" and eq:  # the output folder, wherever it was
+            args.append(f"{key}=OUT/" if eq else "OUT/")
+        else:
+            args.append(f"{key}={portable(value)}" if key.startswith("--") and eq else portable(word))
+    return " ".join(shlex.quote(w) for w in [*env, "python", *args])
 
 
-def result_path(name: str, ext: str, out: Path = RESULTS, hardware: str | None = None, date: str | None = None) -> Path:
-    """``<out>/<name>-<hardware>-<date>.<ext>`` (this machine's tag and today by default)."""
+def portable(word: str) -> str:
+    """An absolute path as a reader can repeat it: relative inside the repository, ``OUT/…`` inside the
+    default output folder, else a named placeholder (``VOICE.onnx``, ``MODEL.gguf``, ``SPEECH.wav``,
+    ``MODELS/``); anything else unchanged."""
+    if not word.startswith("/"):
+        return word
+    path = Path(word)
+    for base, prefix in ((ROOT, ""), (default_out(), "OUT/")):
+        if path.is_relative_to(base):
+            return prefix + path.relative_to(base).as_posix() if path != base else prefix or "."
+    if path.is_dir() or not path.suffix:
+        return path.name.upper() + "/"
+    return PLACEHOLDERS.get(path.suffix, path.stem.upper() + path.suffix)
+
+
+def result_path(name: str, ext: str, out: Path | None = None, hardware: str | None = None, date: str | None = None) -> Path:
+    """``<out>/<name>-<hardware>-<date>.<ext>`` (``default_out()``, this machine's tag and today by default)."""
+    out = out or default_out()
     out.mkdir(parents=True, exist_ok=True)
     return out / f"{name}-{hardware or hardware_tag()}-{date or dt.date.today().isoformat()}.{ext}"
 
@@ -365,9 +416,10 @@ def save_png(fig, path: Path) -> Path:  # noqa: ANN001
     return png
 
 
-def write_json(name: str, rows: list[dict], extra: dict | None = None, *, path: Path | None = None) -> Path:
-    """``bench/results/<name>-<hardware>-<date>.json`` (or ``path``) with rows plus date, hardware, command."""
-    path = path or result_path(name, "json")
+def write_json(name: str, rows: list[dict], extra: dict | None = None, *, path: Path | None = None,
+               out: Path | None = None) -> Path:  # fmt: skip
+    """``<out>/<name>-<hardware>-<date>.json`` (or ``path``) with rows plus date, hardware, command."""
+    path = path or result_path(name, "json", out)
     doc = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "hardware": hardware(),

@@ -6,7 +6,7 @@ decode (p50/p90), aggregate and per-conversation tokens/s, and the share of a st
 spent outside ``llama_decode`` (batch building, sampling, detokenizing: host work that
 grows with N).
 
-Writes ``bench/results/llm_batch-<hardware>-<date>.json``.
+Writes ``OUT/llm_batch-<hardware>-<date>.json``.
 
     python -m bench.llm_batch --sizes 1 2 4 8
     python -m bench.llm_batch --sizes 1 8 64 200 --set llm.n_gpu_layers=99 --set llm.max_sequences=200 \\
@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+from bench.harness import add_output_arguments
 from bench.llm_engine import measure
 
 QUESTIONS = [f"Tell me a long story about {thing}." for thing in (
@@ -82,9 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    add_output_arguments(p)
     args = p.parse_args(argv)
     measure("llm_batch", args.overrides, args.sizes, lambda engine, system, n: run_level(engine, system, n, args.tokens),
-            "steps counted only while every conversation of the level decodes one token")  # fmt: skip
+            "steps counted only while every conversation of the level decodes one token", args.out)  # fmt: skip
     return 0
 
 

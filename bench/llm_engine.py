@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from bench.harness import write_json
 
 
-def measure(name: str, overrides: list[str], levels: list[int], run, note: str):  # noqa: ANN001, ANN201
+def measure(name: str, overrides: list[str], levels: list[int], run, note: str, out: Path):  # noqa: ANN001, ANN201
     """``run(engine, system_prompt, level)`` for each level on one warm engine; writes and returns
-    (path of ``bench/results/<name>-<hardware>-<date>.json``, rows)."""
+    (path of ``<out>/<name>-<hardware>-<date>.json``, rows)."""
     cfg, engine = warm_engine(overrides)
     rows = []
     load_before = os.getloadavg()
@@ -18,7 +19,7 @@ def measure(name: str, overrides: list[str], levels: list[int], run, note: str):
         rows.append(run(engine, cfg.llm.system_prompt, level))
         print(rows[-1], flush=True)
     path = write_json(name, rows, {**engine_facts(cfg), "load_avg_before_after": [load_before, os.getloadavg()],
-                                   "note": note})  # fmt: skip
+                                   "note": note}, out=out)  # fmt: skip
     print(path)
     return path, rows
 

@@ -6,7 +6,7 @@ history cut), then a new user turn is submitted and timed to its first token (``
 greedy): the new tokens are read with attention over every cached one. Repeated ``--repeats``
 times per length; reports cached and new prompt tokens and the first token's p50 / min.
 
-Writes ``bench/results/llm_history-<hardware>-<date>.json`` (+ ``.png``).
+Writes ``OUT/llm_history-<hardware>-<date>.json`` (+ ``.png``).
 
     python -m bench.llm_history --turns 0 8 16 24 32
 """
@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 
+from bench.harness import add_output_arguments
 from bench.llm_engine import measure
 
 USER = "Tell me one thing about the {} in a sentence or two."
@@ -83,10 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, nargs="+", default=[0, 8, 16, 24, 32])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    add_output_arguments(p)
     args = p.parse_args(argv)
     path, rows = measure("llm_history", args.overrides, args.turns,
                          lambda engine, system, turns: run_level(engine, system, turns, args.repeats),
-                         "first token of a new user turn after its history was read ahead; one conversation, greedy")
+                         "first token of a new user turn after its history was read ahead; one conversation, greedy", args.out)
     plot(path, rows)
     return 0
 

@@ -15,7 +15,7 @@ A turn is *missed* when its reply does not end within ``--turn-timeout-s`` as ``
 level), the largest deviation from it under load, the slope after warm-up, the level after
 all sessions closed, and the ranges of threads, files and tasks.
 
-Writes bench/results/soak-<hardware>-<date>.json (+ .png).
+Writes OUT/soak-<hardware>-<date>.json (+ .png).
 
     python -m bench.soak --talkers 4 --duration-s 3600 --warmup-s 300
 """
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.harness import ROOT, free_port, hardware, start_server, stop_server, write_json
+from bench.harness import ROOT, add_output_arguments, free_port, hardware, start_server, stop_server, write_json
 
 RATE = 24000  # Hz, the talkers' microphone
 FRAME = RATE * 20 // 1000  # samples per 20 ms frame
@@ -204,7 +204,7 @@ def talker_main(args: argparse.Namespace) -> int:
     data = np.load(args.speech)
     speech = {name: data[name] for name in data.files}  # arr_0, arr_1…: one per question
     result = asyncio.run(talk(args.talker, speech, args.until, args.seed, args.turn_timeout_s))
-    Path(args.out).write_text(json.dumps(result))
+    Path(args.talker_out).write_text(json.dumps(result))
     return 0
 
 
@@ -357,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--speech", help=argparse.SUPPRESS)
     p.add_argument("--until", type=float, help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--talker-out", help=argparse.SUPPRESS)
+    add_output_arguments(p)
     args = p.parse_args(argv)
     if args.talker:
         return talker_main(args)
@@ -375,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
             until = time.time() + args.duration_s
             url = f"ws://127.0.0.1:{port}/v1/realtime"
             procs = [subprocess.Popen([sys.executable, "-m", "bench.soak", "--talker", url, "--speech", str(speech_file),
-                                       "--until", str(until), "--seed", str(i), "--out", f"{tmp}/talker{i}.json",
+                                       "--until", str(until), "--seed", str(i), "--talker-out", f"{tmp}/talker{i}.json",
                                        "--turn-timeout-s", str(args.turn_timeout_s)], cwd=ROOT)
                      for i in range(args.talkers)]
             for proc in procs:
@@ -393,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(summary, indent=2))
     path = write_json(args.name, sampler.rows, {
         "talkers": args.talkers, "duration_s": args.duration_s, "warmup_s": args.warmup_s, "idle_s": args.idle_s,
-        "server_args": args.server_arg, "summary": summary})
+        "server_args": args.server_arg, "summary": summary}, out=args.out)
     plot(sampler.rows, args.warmup_s, path.with_suffix(".png"))
     print(f"wrote {path} and {path.with_suffix('.png').name}")
     return 0

@@ -6,7 +6,7 @@ chunk (first-clause latency) and to the last one, and the seconds of audio made.
 RTF = synthesis time / audio duration. A third series measures throughput of our
 engine with ``--workers`` 1-thread sessions serving as many threads at once.
 
-Writes ``bench/results/tts_cpu-<hardware>-<date>.json`` and a PNG beside it.
+Writes ``OUT/tts_cpu-<hardware>-<date>.json`` and a PNG beside it.
 
     python -m bench.tts_cpu --threads 2
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.harness import RESULTS, ROOT, command_line, cpu_model, hardware_tag
+from bench.harness import ROOT, add_output_arguments, command_line, cpu_model, hardware_tag
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -155,7 +155,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="sessions for the parallel throughput series")
     parser.add_argument("--warmup", type=int, default=3, help="sentences spoken first and not counted")
     parser.add_argument("--sentences", type=Path, default=ROOT / "bench" / "sentences_en.txt")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    add_output_arguments(parser)
     args = parser.parse_args()
 
     import onnxruntime

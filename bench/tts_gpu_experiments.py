@@ -21,7 +21,7 @@ products (``tts.text_encoder_products``) and its fused attention (``tts.fused_at
 per batch, and the durations against cuBLAS's
 (phonemes whose frames move over the bench and calibration sentences x noise draws). Writes ``<out>/tts_gpu_experiments-<hardware>-<date>.json``. Example::
 
-    python -m bench.tts_gpu_experiments --voice VOICE.onnx --hardware h200 --out /tmp/exp [--fused --tiles]
+    python -m bench.tts_gpu_experiments --voice VOICE.onnx --hardware h200 --out OUT/ [--fused --tiles]
 """
 
 from __future__ import annotations

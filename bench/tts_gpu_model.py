@@ -36,8 +36,8 @@ bounds, and the noise of durations (each sentence always its one frame count). O
 than the GPU host's CPU the scheduler's own work weighs more. A model's figure is no GPU figure:
 it ranks settings and says what kernels would need to be faster; confirm on the GPU. ::
 
-    python -m bench.tts_gpu_model --gpu-times bench/results/tts_load-h200-2026-12-04-products.json \\
-        --measured bench/results/tts_load-h200-2026-12-05-sweep.json --clients 1 50 \\
+    python -m bench.tts_gpu_model --gpu-times bench/results/tts_load-h100-2026-12-06-ship.json \\
+        --measured bench/results/tts_load-h100-2026-12-06-lanes.json --clients 1 50 \\
         --variant shipped --variant fine tts.encode_batch_buckets=fine
 """
 

@@ -8,7 +8,7 @@ chunk (counted by hooks on every convolution), the SNR of bf16/fp16 against fp32
 saves GPU audio for the intelligibility check (``--wavs``). Writes
 ``<out>/tts_gpu_profile-<hardware>-<date>.json``. Example::
 
-    python -m bench.tts_gpu_profile --voice VOICE.onnx --out /tmp/prof --wavs /tmp/prof/gpu_wavs.npz
+    python -m bench.tts_gpu_profile --voice VOICE.onnx --out OUT/ --wavs OUT/gpu_wavs.npz
 """
 
 from __future__ import annotations

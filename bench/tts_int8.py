@@ -20,10 +20,10 @@ decode batch buckets unless ``--fine``), then:
 whisper base and fills ``wer`` in the results JSON beside it. Runs on a box with torch,
 onnxruntime, numpy and soxr only (espeak and faster-whisper are imported lazily). Examples::
 
-    python3 -m bench.tts_int8 --voice en_US-joe-medium.onnx --hardware h200 --out /tmp/int8
-    python3 -m bench.tts_int8 --wer /tmp/int8/int8-h200-2026-12-01.npz     # CPU machine
+    python3 -m bench.tts_int8 --voice VOICE.onnx --hardware h200 --out OUT/
+    python3 -m bench.tts_int8 --wer OUT/int8-h200-2026-12-01.npz     # CPU machine
     python3 -m bench.tts_int8 --device cpu --max-batch 4 --concurrency 2 --duration 3 \\
-        --step-batches 1 --snr-sentences 2 --wav-sentences 2 --out /tmp/int8-smoke   # smoke
+        --step-batches 1 --snr-sentences 2 --wav-sentences 2 --out OUT/   # smoke
     python3 -m bench.tts_int8 --make-calibration   # re-phonemize the int8 calibration set
 
 Writes ``<out>/int8-<hardware>-<date>.json`` (a list of rows: precision, qps,

@@ -55,10 +55,10 @@ Examples::
         --concurrency 50 --hardware h200 --append
     python -m bench.tts_load --mode ws --config configs/gpu.toml --backends cuda --concurrency 50 1 --ws-formats json \
         --hardware h200 --append
-    python -m bench.tts_load --plot bench/results/tts_load-h200-2026-11-29.json
+    python -m bench.tts_load --plot bench/results/tts_load-h100-2026-12-06-ship.json
     python -m bench.tts_load --make-sentences   # rebuild the JSON from tts_sentences.txt
 
-Writes ``bench/results/tts_load-<hardware>-<date>.json`` (a list of rows) and, with
+Writes ``OUT/tts_load-<hardware>-<date>.json`` (a list of rows) and, with
 ``--plot``, PNGs beside it.
 """
 

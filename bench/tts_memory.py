@@ -11,7 +11,7 @@ after a warm-up, then reports
   (tracemalloc: numpy arrays), the process's peak RSS;
 - QPS and first-audio / sentence p99 under the same load (the pool must not cost speed).
 
-    python3 -m bench.tts_memory --voice en_US-joe-medium.onnx --hardware h200 --out bench/results
+    python3 -m bench.tts_memory --voice VOICE.onnx --hardware h200
 
 Writes ``tts_memory-<hardware>-<date>.json`` (rows: variant, allocator, host_pool, ...) and a PNG.
 """

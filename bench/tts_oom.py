@@ -6,7 +6,7 @@ device memory limit (``gpu.memory_limit_mb``, PyTorch's per-process fraction) se
 sentences with exponential backoff (``retry_after_ms`` x 2^attempt, up to ``--attempts`` tries),
 as ``RealtimeClient.speak`` does. Then the limit is lifted and the batch must grow back.
 
-    python3 -m bench.tts_oom --voice en_US-joe-medium.onnx --hardware h200 --out bench/results
+    python3 -m bench.tts_oom --voice VOICE.onnx --hardware h200
 
 Writes ``tts_oom-<hardware>-<date>.json``: requests, share that eventually succeeded (the seed's
 figure: >= 99.8 %), first-try share, refusals and their retry hints, OOMs, lowest batch limit,

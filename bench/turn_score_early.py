@@ -26,7 +26,7 @@ complete, paused or filler clip, where a commit is right); ``rule_commit_early``
 commit does not wait for the score's run; ``rule_score_again``: pauses that cost a second score. The
 words' check (``words_cap``) is not applied here (no transcripts).
 
-Writes ``bench/results/turn_score_early-<hardware>-<date>.json``.
+Writes ``OUT/turn_score_early-<hardware>-<date>.json``.
 
     python -m bench.turn_score_early --early-ms 60 --judge-ms 120 150
 """
@@ -37,11 +37,10 @@ import argparse
 import dataclasses
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-from bench.harness import RESULTS, hardware_tag, pct, result_path, write_json
+from bench.harness import add_output_arguments, hardware_tag, pct, result_path, write_json
 
 RATE = 16000
 CHUNK_MS = 20  # what a client sends per input_audio_buffer.append (bench/turn_taking.py's microphone)
@@ -165,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--hardware", default=hardware_tag(), help="hardware name in the file name (default: %(default)s)")
     p.add_argument("--date", help="date in the file name (default: today)")
-    p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default: bench/results)")
+    add_output_arguments(p)
     args = p.parse_args(argv)
     cfg = load_config(overrides=args.overrides)
     judge_ms = [frames_ms(ms, cfg.vad.frame_ms) for ms in args.judge_ms]

@@ -27,7 +27,7 @@ Per level, from the server's ``/metrics``: speculative turns dropped unseen and 
 ``--noise-dbfs`` adds white noise to everything the microphone sends (a real microphone is never
 digitally silent; -60 is a quiet room on a headset, -45 a noisy one).
 
-Writes bench/results/turn_taking-<hardware>-<date>.json (+ .png).
+Writes OUT/turn_taking-<hardware>-<date>.json (+ .png).
 
     python -m bench.turn_taking --talkers 1 --coughs 10
 """
@@ -45,8 +45,8 @@ from pathlib import Path
 import numpy as np
 
 from bench.harness import (
-    ROOT, Mic, counter_delta, free_port, hardware, metrics_url, pct, scrape_metrics, start_server, stop_server,
-    write_json,
+    ROOT, Mic, add_output_arguments, counter_delta, free_port, hardware, metrics_url, pct, scrape_metrics, start_server,
+    stop_server, write_json,
 )
 
 RATE = 16000
@@ -438,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--many-limit", type=int, default=8, help="turns per talker when there are several talkers")
     p.add_argument("--human-dir", type=Path, default=ALSA_SOUNDS, help="folder of the alsa-utils voices (.wav)")
     p.add_argument("--noise-dbfs", type=float, help="white noise under everything the microphones send, dBFS RMS")
+    add_output_arguments(p)
     args = p.parse_args(argv)
     turns, coughs, interruption = build_set(load_config(), args.coughs, args.human_dir)
     turns = turns[:args.limit] if args.limit else turns
@@ -466,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     path = write_json(args.name, summary, {"end_of_turn_cost": cost, "turns": all_rows, "bursts": all_bursts, "server_args": args.server_arg,
                                            "noise_dbfs": args.noise_dbfs,
                                            "human_recordings": sum(t["kind"] == "human" for t in turns),
-                                           "load_average_after": os.getloadavg()})
+                                           "load_average_after": os.getloadavg()}, out=args.out)
     plot(summary, all_rows, path.with_suffix(".png"))
     print(f"wrote {path} and {path.with_suffix('.png').name}")
     return 0

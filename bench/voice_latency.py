@@ -56,8 +56,8 @@ from websockets.asyncio.client import connect
 
 from bench.harness import (
     Mic,
-    RESULTS,
     ROOT,
+    add_output_arguments,
     counter_delta,
     free_port,
     gauge,
@@ -480,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-config", type=Path,
                    help="the server's TOML config: given to the server started here, recorded with --url")
     p.add_argument("--server-arg", action="append", default=[], help="extra args before `serve`, e.g. --set=x.y=z")
-    p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default: bench/results)")
+    add_output_arguments(p)
     p.add_argument("--hardware", default=hardware_tag(), help="hardware name in the file name (default: %(default)s)")
     p.add_argument("--date", default=dt.date.today().isoformat(), help="date in the file name")
     p.add_argument("--label", help="suffix of the file name, e.g. 200-binary")

@@ -13,7 +13,7 @@ voice) and for the text events of a typical voice turn, measures on this machine
 
 From these it derives the CPU that deflating audio cost per second of speech sent, which is what
 the server now skips (``pipeline/deflate.py``), and what compressing the text events costs and saves.
-Writes ``bench/results/ws_serialize-<hardware>-<date>.json`` and a PNG::
+Writes ``OUT/ws_serialize-<hardware>-<date>.json`` and a PNG::
 
     python -m bench.ws_serialize
 """

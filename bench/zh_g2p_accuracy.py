@@ -7,7 +7,7 @@ of the file and overall:
   ours               normalize_zh + ChineseG2p (lexicon, context rules, 一/不, erhua)
   pypinyin           pypinyin 0.55 as it comes, on the raw text (no number reading)
   pypinyin+normalize pypinyin on our normalized text (isolates the polyphone work)
-Writes bench/results/zh_g2p-<date>.json and .png (with date, hardware, command).
+Writes OUT/zh_g2p-<date>.json and .png (with date, hardware, command).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.harness import RESULTS, ROOT, write_json
+from bench.harness import ROOT, add_output_arguments, write_json
 from bench.zh_evaluation import Case, load_cases, score
 
 DEFAULT_SET = ROOT / "tests" / "data" / "zh_polyphones.tsv"
@@ -89,11 +89,12 @@ def plot(rows: list[dict], path: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", type=Path, default=DEFAULT_SET, help="TSV test set")
+    add_output_arguments(parser)
     args = parser.parse_args()
     cases = load_cases(args.set)
     rows = evaluate(cases)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = RESULTS / f"zh_g2p-{dt.date.today().isoformat()}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"zh_g2p-{dt.date.today().isoformat()}"
     write_json("zh_g2p", rows, {
         "test_set": str(args.set.relative_to(ROOT) if args.set.is_relative_to(ROOT) else args.set),
         "cases": len(cases),

@@ -1,7 +1,7 @@
 """``server.front_ends`` > 1: N WebSocket front-end processes sharing one GPU engine process.
 
 One Python process cannot carry what one GPU makes: its event loop, the text front end, the
-resampler and the GPU scheduler all share one GIL (bench/results/tts_load-h200-2026-12-01-one-front-end.md).
+resampler and the GPU scheduler all share one GIL (f80876f:bench/results/tts_load-h200-2026-12-01-one-front-end.md).
 So ``voxloop serve`` with ``server.front_ends = N``:
 
 * this process becomes the **engine process**: it loads the batching TTS engine (the GPU, its
@@ -132,7 +132,7 @@ def _load_engine(cfg: Config, engine_socket: str):  # noqa: ANN202 - (Engines, E
     engines._set_asr_llm(engines.load_asr_model() if "asr" in stages else None, None)
     engines.tts = tts
     # Before the front ends can reach the engine: gc_freeze's own full collection of what loading
-    # left (0.7 s with the TTS decoder compiled, bench/results/tts_load-h200-2026-12-03-compile-gcfreeze.json)
+    # left (0.7 s with the TTS decoder compiled, 52aa769:bench/results/tts_load-h200-2026-12-03-compile-gcfreeze.json)
     # must not hold their first requests.
     gc_pauses.manage(cfg, "engine process", lambda: tts.scheduler.in_flight > 0
                      or (engines.asr is not None and engines.asr.pending() > 0))

@@ -12,7 +12,7 @@ before/after. Loopback only; bounded in time.
 
     python -m bench.scaleout.run --sessions 12 --modes kill,term
 
-Writes ``bench/results/scaleout-<hardware>-<date>.json``.
+Writes ``OUT/scaleout-<hardware>-<date>.json``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from bench.harness import pct, write_json
+from bench.harness import add_output_arguments, pct, write_json
 from bench.scaleout.topology import Topology
 
 SENTENCES = ("Hello there.", "The weather is nice today.", "Please hold the line.",
@@ -171,13 +171,14 @@ def main() -> int:
     ap.add_argument("--modes", default="kill,term", help="comma list of kill (SIGKILL), term (SIGTERM)")
     ap.add_argument("--after", type=float, default=6.0, help="seconds to keep going after the kill")
     ap.add_argument("--pause", type=float, default=0.3, help="seconds between a client's requests")
-    ap.add_argument("--no-write", action="store_true", help="print only, no bench/results file")
+    ap.add_argument("--no-write", action="store_true", help="print only, no result file")
+    add_output_arguments(ap)
     args = ap.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     rows = asyncio.run(run(args.sessions, modes, args.after, args.pause))
     if not args.no_write:
         print(write_json("scaleout", rows, {"topology": "2 x voxloop serve + HAProxy 2.6 (leastconn, "
-                                            "httpchk /ready every 500 ms), loopback"}))
+                                            "httpchk /ready every 500 ms), loopback"}, out=args.out))
     return 0
 
 
