@@ -137,6 +137,11 @@ def test_readme_area_tables_link_their_results():
 # ---------------------------------------------------------------- the checks fail when they should
 
 
+def machine_path(*parts: str) -> str:
+    """An absolute path of some machine, spelled so that this file itself names none."""
+    return "/" + "/".join(parts)
+
+
 def small_tree(root: Path) -> Path:
     """A tree that passes every check: one cited result with its plot and meta."""
     (root / "docs").mkdir(parents=True)
@@ -162,11 +167,11 @@ def test_checks_pass_on_a_clean_tree(tmp_path):
 
 def test_a_planted_machine_path_fails(tmp_path):
     root = small_tree(tmp_path)
-    (root / RESULTS / "pair-a.json").write_text('{"command": "python -m bench.run --voice /tmp/voice/x.onnx"}\n')
+    voice, home = machine_path("tmp", "voice", "x.onnx"), machine_path("home", "someone", "voxloop")
+    (root / RESULTS / "pair-a.json").write_text(f'{{"command": "python -m bench.run --voice {voice}"}}\n')
     with (root / "docs" / "more.md").open("a") as f:
-        f.write("Run it from /home/someone/voxloop.\n")
-    assert machine_paths(root) == ["bench/results/pair-a.json:1: /tmp/voice/x.onnx\"}",
-                                   "docs/more.md:2: /home/someone/voxloop."]  # fmt: skip
+        f.write(f"Run it from {home}.\n")
+    assert machine_paths(root) == [f"bench/results/pair-a.json:1: {voice}\"}}", f"docs/more.md:2: {home}."]
     assert MACHINE_PATH.search("sounds in /usr/share/sounds/alsa, OUT/, $HOME/x, ~/.cache/voxloop") is None
 
 
@@ -222,10 +227,11 @@ def test_recorded_commands_name_no_machine_path(monkeypatch, tmp_path):
     assert harness.portable("relative/path.txt") == "relative/path.txt"
 
     monkeypatch.setenv("VOXLOOP_BENCH_OUT", str(tmp_path / "out"))
-    monkeypatch.setenv("VOXLOOP_TTS__VOICE_PATH", "/tmp/voices/en_US-joe-medium.onnx")
-    monkeypatch.setattr(sys, "argv", ["bench/x.py", "--voice", "/tmp/voices/en_US-joe-medium.onnx",
-                                      f"--config={ROOT}/configs/gpu.toml", "--out", str(tmp_path / "out" / "a"),
-                                      "--model", "/home/me/models/qwen.gguf", "--wav", "/root/speech.wav", "--n", "3"])  # fmt: skip
+    voice = machine_path("tmp", "voices", "en_US-joe-medium.onnx")
+    monkeypatch.setenv("VOXLOOP_TTS__VOICE_PATH", voice)
+    monkeypatch.setattr(sys, "argv", ["bench/x.py", "--voice", voice, f"--config={ROOT}/configs/gpu.toml",
+                                      "--out", str(tmp_path / "out" / "a"), "--model", machine_path("home", "me", "qwen.gguf"),
+                                      "--wav", machine_path("root", "speech.wav"), "--n", "3"])  # fmt: skip
     command = harness.command_line()
     assert "VOXLOOP_TTS__VOICE_PATH=VOICE.onnx " in command and "VOXLOOP_BENCH_OUT" not in command
     assert command.endswith(" --voice VOICE.onnx --config=configs/gpu.toml --out OUT/ --model MODEL.gguf "
