@@ -110,7 +110,7 @@ class ServerConfig:
     #: loaded libraries and models (PyTorch, the voice, the graphs; a full collection holds
     #: every thread of its process). Off by default: on the H200 (uncompiled engine) the engine process
     #: still made full collections of 19-125 ms (per 10 s of served load) with it, and that run
-    #: served less than the runs without it (bench/results/tts_load-h200-2026-12-02-gcfreeze.json);
+    #: served less than the runs without it (commit 5f2aac7, docs/benchmarks.md 2026-12-02);
     #: not yet measured side by side. configs/gpu.toml turns it on for the compiled engine, whose
     #: full collections took 553-979 ms without it. ``/metrics``: ``voxloop_gc_pause_seconds`` either way.
     gc_freeze: bool = False
@@ -125,7 +125,7 @@ class ServerConfig:
     #: long a thread that wants the interpreter lock waits before it asks the running one to let go.
     #: Unset: Python's own 5 ms. The engine process's link threads wait that long behind the GPU
     #: scheduler's Python work before they send a finished chunk. 0.05..100. 0.5 ms on an H200
-    #: gave no consistent gain over 5 ms in two pairs of runs (bench/results/tts_load-h200-2026-12-03.md).
+    #: gave no consistent gain over 5 ms in two pairs of runs (commit 529979d).
     switch_interval_ms: float | None = None
 
     def __post_init__(self) -> None:
@@ -227,7 +227,7 @@ class TurnConfig:
     #: other early score is dropped and the score asked again at ``pause_ms``, as with false (that
     #: one sets the wait for silence): the early score hears 60 ms of silence after the last word and
     #: is lower on average (mean -0.12 against one at 120 ms), which would make unsure turns wait
-    #: longer. On bench/turn_set.py's 48 pauses (bench/results/turn_score_early-*-2026-12-02.json)
+    #: longer. On bench/turn_set.py's 48 pauses (bench/results/turn_score_early-intel-r-xeon-r-processor-2c-2026-12-02.json)
     #: this rule changes the decision of 1 against a score at 120 or 150 ms for auto/medium (the end
     #: of a clip, committed sooner), 0 for high, 1 for low (also an end); scoring only early would
     #: change 2, 0 (8 vs 150 ms), 5. Cost: a second score on pauses the early one finds incomplete
@@ -394,7 +394,7 @@ class TtsConfig:
     #: "coarse", "fine" or "finer" (less row padding per encoder launch, more graphs to capture).
     encode_batch_buckets: str = "coarse"
     #: GPU: torch.compile the chunk decoder before capture (fuses elementwise work; ~1 min more start-up).
-    #: H200, 50 clients: 684 vs 572 QPS in the engine, 655 served; one run (bench/results/tts_load-h200-2026-12-03-compile.md).
+    #: H200, 50 clients: 684 vs 572 QPS in the engine, 655 served; one run (commit 8cad0c9).
     #: What it compiled is kept in ``<models.cache_dir>/inductor/<GPU-CUDA-torch>`` for the next start
     #: (``TORCHINDUCTOR_CACHE_DIR`` overrides; tts_engine/torch_vits/compile_cache.py).
     compile: bool = False

@@ -19,7 +19,7 @@ ms. Requests started before ``--warmup`` seconds are not counted. Used by
     python -m bench.ws_clients --url ws://127.0.0.1:8765/v1/realtime --clients 50 --duration 20
 
 The clients' own ceiling (a stand-in server in a process of its own answers every sentence at
-once; each ``--decoder`` in turn, written to ``bench/results/ws_clients-<hardware>-<date>.json``
+once; each ``--decoder`` in turn, written to ``OUT/ws_clients-<hardware>-<date>.json``
 and a PNG)::
 
     python -m bench.ws_clients --instant-server --clients 12 --processes 1 --duration 5 \

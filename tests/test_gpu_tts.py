@@ -1,6 +1,6 @@
 """GPU TTS engine on CUDA: parity, chunked == whole, precision, graphs, cancellation.
 
-Skipped without CUDA. Tolerances (see bench/results/tts_load-h200-*.md for the numbers):
+Skipped without CUDA. Tolerances (docs/benchmarks.md has the measurements behind them):
 fp32 on GPU matches onnxruntime within 1e-3 (same as CPU); the chunked fp32 engine
 matches the whole-utterance GPU run within 3 int16 steps (1e-4 of full scale: cuDNN picks
 different fp32 algorithms for the chunk windows and the whole utterance; each side rounds). bf16/fp16 run the flow and
@@ -388,7 +388,7 @@ def test_gpu_polyphase_and_fused_blocks_keep_the_audio(model, voice_path):
     engine's SNR. The flow's fp16 error, amplified by the decoder, dominates the audio's: rounding
     it another way (the fused flow keeps fp32 between layers) moves a sentence's SNR by up to ~5 dB
     either way (H200: 48.6 and 40.6 dB against 43.6 and 43.5,
-    ``bench/results/test_gpu_tts-h200-2026-12-03-fusedflow2.txt``), so the fused flow is held to the
+    commit 04af75d), so the fused flow is held to the
     mean over 8 sentences within 1 dB of the plain engine's. Resampled to 24 kHz in the decoder's
     steps (``output_rate``, configs/gpu.toml), each sentence against fp32 resampled at once by the same
     filter: >= the floor, the mean within 1 dB of the all-fused mean at the voice's rate."""

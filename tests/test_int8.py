@@ -5,7 +5,7 @@ sentence, the bundled voice), measured on CPU with torch 2.13: 24.9 dB for the d
 static scales (calibrated at build on the 16 committed sentences, through ``StepRunner``'s
 64- then 256-frame chunks), 29.7 dB for dynamic per-row scales. For scale: int8 weights
 with float activations give ~31 dB; GPU bf16 gives 19.7-24.2 dB with fp32's WER
-(bench/results/tts_load-h200-*.md). Bounds sit 3 dB below the measurements.
+(docs/benchmarks.md, 2026-11-29). Bounds sit 3 dB below the measurements.
 """
 
 from __future__ import annotations
