@@ -64,7 +64,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llm.prompt import ChatPrompt, Cut, check_messages, common_prefix
-from llm.replies import ChatOptions, GenerationStats, Reply, ReplyEvent, ReplyOptions
+from llm.replies import ChatOptions, GenerationStats, Reply, ReplyEvent, ReplyOptions, ToolCallDelta
+from llm.tool_format import GRAMMAR_ROOT
 from base.config import Config
 from base.errors import InvalidInput, ModelError, VoxloopError
 
@@ -409,7 +410,8 @@ class BatchedChat:
         """Give ``reply`` the sequence ``slot``: fit its prompt, keep the reusable prefix."""
         o = self.options
         budget = o.n_ctx - (reply._limit or o.max_tokens)  # a prefill fits as the turn after it will
-        fitted = self.prompt.fit(reply.messages, budget, slot.cut if slot.session == reply.session else None)
+        tools = reply.options.tools if reply.options.tool_choice != "none" else ()
+        fitted = self.prompt.fit(reply.messages, budget, slot.cut if slot.session == reply.session else None, tools)
         tokens = fitted.tokens
         slot.session, slot.reply, slot.cut, slot.used = reply.session, reply, fitted.cut, time.perf_counter()
         keep = min(common_prefix(slot.tokens, tokens), len(tokens) - 1)  # >= 1 token: fresh logits
@@ -425,7 +427,8 @@ class BatchedChat:
             del slot.tokens[keep:]
         reply._slot, reply._pending = slot, tokens[keep:]
         reply._prompt_tokens, reply._cached, reply._dropped = len(tokens), keep, fitted.dropped
-        reply._sampler = self._sampler(reply.options)
+        reply._sampler = self._sampler(reply.options, tools)
+        reply._calls = self.prompt.tool_format.parser() if tools else None
         reply._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._active.append(reply)
 
@@ -456,13 +459,23 @@ class BatchedChat:
         log.info("LLM history cut: %d cached tokens shifted back by %d instead of read again", best, best_at - keep)
         return keep + best
 
-    def _sampler(self, options: ReplyOptions):
+    def _sampler(self, options: ReplyOptions, tools: Sequence[dict] = ()):
+        """The reply's sampler chain; with ``tool_choice`` ``required`` or a named function, a grammar
+        first makes the reply one call with valid arguments (llm/tool_format.py)."""
         ll = self._ll
         temp = self.options.temperature if options.temperature is None else options.temperature
         seed = options.seed if options.seed is not None else self.options.seed
         if seed is None:
             seed = int.from_bytes(os.urandom(4), "little")
+        grammar = None
+        if tools and (options.tool_choice == "required" or isinstance(options.tool_choice, dict)):
+            text = self.prompt.tool_format.grammar(tools, options.tool_choice)
+            grammar = ll.llama_sampler_init_grammar(self._vocab, text.encode(), GRAMMAR_ROOT.encode())
+            if not grammar:
+                raise InvalidInput("tools: llama.cpp cannot use the grammar made from the functions' parameters")
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+        if grammar is not None:
+            ll.llama_sampler_chain_add(chain, grammar)
         if temp <= 0:
             ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_greedy())
         else:
@@ -543,15 +556,32 @@ class BatchedChat:
         if r._first_token_s is None:
             r._first_token_s, r._first_batch = now - r.submitted, self.last_batch[1]
         r._completion += 1
-        piece = r._utf8.decode(self._llm.detokenize([token]))
+        # with tools, special tokens are call markers of some templates ([TOOL_CALLS], <|python_tag|>)
+        piece = r._utf8.decode(self._llm.detokenize([token], special=r._calls is not None))
+        event = self._event(r, piece)
+        if event is not None:
+            events.append(event)
         if r._completion >= r._limit:
-            if piece:
-                events.append(ReplyEvent(r, piece))
             self._finish(r, "length", events)
             return
         r._next = token
-        if piece:
-            events.append(ReplyEvent(r, piece))
+
+    def _event(self, r: Reply, piece: str, stats: GenerationStats | None = None,
+               last: bool = False) -> ReplyEvent | None:
+        """The event of a piece of the reply: its text, and with tools the calls it completes."""
+        if r._calls is None:
+            return ReplyEvent(r, piece, stats) if piece or stats is not None else None
+        text, calls = r._calls.feed(piece)
+        if last:
+            rest, more = r._calls.flush()
+            text, calls = text + rest, calls + more
+        deltas = []
+        for call in calls:
+            deltas.append(ToolCallDelta(r._call_index, call.arguments, call.call_id, call.name))
+            r._call_index += 1
+        if not (text or deltas or stats is not None):
+            return None
+        return ReplyEvent(r, text, stats, tuple(deltas))
 
     def _set_batch_threads(self, n: int) -> None:
         """llama.cpp's threads for batches of more than one token (one token keeps ``n_threads``)."""
@@ -599,4 +629,4 @@ class BatchedChat:
             prompt_tokens=r._prompt_tokens, cached_tokens=r._cached, completion_tokens=r._completion,
             dropped_messages=r._dropped, first_token_s=r._first_token_s,
             total_s=time.perf_counter() - r.submitted, finish_reason=reason, first_batch=r._first_batch)
-        events.append(ReplyEvent(r, tail, r.stats))
+        events.append(self._event(r, tail, r.stats, last=reason in ("stop", "length")))

@@ -16,10 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from base.errors import InvalidInput, ModelError
+from llm.tool_format import ToolFormat
 
 log = logging.getLogger(__name__)
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 
 
 @dataclass(frozen=True)
@@ -43,13 +44,18 @@ class ChatPrompt:
     def __init__(self, llm) -> None:
         self._llm = llm
         self._template = _template(llm)
+        #: How this template shows tools and calls, and how the model writes calls (llm/tool_format.py).
+        self.tool_format = ToolFormat.for_template(self._template.template)
         self._fold_system = not _takes_system_role(self._template)
         if self._fold_system:
             log.info("the GGUF's chat template refuses a system message: the system prompt opens the first user turn")
 
-    def tokens(self, messages: Sequence[dict]) -> list[int]:
-        """Prompt tokens of ``messages``, ending with the assistant's generation prompt."""
-        prompt = self._template(messages=alternating(messages, fold_system=self._fold_system)).prompt
+    def tokens(self, messages: Sequence[dict], tools: Sequence[dict] = ()) -> list[int]:
+        """Prompt tokens of ``messages``, ending with the assistant's generation prompt.
+
+        ``tools`` (Chat Completions shape) and the messages' ``tool_calls`` / ``tool`` results are
+        shown as the template's family does (``ToolFormat.messages``)."""
+        prompt = render(self._template, self.tool_format, messages, tools, self._fold_system)
         # The template writes the special tokens itself (added_special), so no BOS here.
         return self._llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
 
@@ -59,18 +65,20 @@ class ChatPrompt:
         b = self.tokens([{"role": "system", "content": system_prompt}, {"role": "user", "content": "B"}])
         return a[:common_prefix(a, b)]
 
-    def fit(self, messages: Sequence[dict], budget: int, cut: Cut | None = None) -> FittedPrompt:
-        """Tokens of ``messages`` within ``budget`` tokens (module doc); raises InvalidInput if impossible."""
+    def fit(self, messages: Sequence[dict], budget: int, cut: Cut | None = None,
+            tools: Sequence[dict] = ()) -> FittedPrompt:
+        """Tokens of ``messages`` (and ``tools``) within ``budget`` tokens (module doc); raises InvalidInput
+        if impossible."""
         check_messages(messages)
         system = [m for m in messages if m["role"] == "system"]
         rest = [m for m in messages if m["role"] != "system"]
         if cut is not None:  # reuse the last cut while it applies and fits
             n = _find(rest, cut)
             if n is not None and n < len(rest):
-                tokens = self.tokens(system + rest[n:])
+                tokens = self.tokens(system + rest[n:], tools)
                 if len(tokens) <= budget:
                     return FittedPrompt(tokens, n, cut)
-        tokens = self.tokens(messages)
+        tokens = self.tokens(messages, tools)
         if len(tokens) <= budget:
             return FittedPrompt(tokens, 0, None)
         # Cut down to half the budget so the next turns fit under the same cut; the kept
@@ -78,11 +86,20 @@ class ChatPrompt:
         for n in range(1, len(rest)):
             if rest[n]["role"] != "user" and n < len(rest) - 1:
                 continue
-            tokens = self.tokens(system + rest[n:])
+            tokens = self.tokens(system + rest[n:], tools)
             if len(tokens) <= budget // 2 or (n == len(rest) - 1 and len(tokens) <= budget):
                 log.info("LLM prompt over the context: dropped the %d oldest messages", n)
                 return FittedPrompt(tokens, n, Cut(rest[n]["role"], rest[n]["content"]))
         raise InvalidInput(f"prompt needs {len(tokens)} tokens; the context leaves {budget}")
+
+
+def render(template, tool_format: ToolFormat, messages: Sequence[dict], tools: Sequence[dict] = (),  # noqa: ANN001
+           fold_system: bool = False) -> str:
+    """The prompt text of ``messages`` (and ``tools``) through a llama-cpp-python ``Jinja2ChatFormatter``."""
+    shown = None
+    if tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+        messages, shown = tool_format.messages(messages, tools)
+    return template(messages=alternating(messages, fold_system=fold_system), tools=shown).prompt
 
 
 def alternating(messages: Sequence[dict], fold_system: bool = False) -> list[dict]:
@@ -104,10 +121,11 @@ def alternating(messages: Sequence[dict], fold_system: bool = False) -> list[dic
                         *messages[1 if first is not None else 0:]]
     out: list[dict] = []
     for m in messages:
-        if out and out[-1]["role"] == m["role"] and m["role"] != "system":
+        if out and out[-1]["role"] == m["role"] and m["role"] in ("user", "assistant") and not (
+                m.get("tool_calls") or out[-1].get("tool_calls")):
             out[-1]["content"] = f"{out[-1]['content']}\n{m['content']}"
         else:
-            out.append({"role": m["role"], "content": m["content"]})
+            out.append(dict(m))
     return out
 
 
@@ -156,9 +174,13 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def check_messages(messages: Sequence[dict]) -> None:
+    """Chat Completions messages: a role of ``ROLES`` and str content (an assistant message with
+    ``tool_calls`` may have none; a ``tool`` message names its ``tool_call_id``)."""
     if not messages:
         raise InvalidInput("no messages")
     for m in messages:
-        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(
-                m.get("content"), str):
-            raise InvalidInput(f"bad chat message {m!r}: need role in {ROLES} and str content")
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise InvalidInput(f"bad chat message {m!r}: need role in {ROLES}")
+        calls_only = m["role"] == "assistant" and m.get("tool_calls") and m.get("content") is None
+        if not (calls_only or isinstance(m.get("content"), str)) or (m["role"] == "tool" and not m.get("tool_call_id")):
+            raise InvalidInput(f"bad chat message {m!r}: need str content (and a tool_call_id for a tool result)")

@@ -86,6 +86,8 @@ class Reply:
     _first_token_s: float | None = None
     _first_batch: int = 0
     _limit: int = 0
+    _calls: object = None  # the reply's function-call parser (llm.tool_format.CallParser), with tools
+    _call_index: int = 0  # calls found so far
 
     @property
     def done(self) -> bool:

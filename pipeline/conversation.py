@@ -19,14 +19,16 @@ from typing import Any
 
 from pipeline.engines import Engines
 from pipeline.history import History
-from pipeline.respond import ReplyRequest, Responder, close_item, response_done
+from pipeline.respond import ReplyRequest, Responder, close_output, response_done
+from pipeline.tool_calls import ToolRequest, tool_request
 from pipeline.trace import Metrics, TraceSink, TurnTrace
 from pipeline.turn import Turn, TurnControl
 from realtime import events as ev
 from realtime.items import ContentPart, ErrorInfo, MessageItem
+from realtime.tools import FunctionCallItem, FunctionCallOutputItem
 from realtime.wire import ErrorCode, new_id
 from base.config import Config
-from base.errors import InvalidInput, VoxloopError
+from base.errors import InvalidInput, ProtocolError, VoxloopError
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +103,8 @@ class Conversation:
 
     # ------------------------------------------------------------------ replies
     async def reply(self, turn: Turn, pending_user: str | None = None, instructions: str | None = None,
-                    audio: bool | None = None, add_to_history: bool = True) -> None:
+                    audio: bool | None = None, add_to_history: bool = True, tools: ToolRequest | None = None) -> None:
+        """``tools``: the functions the model may call (default: the session's)."""
         session = self._settings()
         system = instructions or session.instructions or self.cfg.llm.system_prompt
         messages = self.history.messages(system, pending_user)
@@ -110,7 +113,8 @@ class Conversation:
         if session.max_output_tokens != "inf":
             max_tokens = min(max_tokens, int(session.max_output_tokens))
         wants_audio = session.output_modalities == ("audio",) if audio is None else audio
-        req = ReplyRequest(messages, max_tokens, session.output_rate, audio=wants_audio)
+        req = ReplyRequest(messages, max_tokens, session.output_rate, audio=wants_audio,
+                           tools=tool_request(session) if tools is None else tools)
         text = await self.responder.run(turn, req)
         # A speculative turn may finish before the user has; history changes wait for the commit.
         await turn.released.wait()
@@ -118,6 +122,8 @@ class Conversation:
             self.add_user_message(turn)
         if add_to_history and text:
             turn.history_index = self.history.add("assistant", text, turn.item_id)
+        if add_to_history:
+            self.add_calls(turn)
         if self.history.dropped != dropped:
             # The history was cut: every token the LLM holds after the cut moved, and the next turn's
             # first token would wait for all of them (730 tokens: 5.4 s on one thread of a 2-core VM).
@@ -139,9 +145,9 @@ class Conversation:
         if not self.turns.is_current(turn):
             return
         if turn.response_started:
-            item = close_item(turn, "completed" if status == "completed" else "incomplete")[1]
+            items = close_output(turn, "completed" if status == "completed" else "incomplete")[1]
             reason = "max_output_tokens" if status == "incomplete" else None
-            self.turns.emit(turn, response_done(turn, status, reason, (item,), error))
+            self.turns.emit(turn, response_done(turn, status, reason, items, error))
         self.turns.finish(turn, status)
         self.last_turn = turn
         turn.trace.mark("done")
@@ -178,7 +184,7 @@ class Conversation:
             self.turns.emit(turn, ev.ConversationItemDone(item=self.user_message(item, "completed"),
                                                           previous_item_id=turn.previous_item_id))
         elif turn.response_started:
-            for event in close_item(turn, "incomplete")[0]:
+            for event in close_output(turn, "incomplete")[0]:
                 self.turns.emit(turn, event)
         self.finish(turn, "failed", error)
 
@@ -207,11 +213,12 @@ class Conversation:
         heard = turn.heard_text()
         if heard:
             turn.history_index = self.history.add("assistant", heard, turn.item_id)
+        self.add_calls(turn)  # calls whose arguments were complete: the client may be running them
         if turn.response_started:  # its events are dropped from now on: these go out directly
-            events, item = close_item(turn, "incomplete")
+            events, items = close_output(turn, "incomplete")
             for event in events:
                 self._send(event)
-            self._send(response_done(turn, "cancelled", reason, (item,)))
+            self._send(response_done(turn, "cancelled", reason, items))
         turn.trace.mark("done")
         self.record(turn, "cancelled")
         return turn
@@ -227,9 +234,39 @@ class Conversation:
             turn.first_audio_at = time.monotonic()
             turn.trace.mark("first_audio_sent", turn.first_audio_at)
 
+    def add_calls(self, turn: Turn) -> None:
+        """Put the reply's complete function calls in the history (once)."""
+        if turn.calls is None:
+            return
+        for call in turn.calls.done:
+            if not self.history.has("function_call", call.call_id):
+                self.history.add("function_call", call.arguments, call.item_id, call_id=call.call_id, name=call.name)
+
+    def _check_output(self, item: FunctionCallOutputItem) -> None:
+        """Refuse an output for no call of this conversation, or for a call already answered."""
+        call_id = item.call_id
+        if self.history.has("function_call_output", call_id):
+            raise ProtocolError(ErrorCode.CALL_ALREADY_ANSWERED, f"item.call_id: call {call_id} already has an output",
+                                param="item.call_id")
+        if self.history.has("function_call", call_id):
+            return
+        for turn in (self.turns.current, self.last_turn):
+            call = turn.calls.find(call_id) if turn is not None and turn.calls is not None else None
+            if call is not None and call.done:
+                return  # its response is still ending: the call enters the history with it
+            if call is not None:
+                raise ProtocolError(ErrorCode.UNKNOWN_CALL_ID, f"item.call_id: call {call_id} was cut off before its "
+                                    "arguments were complete (the response was cancelled); it is not in the "
+                                    "conversation", param="item.call_id")
+        raise ProtocolError(ErrorCode.UNKNOWN_CALL_ID, f"item.call_id: no function call {call_id} in this "
+                            "conversation", param="item.call_id")
+
     # ------------------------------------------------------------------ client events
     def item_create(self, event: ev.ConversationItemCreate) -> None:
         item = event.item
+        if isinstance(item, FunctionCallItem | FunctionCallOutputItem):
+            self._call_item_create(event)
+            return
         text = " ".join(p.content_text for p in item.content).strip()
         item_id = item.id or new_id("item")
         self.history.add(item.role, text, item_id)
@@ -237,8 +274,30 @@ class Conversation:
         self._send(ev.ConversationItemAdded(item=done, previous_item_id=event.previous_item_id))
         self._send(ev.ConversationItemDone(item=done, previous_item_id=event.previous_item_id))
 
+    def _call_item_create(self, event: ev.ConversationItemCreate) -> None:
+        """A function call's output (or a call the client adds itself) enters the history."""
+        item = event.item
+        item_id = item.id or new_id("item")
+        if isinstance(item, FunctionCallOutputItem):
+            self._check_output(item)
+            self.history.add("function_call_output", item.output, item_id, call_id=item.call_id)
+        else:
+            if self.history.has("function_call", item.call_id):
+                raise ProtocolError(ErrorCode.INVALID_VALUE, f"item.call_id: a call {item.call_id} is already in "
+                                    "the conversation", param="item.call_id")
+            self.history.add("function_call", item.arguments, item_id, call_id=item.call_id, name=item.name)
+        done = dataclasses.replace(item, id=item_id, status="completed", object="realtime.item")
+        self._send(ev.ConversationItemAdded(item=done, previous_item_id=event.previous_item_id))
+        self._send(ev.ConversationItemDone(item=done, previous_item_id=event.previous_item_id))
+
     def response_create(self, event: ev.ResponseCreate) -> None:
         current = self.turns.running
+        if current is not None and current.committed and current.calls is not None and current.calls.done:
+            # The response that called a function is ending (its response.done is on the way): a client
+            # that answers the call at once asks for the next response before it. Start that one after.
+            task = asyncio.create_task(self._create_after(current, event))
+            task.add_done_callback(self.task_done)
+            return
         if current is not None and current.transcribe_only:
             # create_response false: the user's turn is still being transcribed; answer once its
             # transcript is in the history (or it was dropped: speech went on).
@@ -252,14 +311,15 @@ class Conversation:
                 return
             raise InvalidInput("a response is already in progress; cancel it first",
                                code=ErrorCode.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE)
-        self.interrupt("turn_detected", by_voice=False)  # drops a speculative turn, if any
         opts = event.response
+        tools = tool_request(self._settings(), opts)  # a bad tool_choice is refused before anything stops
+        self.interrupt("turn_detected", by_voice=False)  # drops a speculative turn, if any
         turn = self.new_turn("text", committed=True)
         turn.trace.mark("vad_end")
         audio = None if opts is None or opts.output_modalities is None else opts.output_modalities == ("audio",)
         self.spawn(turn, self.guarded_reply(
             turn, instructions=opts.instructions if opts else None, audio=audio,
-            add_to_history=not (opts is not None and opts.conversation == "none")))
+            add_to_history=not (opts is not None and opts.conversation == "none"), tools=tools))
 
     def silence_reply(self, item_id: str, silence_ms: float, mode: str) -> None:
         """The user said nothing for ``silence_ms`` after the last response (``idle_timeout_ms``):

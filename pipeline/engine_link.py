@@ -17,7 +17,7 @@ front end -> engine
   front end), ``SynthesisOptions`` without the rate (resampling happens in the front end);
   ``("cancel", key)``;
   ``("asr", key, pcm_bytes, dtype, language, priority)`` / ``("asr_cancel", key)``;
-  ``("llm", key, session, messages, max_tokens, priority)`` / ``("llm_cancel", key)`` /
+  ``("llm", key, session, messages, max_tokens, priority, tools, tool_choice)`` / ``("llm_cancel", key)`` /
   ``("llm_release", session)``.
 engine -> front end
   ``("step", [(key, clause_index, final, pcm, stamps) | (key, error) ...])``: **one message
@@ -27,8 +27,9 @@ engine -> front end
   first chunk (else None);
   ``error`` is an exception, or None when the engine closed;
   ``("asr", key, transcript_or_error)``;
-  ``("llm", [(key, text, stats, error) ...])``: one message per ``llama_decode`` step with every
-  reply of that front end it advanced (``stats`` set on a reply's last item);
+  ``("llm", [(key, text, stats, error, tool_calls) ...])``: one message per ``llama_decode`` step with every
+  reply of that front end it advanced (``stats`` set on a reply's last item; ``tool_calls`` its
+  ``ToolCallDelta`` s of the step);
   ``("report", {...})`` once a second, for ``/metrics``.
 
 ``EngineHost`` is the engine side (threads: one reader and one writer per front end; the TTS
@@ -268,7 +269,7 @@ class _FrontEndLink:
                 if event.stats is not None:
                     self._replies.pop(key, None)
                     error = event.reply.error
-                items.append((key, event.text, event.stats, error))
+                items.append((key, event.text, event.stats, error, event.tool_calls))
         self._out.put(("llm", items))
 
     # ---------------------------------------------------------------- requests (reader thread)
@@ -356,21 +357,22 @@ class _FrontEndLink:
         if cancel is not None:
             cancel.set()
 
-    def _on_llm(self, key: int, session: Hashable, messages: list, max_tokens: int, priority: int) -> None:
+    def _on_llm(self, key: int, session: Hashable, messages: list, max_tokens: int, priority: int,
+                tools: tuple = (), tool_choice: str | dict | None = None) -> None:
         from llm.replies import ReplyOptions
 
         llm = self.host.llm
         if llm is None:
-            self._out.put(("llm", [(key, "", None, ModelError("the engine process runs no LLM"))]))
+            self._out.put(("llm", [(key, "", None, ModelError("the engine process runs no LLM"), ())]))
             return
         conversation = (self.number, session)  # session ids are unique per front end only
         with self._lock:
             self._sessions.add(conversation)
-        options = ReplyOptions(max_tokens=max_tokens, priority=priority)
+        options = ReplyOptions(max_tokens=max_tokens, priority=priority, tools=tools, tool_choice=tool_choice)
         try:
             reply = llm.engine.submit(conversation, messages, options, tag=(self, key))
         except Exception as exc:  # noqa: BLE001 - InvalidInput goes back to the session
-            self._out.put(("llm", [(key, "", None, exc)]))
+            self._out.put(("llm", [(key, "", None, exc, ())]))
             return
         with self._lock:
             if not reply.done:
@@ -647,25 +649,28 @@ class RemoteLlm(_Streams):
     batch with every other front end's conversations; each step's tokens arrive in one message."""
 
     def __init__(self, link: EngineClient) -> None:
-        super().__init__(link, "llm", ("", None, ModelError("the LLM process went away")))
+        super().__init__(link, "llm", ("", None, ModelError("the LLM process went away"), ()))
 
     async def stream(self, session: Hashable, messages: list[dict], max_tokens: int,
                      cancel: threading.Event, priority: int = NORMAL,
-                     on_done: Callable[[Any], None] | None = None) -> AsyncIterator[str]:
+                     on_done: Callable[[Any], None] | None = None, tools: tuple[dict, ...] = (),
+                     tool_choice: str | dict | None = None) -> AsyncIterator[Any]:
         key = next(self._keys)
         q: asyncio.Queue = asyncio.Queue()
         self._queues[key] = q
         done = False
         try:
-            self.link.send(("llm", key, session, messages, max_tokens, priority))
+            self.link.send(("llm", key, session, messages, max_tokens, priority, tuple(tools), tool_choice))
             while not cancel.is_set():
                 try:
-                    _, text, stats, error = q.get_nowait() if not q.empty() else await asyncio.wait_for(
+                    _, text, stats, error, calls = q.get_nowait() if not q.empty() else await asyncio.wait_for(
                         q.get(), CANCEL_POLL_S)
                 except TimeoutError:
                     continue
                 if text:
                     yield text
+                for call in calls:
+                    yield call
                 if stats is not None or error is not None:
                     done = True
                     if stats is not None and on_done is not None:

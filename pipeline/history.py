@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.tool_calls import chat_messages
+
 
 @dataclass
 class Message:
-    role: str  # "system" | "user" | "assistant"
-    content: str
+    role: str  # "system" | "user" | "assistant" | "function_call" | "function_call_output"
+    content: str  # a function call's arguments (JSON text), a call output's text
     item_id: str
+    call_id: str | None = None  # function calls and their outputs
+    name: str | None = None  # function calls: the function
 
 
 class History:
@@ -32,8 +36,8 @@ class History:
     def __len__(self) -> int:
         return len(self._messages)
 
-    def add(self, role: str, content: str, item_id: str) -> int:
-        self._messages.append(Message(role, content, item_id))
+    def add(self, role: str, content: str, item_id: str, call_id: str | None = None, name: str | None = None) -> int:
+        self._messages.append(Message(role, content, item_id, call_id, name))
         index = self._dropped + len(self._messages) - 1
         if self._chars() > self.max_chars:
             while len(self._messages) > 1 and self._chars() > self.max_chars // 2:
@@ -55,6 +59,10 @@ class History:
     def has_item(self, item_id: str) -> bool:
         return any(m.item_id == item_id for m in self._messages)
 
+    def has(self, role: str, call_id: str) -> bool:
+        """True when a ``function_call`` (or ``function_call_output``) of ``call_id`` is in the history."""
+        return any(m.role == role and m.call_id == call_id for m in self._messages)
+
     def truncate(self, index: int, item_id: str, content: str) -> None:
         """Replace message ``index`` (if it still exists and is ``item_id``) by what was heard."""
         i = index - self._dropped
@@ -64,10 +72,11 @@ class History:
             else:  # nothing was heard: the reply leaves history (callers only cut the newest reply)
                 del self._messages[i]
 
-    def messages(self, system: str, pending_user: str | None = None) -> list[dict[str, str]]:
-        """Chat messages for the LLM: system prompt, history, and an optional not-yet-committed user turn."""
+    def messages(self, system: str, pending_user: str | None = None) -> list[dict]:
+        """Chat messages for the LLM: system prompt, history (function calls as ``tool_calls``, each followed
+        by its output: ``pipeline.tool_calls.chat_messages``), and an optional not-yet-committed user turn."""
         out = [{"role": "system", "content": system}]
-        out += [{"role": m.role, "content": m.content} for m in self._messages if m.content]
+        out += chat_messages(self._messages)
         if pending_user is not None:
             out.append({"role": "user", "content": pending_user})
         return out

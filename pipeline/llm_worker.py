@@ -2,7 +2,8 @@
 
 ``BatchedLlm`` owns a ``BatchedChat`` (llm/batched.py) on one thread that runs its
 steps; sessions call ``stream(session_id, messages, max_tokens, cancel)`` from the
-event loop and iterate text deltas. One step's output for all sessions goes back to
+event loop and iterate text deltas (``str``) and, with ``tools``, pieces of function calls
+(``llm.replies.ToolCallDelta``). One step's output for all sessions goes back to
 the loop in one hand-off (``call_soon_threadsafe`` per step, not per token), so no
 thread is tied to a session and every session's turn joins the running batch.
 
@@ -45,18 +46,22 @@ class BatchedLlm:
 
     async def stream(self, session: Hashable, messages: list[dict], max_tokens: int,
                      cancel: threading.Event, priority: int = NORMAL,
-                     on_done: Callable[[Any], None] | None = None) -> AsyncIterator[str]:
-        """Text deltas of the reply to ``messages`` in ``session``'s conversation.
+                     on_done: Callable[[Any], None] | None = None, tools: tuple[dict, ...] = (),
+                     tool_choice: str | dict | None = None) -> AsyncIterator[Any]:
+        """Text deltas (``str``) and function-call pieces (``ToolCallDelta``) of the reply to ``messages``
+        in ``session``'s conversation.
 
         Ends when the reply does, or soon after ``cancel`` is set; closing the iterator
         (a cancelled task) cancels the reply. Engine errors are raised here. ``on_done``
-        gets the reply's ``GenerationStats`` when it ends.
+        gets the reply's ``GenerationStats`` when it ends. ``tools`` / ``tool_choice``: the
+        functions the model may call, Chat Completions shape (``llm.replies.ReplyOptions``).
         """
         from llm.batched import ReplyOptions
 
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
-        options = ReplyOptions(max_tokens=max_tokens, priority=priority, cancel=cancel)
+        options = ReplyOptions(max_tokens=max_tokens, priority=priority, cancel=cancel, tools=tuple(tools),
+                               tool_choice=tool_choice)
         route = self._routes.get(loop)
         if route is None:
             route = self._routes[loop] = _LoopRoute(loop)
@@ -66,6 +71,8 @@ class BatchedLlm:
                 event = await events.get()
                 if event.text:
                     yield event.text
+                for call in event.tool_calls:
+                    yield call
                 if event.stats is not None:
                     if on_done is not None:
                         on_done(event.stats)
@@ -162,9 +169,12 @@ class SerialLlm:
 
     def stream(self, session: Hashable, messages: list[dict], max_tokens: int,
                cancel: threading.Event, priority: int = NORMAL,
-               on_done: Callable[[Any], None] | None = None) -> AsyncIterator[str]:
-        def generate(llm: Any) -> Iterator[str]:
-            yield from llm.stream(messages, cancel=cancel, max_tokens=max_tokens)
+               on_done: Callable[[Any], None] | None = None, tools: tuple[dict, ...] = (),
+               tool_choice: str | dict | None = None) -> AsyncIterator[Any]:
+        offered = {"tools": tools, "tool_choice": tool_choice} if tools else {}  # engines without tools: none
+
+        def generate(llm: Any) -> Iterator[Any]:
+            yield from llm.stream(messages, cancel=cancel, max_tokens=max_tokens, **offered)
             stats = getattr(llm, "last_stats", None)
             if on_done is not None and stats is not None:
                 on_done(stats)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.engines import Engines
+from pipeline.tool_calls import ReplyCalls, ToolRequest
 from pipeline.turn import SpokenClause, Turn, TurnControl
 from pipeline.workers import NORMAL, URGENT
 from realtime import events as ev
@@ -34,27 +35,53 @@ from base.config import Config
 class ReplyRequest:
     """What to answer and how."""
 
-    messages: list[dict[str, str]]
+    messages: list[dict]
     max_tokens: int
     output_rate: int  # Hz of audio sent to the client
     audio: bool = True  # False: text-only reply (no TTS)
     priority: int = NORMAL
+    tools: ToolRequest = ToolRequest()  # functions the model may call (none by default)
 
 
 def response_object(turn: Turn, status: str = "in_progress", reason: str | None = None,
-                    items: tuple[MessageItem, ...] = (), error: ErrorInfo | None = None,
+                    items: tuple[object, ...] = (), error: ErrorInfo | None = None,
                     usage: ResponseUsage | None = None) -> ResponseObject:
     details = None
     if status != "in_progress":
         details = ResponseStatusDetails(type=status, reason=reason, error=error)  # type: ignore[arg-type]
     return ResponseObject(id=turn.response_id, status=status, status_details=details,  # type: ignore[arg-type]
-                          output=items, usage=usage)
+                          output=items, usage=usage)  # type: ignore[arg-type]
 
 
 def assistant_item(turn: Turn, text: str, status: str, audio: bool = True) -> MessageItem:
     part = ContentPart(type="output_audio", transcript=text) if audio else ContentPart(type="output_text", text=text)
     return MessageItem(id=turn.item_id, role="assistant", status=status,  # type: ignore[arg-type]
                        object="realtime.item", content=(part,) if text or status != "in_progress" else ())
+
+
+def open_item(turn: Turn) -> list[object]:
+    """The events that open the reply's message item and its content part."""
+    turn.message_open = True
+    item = assistant_item(turn, "", "in_progress", turn.spoken)
+    part = ContentPart(type="audio" if turn.spoken else "text", transcript="")
+    return [ev.ResponseOutputItemAdded(response_id=turn.response_id, item=item), ev.ConversationItemAdded(item=item),
+            ev.ResponseContentPartAdded(response_id=turn.response_id, item_id=turn.item_id, part=part)]
+
+
+def close_output(turn: Turn, status: str) -> tuple[list[object], tuple[object, ...]]:
+    """The events that end what of the response is still open, and the response's final items.
+
+    The message item (if opened and not closed yet, ``close_item``), then the function calls: a call
+    still streaming ends ``incomplete`` unless ``status`` is ``completed``.
+    """
+    events: list[object] = []
+    if turn.message_open and turn.message_item is None:
+        events, turn.message_item = close_item(turn, status)
+    items: tuple[object, ...] = () if turn.message_item is None else (turn.message_item,)
+    if turn.calls is not None:
+        events += turn.calls.finish("completed" if status == "completed" else "incomplete")
+        items += turn.calls.items()
+    return events, items
 
 
 def close_item(turn: Turn, status: str) -> tuple[list[object], MessageItem]:
@@ -77,7 +104,7 @@ def close_item(turn: Turn, status: str) -> tuple[list[object], MessageItem]:
     return events, item
 
 
-def response_done(turn: Turn, status: str, reason: str | None = None, items: tuple[MessageItem, ...] = (),
+def response_done(turn: Turn, status: str, reason: str | None = None, items: tuple[object, ...] = (),
                   error: ErrorInfo | None = None) -> ev.ResponseDone:
     """``response.done`` with the final items and, once the LLM reported them, its token counts."""
     stats = turn.generation
@@ -116,15 +143,13 @@ class Responder:
         (``turn.generation.finish_reason == "length"``).
         """
         ids = {"response_id": turn.response_id, "item_id": turn.item_id}
-        part_type = "audio" if req.audio else "text"
         turn.spoken = req.audio
+        turn.calls = ReplyCalls(turn.response_id)
         self._emit(turn, ev.ResponseCreated(response=response_object(turn)))
         turn.response_started = True
-        self._emit(turn, ev.ResponseOutputItemAdded(response_id=turn.response_id,
-                                                    item=assistant_item(turn, "", "in_progress", req.audio)))
-        self._emit(turn, ev.ConversationItemAdded(item=assistant_item(turn, "", "in_progress", req.audio)))
-        self._emit(turn, ev.ResponseContentPartAdded(**ids, part=ContentPart(type=part_type, transcript="")))
-        clauses: asyncio.Queue[str | None] = asyncio.Queue()
+        if not req.tools.tools:  # with tools, the message item opens at the first text (module doc)
+            self._emit_all(turn, open_item(turn))
+        clauses: asyncio.Queue = asyncio.Queue()
         llm_task = asyncio.create_task(self._generate(turn, req, clauses))
         turn.tasks.add(llm_task)
         try:
@@ -136,10 +161,32 @@ class Responder:
         finally:
             llm_task.cancel()
         stopped_at_limit = getattr(turn.generation, "finish_reason", None) == "length"
-        events, item = close_item(turn, "incomplete" if stopped_at_limit else "completed")
+        if not turn.message_open and not turn.calls.calls:  # nothing at all: an empty message, as without tools
+            self._emit_all(turn, open_item(turn))
+        self._emit_all(turn, close_output(turn, "incomplete" if stopped_at_limit else "completed")[0])
+        item = turn.message_item
+        return item.content[0].content_text if item is not None and item.content else ""
+
+    def _emit_all(self, turn: Turn, events: list[object]) -> None:
         for event in events:
             self._emit(turn, event)
-        return item.content[0].content_text if item.content else ""
+
+    def _call(self, turn: Turn, delta: object) -> None:
+        """A piece of a function call: the message item (text said before the call) ends first."""
+        if turn.message_open and turn.message_item is None:
+            events, turn.message_item = close_item(turn, "completed")
+            self._emit_all(turn, events)
+        index = int(turn.message_open) + len(turn.calls.calls)  # where a new call's item goes in the output
+        self._emit_all(turn, turn.calls.feed(delta, output_index=index))
+
+    def _text_started(self, turn: Turn) -> bool:
+        """Open the message item at the reply's first text; False once a call has begun (text after a
+        function call is not said: docs/protocol.md)."""
+        if turn.calls.calls:
+            return False
+        if not turn.message_open:
+            self._emit_all(turn, open_item(turn))
+        return True
 
     async def _generate(self, turn: Turn, req: ReplyRequest, clauses: asyncio.Queue[str | None]) -> str:
         """LLM tokens -> clauses (queue); returns the whole text."""
@@ -154,10 +201,17 @@ class Responder:
                 if getattr(stats, "first_token_s", None) is not None:  # the engine's own, from its submit
                     turn.trace.info["llm_engine_first_token_ms"] = round(1000 * stats.first_token_s, 1)
 
+            tools = {"tools": req.tools.tools, "tool_choice": req.tools.tool_choice} if req.tools.tools else {}
             stream = self.engines.llm.stream(self.session_id, req.messages, req.max_tokens, turn.cancel,
-                                             priority=req.priority, on_done=done)
+                                             priority=req.priority, on_done=done, **tools)
             async for token in stream:
                 turn.trace.mark("llm_first_token")
+                if not isinstance(token, str):  # a piece of a function call: after the text cut so far
+                    if req.audio:
+                        for clause in segmenter.flush():
+                            clauses.put_nowait(clause)
+                    clauses.put_nowait(token)
+                    continue
                 text.append(token)
                 if not req.audio:
                     clauses.put_nowait(token)
@@ -174,15 +228,25 @@ class Responder:
         turn.trace.info["llm_tokens"] = len(text)
         return "".join(text).strip()
 
-    async def _write_text(self, turn: Turn, clauses: asyncio.Queue[str | None], ids: dict) -> None:
+    async def _write_text(self, turn: Turn, clauses: asyncio.Queue, ids: dict) -> None:
         while (token := await clauses.get()) is not None:
+            if not isinstance(token, str):
+                self._call(turn, token)
+                continue
+            if not self._text_started(turn):
+                continue
             if self._emit(turn, ev.ResponseOutputTextDelta(**ids, delta=token)):
                 turn.text_sent += token
 
-    async def _speak(self, turn: Turn, req: ReplyRequest, clauses: asyncio.Queue[str | None], ids: dict) -> None:
+    async def _speak(self, turn: Turn, req: ReplyRequest, clauses: asyncio.Queue, ids: dict) -> None:
         options = SynthesisOptions(sample_rate=req.output_rate)
         index = 0
         while (clause := await clauses.get()) is not None:
+            if not isinstance(clause, str):
+                self._call(turn, clause)
+                continue
+            if not self._text_started(turn):
+                continue
             start_ms = turn.audio_sent_ms
             delta = (" " if index else "") + clause
             if self._emit(turn, ev.ResponseOutputAudioTranscriptDelta(**ids, delta=delta)):

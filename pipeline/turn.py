@@ -84,6 +84,13 @@ class Turn:
     #: How the LLM's generation ended, once it has (``finish_reason``, ``prompt_tokens``,
     #: ``completion_tokens``; e.g. ``llm.replies.GenerationStats``). None while running or unknown.
     generation: Any = None
+    #: The assistant message item was opened (``response.output_item.added``): at once, or with tools
+    #: offered at the reply's first text (a reply that only calls a function has no message item).
+    message_open: bool = False
+    #: The message item as it ended (set when it is closed: before a function call, or at the end).
+    message_item: Any = None
+    #: The response's function calls (``pipeline.tool_calls.ReplyCalls``); None before the reply starts.
+    calls: Any = None
 
     def heard_ms(self, now: float | None = None) -> float:
         """How much of the reply the user has heard: reported, else estimated from wall time."""

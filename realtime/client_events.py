@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from realtime.items import CLIENT_CONTENT_TYPES, MessageItem, ResponseOptions
+from realtime.items import CLIENT_CONTENT_TYPES, Item, MessageItem, ResponseOptions
 from realtime.session_schema import validate_session_update
 from realtime.wire import (
     ErrorCode,
@@ -93,13 +93,16 @@ class ResponseCancel(ClientEvent):
 
 @dataclass(frozen=True, kw_only=True)
 class ConversationItemCreate(ClientEvent):
-    """Add a text message (user/system ``input_text``, assistant ``output_text``) to history."""
+    """Add a text message (user/system ``input_text``, assistant ``output_text``), a function call or
+    a function call's output to history."""
 
     type: ClassVar[str] = "conversation.item.create"
-    item: MessageItem
+    item: Item
     previous_item_id: str | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.item, MessageItem):
+            return  # the function-call items check their own fields
         allowed = CLIENT_CONTENT_TYPES[self.item.role]
         check(len(self.item.content) > 0, "item.content", "must not be empty")
         for i, part in enumerate(self.item.content):

@@ -35,6 +35,7 @@ from realtime.client_events import (
 from realtime.items import (
     ContentPart,
     ErrorInfo,
+    Item,
     MessageItem,
     ResponseAudio,
     ResponseObject,
@@ -64,6 +65,8 @@ from realtime.server_events import (
     ResponseOutputAudioDone,
     ResponseOutputAudioTranscriptDelta,
     ResponseOutputAudioTranscriptDone,
+    ResponseFunctionCallArgumentsDelta,
+    ResponseFunctionCallArgumentsDone,
     ResponseOutputItemAdded,
     ResponseOutputItemDone,
     ResponseOutputTextDelta,
@@ -80,6 +83,7 @@ from realtime.server_events import (
     XTurnMetrics,
     error_info,
 )
+from realtime.tools import FunctionCallItem, FunctionCallOutputItem, FunctionTool, ToolChoiceFunction
 from realtime.wire import ErrorCode, ProtocolError, event_id_of
 
 #: What ``RealtimeProtocol.receive_*`` returns for a bad message: an error ready to send.
@@ -103,8 +107,10 @@ __all__ = [
     "ResponseOutputAudioTranscriptDone", "ResponseOutputTextDelta", "ResponseOutputTextDone",
     "ErrorEvent", "XTurnMetrics", "XTtsAudioDelta", "XTtsDone", "XOutputAudioBufferPaused",
     "XOutputAudioBufferResumed", "XOutputAudioBufferCleared",
+    "ResponseFunctionCallArgumentsDelta", "ResponseFunctionCallArgumentsDone",
     # nested objects
-    "ContentPart", "ErrorDetail", "ErrorInfo", "MessageItem", "ResponseAudio", "ResponseObject",
+    "ContentPart", "ErrorDetail", "ErrorInfo", "Item", "MessageItem", "FunctionCallItem", "FunctionCallOutputItem",
+    "FunctionTool", "ToolChoiceFunction", "ResponseAudio", "ResponseObject",
     "ResponseOptions", "ResponseStatusDetails", "ResponseUsage", "TranscriptionUsage",
 ]
 
@@ -174,7 +180,13 @@ def _check_text_length(event: ClientEvent, limit: int) -> None:
     if isinstance(event, XTtsSpeak):
         texts = [("text", event.text)]
     elif isinstance(event, ConversationItemCreate):
-        texts = [(f"item.content[{i}].text", p.text or "") for i, p in enumerate(event.item.content)]
+        item = event.item
+        if isinstance(item, FunctionCallOutputItem):
+            texts = [("item.output", item.output)]
+        elif isinstance(item, FunctionCallItem):
+            texts = [("item.arguments", item.arguments)]
+        else:
+            texts = [(f"item.content[{i}].text", p.text or "") for i, p in enumerate(item.content)]
     elif isinstance(event, ResponseCreate) and event.response and event.response.instructions:
         texts = [("response.instructions", event.response.instructions)]
     else:

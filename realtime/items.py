@@ -1,6 +1,7 @@
 """Objects nested inside Realtime events: conversation items, content parts, responses.
 
-Only ``message`` items exist here (no function calls). Text content only on the way in:
+Items are ``message`` s here and the two function-call items of realtime/tools.py (``Item``).
+Text content only on the way in:
 ``input_text`` for user/system messages, ``output_text`` for assistant messages; the
 server also sends ``input_audio`` (user speech, with its transcript) and ``output_audio``
 (assistant speech, with its transcript) parts. Audio bytes are never embedded in items.
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from realtime.session_schema import AudioOutput
+from realtime.tools import FunctionCallItem, FunctionCallOutputItem, FunctionTool, ToolChoice, check_tools
 from realtime.wire import WireObject, check, nullable
 
 Role = Literal["user", "assistant", "system"]
@@ -63,6 +65,10 @@ class MessageItem(WireObject):
         return "".join(part.content_text for part in self.content)
 
 
+#: Any conversation item (decoded by its ``type``).
+Item = MessageItem | FunctionCallItem | FunctionCallOutputItem
+
+
 @dataclass(frozen=True, kw_only=True)
 class ErrorInfo(WireObject):
     """Error details inside ``response.status_details`` and transcription failures."""
@@ -102,7 +108,7 @@ class ResponseObject(WireObject):
     object: Literal["realtime.response"] = "realtime.response"
     status: ResponseStatus = "in_progress"
     status_details: ResponseStatusDetails | None = nullable()
-    output: tuple[MessageItem, ...] = ()
+    output: tuple[Item, ...] = ()
     conversation_id: str | None = None
     output_modalities: tuple[Literal["audio", "text"], ...] = ("audio",)
     audio: ResponseAudio | None = None
@@ -116,7 +122,8 @@ class ResponseOptions(WireObject):
     """The optional ``response`` of ``response.create``: per-response overrides.
 
     ``conversation: "none"`` makes an out-of-band response (not added to history).
-    Other GA keys (audio, tools, input, prompt…) are ignored.
+    ``tools`` / ``tool_choice`` replace the session's for this response. Other GA keys (audio,
+    input, prompt…) are ignored.
     """
 
     instructions: str | None = None
@@ -124,8 +131,12 @@ class ResponseOptions(WireObject):
     conversation: str | None = None
     max_output_tokens: int | Literal["inf"] | None = None
     metadata: dict[str, str] | None = None
+    tools: tuple[FunctionTool, ...] | None = None
+    tool_choice: ToolChoice | None = None
 
     def __post_init__(self) -> None:
+        if self.tools is not None:
+            check_tools(self.tools, self.tool_choice)
         modalities = self.output_modalities
         check(modalities is None or len(modalities) == 1, "output_modalities", 'must be ["audio"] or ["text"]')
         tokens = self.max_output_tokens

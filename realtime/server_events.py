@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from realtime.items import ContentPart, ErrorInfo, MessageItem, ResponseObject
+from realtime.items import ContentPart, ErrorInfo, Item, ResponseObject
 from realtime.session_schema import SessionConfig
 from realtime.wire import (
     ErrorCode,
@@ -88,7 +88,7 @@ class ConversationItemAdded(ServerEvent):
     """An item entered the conversation (assistant items start empty, ``in_progress``)."""
 
     type: ClassVar[str] = "conversation.item.added"
-    item: MessageItem
+    item: Item
     previous_item_id: str | None = nullable()
 
 
@@ -97,7 +97,7 @@ class ConversationItemDone(ServerEvent):
     """An item is final (user audio item: with its transcript)."""
 
     type: ClassVar[str] = "conversation.item.done"
-    item: MessageItem
+    item: Item
     previous_item_id: str | None = nullable()
 
 
@@ -161,7 +161,7 @@ class ResponseOutputItemAdded(ServerEvent):
     type: ClassVar[str] = "response.output_item.added"
     response_id: str
     output_index: int = 0
-    item: MessageItem
+    item: Item
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,7 +169,7 @@ class ResponseOutputItemDone(ServerEvent):
     type: ClassVar[str] = "response.output_item.done"
     response_id: str
     output_index: int = 0
-    item: MessageItem
+    item: Item
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,6 +229,31 @@ class ResponseOutputTextDelta(_PartEvent):
 class ResponseOutputTextDone(_PartEvent):
     type: ClassVar[str] = "response.output_text.done"
     text: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResponseFunctionCallArgumentsDelta(ServerEvent):
+    """A piece of a function call's arguments (JSON text, concatenated in order)."""
+
+    type: ClassVar[str] = "response.function_call_arguments.delta"
+    response_id: str
+    item_id: str
+    output_index: int = 0
+    call_id: str
+    delta: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResponseFunctionCallArgumentsDone(ServerEvent):
+    """A function call's arguments are complete (also sent, with what came, when the response is cut)."""
+
+    type: ClassVar[str] = "response.function_call_arguments.done"
+    response_id: str
+    item_id: str
+    output_index: int = 0
+    call_id: str
+    name: str
+    arguments: str
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -4,8 +4,8 @@
 ``session.updated``. A ``session.update`` carries a *partial* session: only the keys present
 change, nested objects merge (``audio.input.turn_detection: {"silence_duration_ms": 800}``
 keeps the other VAD settings), and ``null`` clears ``turn_detection`` (push-to-talk) or
-``transcription``. Keys we do not implement (``tools``, ``tracing``, ``noise_reduction``…)
-are accepted and ignored; their paths are reported so the session can log them.
+``transcription``; ``tools`` is replaced as a whole. Keys we do not implement (``tracing``,
+``noise_reduction``…) are accepted and ignored; their paths are reported so the session can log them.
 
 Units: sample rates in Hz, durations in ms.
 """
@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from realtime.tools import FunctionTool, ToolChoice, check_tools
 from realtime.wire import (
     ErrorCode,
     ProtocolError,
@@ -132,6 +133,10 @@ class SessionConfig(WireObject):
     output_modalities: tuple[Literal["audio", "text"], ...] = ("audio",)
     audio: AudioConfig = field(default_factory=AudioConfig)
     max_output_tokens: int | Literal["inf"] = "inf"
+    #: Functions the model may call (realtime/tools.py); a ``session.update`` replaces the list.
+    tools: tuple[FunctionTool, ...] = ()
+    #: ``auto`` | ``none`` | ``required`` | ``{"type": "function", "name": …}``.
+    tool_choice: ToolChoice = "auto"
     #: Extension: binary WebSocket frames carry audio both ways (see docs/protocol.md).
     x_binary_audio: bool = False
 
@@ -190,7 +195,7 @@ def validate_session_update(raw: Any, path: str = "session") -> tuple[dict[str, 
     ignored: list[str] = []
     update = _validate_partial(SessionConfig, raw, path, ignored, top=True)
     _check_formats(update, path)
-    apply_session_update(SessionConfig(), update, path=path)  # value ranges (__post_init__)
+    apply_session_update(SessionConfig(), update, path=path, whole=False)  # value ranges (__post_init__)
     return update, tuple(ignored)
 
 
@@ -221,10 +226,12 @@ def _validate_partial(
 
 
 def _wire_object_type(tp: Any) -> type | None:
-    """The WireObject class inside ``X`` or ``X | None``, else None."""
-    for arg in (tp, *typing.get_args(tp)):
-        if isinstance(arg, type) and issubclass(arg, WireObject):
-            return arg
+    """The WireObject class ``X`` of ``X`` or ``X | None``, else None (a tuple or a union of others too)."""
+    if typing.get_origin(tp) is tuple:
+        return None
+    options = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
+    if len(options) == 1 and isinstance(options[0], type) and issubclass(options[0], WireObject):
+        return options[0]
     return None
 
 
@@ -255,14 +262,22 @@ def apply_session_update(
     update: Mapping[str, Any],
     defaults: SessionConfig | None = None,
     path: str = "session",
+    whole: bool = True,
 ) -> SessionConfig:
     """Merge a validated partial session (from :func:`validate_session_update`) into ``current``.
 
     An object that was ``null`` (turn detection, transcription) and is set again starts from
-    ``defaults`` (the server's initial session), not from the dataclass defaults.
+    ``defaults`` (the server's initial session), not from the dataclass defaults. ``whole``: also
+    check what spans keys (``tool_choice`` names one of ``tools``) in the merged session.
     """
     defaults = defaults or SessionConfig()
-    return _merge(current, update, defaults, path)
+    merged = _merge(current, update, defaults, path)
+    if whole:
+        try:
+            check_tools(merged.tools, merged.tool_choice)
+        except ProtocolError as exc:
+            raise reparent(exc, path) from None
+    return merged
 
 
 def _merge(obj: WireObject, update: Mapping[str, Any], defaults: WireObject | None, path: str) -> Any:

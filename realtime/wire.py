@@ -71,6 +71,10 @@ class ErrorCode:
     INPUT_AUDIO_BUFFER_FULL = "input_audio_buffer_full"
     DUPLICATE_REQUEST_ID = "duplicate_request_id"
     REQUEST_NOT_FOUND = "request_not_found"
+    #: A ``function_call_output`` whose ``call_id`` is no function call of the conversation.
+    UNKNOWN_CALL_ID = "unknown_call_id"
+    #: A second ``function_call_output`` for the same call.
+    CALL_ALREADY_ANSWERED = "call_already_answered"
     # From base.errors: InvalidInput, Overloaded, ModelError, anything unexpected.
     INVALID_REQUEST_ERROR = "invalid_request_error"
     SERVER_OVERLOADED = "server_overloaded"
@@ -219,6 +223,12 @@ def decode_value(value: Any, tp: Any, path: str) -> Any:
         options = [a for a in args if a is not type(None)]
         if len(options) == 1:
             return decode_value(value, options[0], path)
+        tagged = _tagged(tuple(options))
+        if tagged and isinstance(value, dict) and "type" in value:  # e.g. an item, by its type
+            if value["type"] in tagged:
+                return tagged[value["type"]].from_dict(value, path)
+            if len(tagged) == len(options):
+                raise _invalid(_join(path, "type"), "one of " + ", ".join(map(repr, tagged)), value["type"])
         for option in options:  # e.g. int | Literal["inf"]
             try:
                 return decode_value(value, option, path)
@@ -248,6 +258,18 @@ def decode_value(value: Any, tp: Any, path: str) -> Any:
     if value is None:
         raise _invalid(path, _describe(tp), value)
     return _decode_scalar(value, tp, path)
+
+
+@cache
+def _tagged(options: tuple) -> dict[str, type]:
+    """The ``WireObject`` options of a union whose ``type`` field is one literal, by that literal."""
+    out: dict[str, type] = {}
+    for option in options:
+        if isinstance(option, type) and issubclass(option, WireObject):
+            hint = _hints(option).get("type")
+            if typing.get_origin(hint) is Literal and len(typing.get_args(hint)) == 1:
+                out[typing.get_args(hint)[0]] = option
+    return out
 
 
 def _describe(tp: Any) -> str:

@@ -64,3 +64,56 @@ async def test_openai_sdk_conversation(tts_engines):  # noqa: F811
             assert second["transcript"] == first["transcript"]
     finally:
         await hub.stop()
+
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather of a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+@pytest.fixture(scope="module")
+def bundled_llm():
+    from base.config import load_config
+    from llm.batched import BatchedChat
+
+    chat = BatchedChat.from_config(load_config(None, ["llm.max_sequences=2"], environ={}))
+    yield chat
+    chat.close()
+
+
+@pytest.mark.slow
+async def test_openai_sdk_function_call_round_trip(tts_engines, bundled_llm):  # noqa: F811
+    """A function tool is called with valid arguments (the bundled LLM, ``tool_choice: required``), the
+    result goes back as a ``function_call_output`` item, and the spoken answer follows; every event
+    parses with the SDK's own models."""
+    import json
+
+    import jsonschema
+
+    hub = await start_hub(tts_engines, llm=bundled_llm)
+    try:
+        base = f"127.0.0.1:{hub.port}/v1"
+        client = AsyncOpenAI(api_key="sk-local", base_url=f"http://{base}", websocket_base_url=f"ws://{base}")
+        async with client.realtime.connect(model="gpt-realtime") as conn:
+            await conn.session.update(session={"type": "realtime", "tools": [WEATHER], "tool_choice": "auto",
+                                               "audio": {"input": {"turn_detection": None}}})
+            await conn.conversation.item.create(item={
+                "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather in Paris?"}]})
+            await conn.response.create(response={"tool_choice": "required"})
+            calls = []
+            async for event in conn:
+                assert event.type != "error", event
+                if event.type == "response.output_item.done" and event.item.type == "function_call":
+                    calls.append(event.item)
+                if event.type == "response.done":
+                    assert event.response.status == "completed"
+                    assert [o.type for o in event.response.output] == ["function_call"]
+                    break
+            assert len(calls) == 1 and calls[0].name == "get_weather"
+            jsonschema.validate(json.loads(calls[0].arguments), WEATHER["parameters"])
+            await conn.conversation.item.create(item={
+                "type": "function_call_output", "call_id": calls[0].call_id, "output": '{"sky": "sunny", "celsius": 21}'})
+            await conn.response.create(response={"tool_choice": "none"})
+            answer = await collect(conn)
+            assert answer["status"] == "completed" and answer["audio_bytes"] > 0 and answer["transcript"]
+    finally:
+        await hub.stop()

@@ -49,7 +49,10 @@ RESPONSE = {"id": "resp_1", "object": "realtime.response", "status": "in_progres
 RESPONSE_CANCELLED = {**RESPONSE, "status": "cancelled",
                       "status_details": {"type": "cancelled", "reason": "turn_detected"},
                       "output": [{**ASSISTANT_ITEM, "status": "incomplete",
-                                  "content": [{"type": "output_audio", "transcript": "Sure, the"}]}],
+                                  "content": [{"type": "output_audio", "transcript": "Sure, the"}]},
+                                 {"type": "function_call", "id": "item_5", "object": "realtime.item",
+                                  "status": "completed", "call_id": "call_1", "name": "get_weather",
+                                  "arguments": '{"city": "Paris"}'}],
                       "usage": {"total_tokens": 30, "input_tokens": 25, "output_tokens": 5}}
 
 CLIENT_SAMPLES: dict[str, dict[str, Any]] = {
@@ -66,7 +69,11 @@ CLIENT_SAMPLES: dict[str, dict[str, Any]] = {
     "input_audio_buffer.clear": {"type": "input_audio_buffer.clear"},
     "response.create": {"type": "response.create", "response": {
         "instructions": "Answer in French.", "output_modalities": ["text"], "conversation": "none",
-        "max_output_tokens": 50, "metadata": {"topic": "x"}}},
+        "max_output_tokens": 50, "metadata": {"topic": "x"},
+        "tools": [{"type": "function", "name": "get_weather", "description": "Weather of a city",
+                   "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                  "required": ["city"]}}],
+        "tool_choice": {"type": "function", "name": "get_weather"}}},
     "response.cancel": {"type": "response.cancel", "response_id": "resp_1"},
     "conversation.item.create": {"type": "conversation.item.create", "previous_item_id": "item_0", "item": {
         "type": "message", "role": "user", "content": [{"type": "input_text", "text": "What time is it?"}]}},
@@ -133,6 +140,13 @@ SERVER_SAMPLES: dict[str, dict[str, Any]] = {
                                    "delta": "Bon"},
     "response.output_text.done": {"type": "response.output_text.done", "event_id": "event_24", **PART,
                                   "text": "Bonjour"},
+    "response.function_call_arguments.delta": {
+        "type": "response.function_call_arguments.delta", "event_id": "event_50", "response_id": "resp_1",
+        "item_id": "item_5", "output_index": 1, "call_id": "call_1", "delta": '{"city": "Pa'},
+    "response.function_call_arguments.done": {
+        "type": "response.function_call_arguments.done", "event_id": "event_51", "response_id": "resp_1",
+        "item_id": "item_5", "output_index": 1, "call_id": "call_1", "name": "get_weather",
+        "arguments": '{"city": "Paris"}'},
     "error": {"type": "error", "event_id": "event_25", "error": {
         "type": "server_error", "code": "server_overloaded", "message": "TTS queue full", "param": None,
         "event_id": "c9", "retry_after_ms": 2000}},
@@ -255,8 +269,29 @@ BAD_MESSAGES = [
      ErrorCode.INVALID_VALUE, "item.content"),
     ('{"type": "conversation.item.create", "item": {"type": "message", "role": "robot", "content": []}}',
      ErrorCode.INVALID_VALUE, "item.role"),
-    ('{"type": "conversation.item.create", "item": {"type": "function_call", "role": "user"}}',
+    ('{"type": "conversation.item.create", "item": {"type": "mcp_call", "role": "user"}}',
      ErrorCode.INVALID_VALUE, "item.type"),
+    ('{"type": "conversation.item.create", "item": {"type": "function_call_output", "output": "{}"}}',
+     ErrorCode.MISSING_FIELD, "item.call_id"),
+    ('{"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": "c", "output": "'
+     + "a" * 101 + '"}}', ErrorCode.TEXT_TOO_LONG, "item.output"),
+    ('{"type": "session.update", "session": {"tools": [{"type": "function", "name": "f", "parameters": '
+     '{"type": "object", "properties": {"a": {"type": "strin"}}}}]}}', ErrorCode.INVALID_VALUE,
+     "session.tools[0].parameters.properties.a.type"),
+    ('{"type": "session.update", "session": {"tools": [{"type": "function", "name": "f", "parameters": '
+     '{"type": "array"}}]}}', ErrorCode.INVALID_VALUE, "session.tools[0].parameters.type"),
+    ('{"type": "session.update", "session": {"tools": [{"type": "mcp", "name": "f"}]}}', ErrorCode.INVALID_VALUE,
+     "session.tools[0].type"),
+    ('{"type": "session.update", "session": {"tools": [{"type": "function", "name": "get time"}]}}',
+     ErrorCode.INVALID_VALUE, "session.tools[0].name"),
+    ('{"type": "session.update", "session": {"tools": [{"type": "function", "name": "f"}, '
+     '{"type": "function", "name": "f"}]}}', ErrorCode.INVALID_VALUE, "session.tools[1].name"),
+    ('{"type": "session.update", "session": {"tool_choice": {"type": "function", "name": "f"}}}',
+     ErrorCode.INVALID_VALUE, "session.tool_choice.name"),
+    ('{"type": "session.update", "session": {"tool_choice": "sometimes"}}', ErrorCode.INVALID_VALUE,
+     "session.tool_choice"),
+    ('{"type": "response.create", "response": {"tools": [], "tool_choice": "required"}}', ErrorCode.INVALID_VALUE,
+     "response.tool_choice"),
     ('{"type": "conversation.item.create", "item": {"type": "message", "role": "user", '
      '"content": [{"type": "input_audio", "audio": "AAAA"}]}}', ErrorCode.INVALID_VALUE, "item.content[0].type"),
     ('{"type": "conversation.item.create", "item": {"type": "message", "role": "user", '
@@ -374,10 +409,10 @@ def test_semantic_vad_keeps_its_type_and_eagerness():
 
 def test_unknown_session_keys_are_ignored_and_reported():
     proto = RealtimeProtocol()
-    event = _update(proto, {"type": "realtime", "model": "gpt-realtime", "tools": [{"type": "function"}],
+    event = _update(proto, {"type": "realtime", "model": "gpt-realtime", "tracing": "auto",
                             "audio": {"input": {"noise_reduction": {"type": "far_field"}}},
                             "instructions": "Hi"})
-    assert set(event.ignored) == {"session.model", "session.tools", "session.audio.input.noise_reduction"}
+    assert set(event.ignored) == {"session.model", "session.tracing", "session.audio.input.noise_reduction"}
     assert proto.session.instructions == "Hi" and proto.session.model == "voxloop"
 
 

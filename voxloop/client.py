@@ -6,6 +6,10 @@
         await client.commit()
         reply = await client.collect_response(timeout_s=30)  # Reply: transcript, pcm, metrics…
 
+Function tools: ``RealtimeClient(url, tools=[get_weather, …])`` (plain functions, or a
+``voxloop.client_tools.Toolbox``) offers them in the session; ``collect_turn`` runs the calls a
+reply makes, sends their outputs and the next ``response.create``, until a reply calls nothing.
+
 Frames are parsed and built by the protocol core shared with the server (``realtime.protocol``,
 ``realtime.events``), so the wire format has one definition. Server events arrive in
 order through :meth:`RealtimeClient.events` / :meth:`wait_for` / :meth:`collect_response`
@@ -36,9 +40,11 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from realtime import events as ev
 from realtime.items import ContentPart, MessageItem, ResponseOptions
+from realtime.tools import FunctionCallOutputItem, ToolChoiceFunction
 from realtime.protocol import parse_server_frame
 from realtime.session_schema import SessionConfig
 from realtime.wire import ErrorCode, new_id, pcm16_bytes
+from voxloop.client_tools import CallResult, Toolbox
 from voxloop.client_types import (
     Connecting,
     Reply,
@@ -72,12 +78,14 @@ class RealtimeClient:
         token: str | None = None,
         session: Mapping[str, Any] | None = None,
         binary_audio: bool = False,
+        tools: Toolbox | list[Any] | None = None,
         retry: RetryPolicy | None = None,
         open_timeout_s: float = 10.0,
         max_pending_events: int = 4096,
     ) -> None:
         """``session``: partial session applied at connect (``session.update``);
-        ``binary_audio``: negotiate the binary fast path; ``retry``: connect/overload policy."""
+        ``binary_audio``: negotiate the binary fast path; ``tools``: functions the model may call
+        (``collect_turn`` runs them); ``retry``: connect/overload policy."""
         self.url = url
         self.token = token
         self.retry = retry or RetryPolicy()
@@ -85,6 +93,9 @@ class RealtimeClient:
         self._settings: dict[str, Any] = deep_merge({}, dict(session or {}))
         if binary_audio:
             self._settings["x_binary_audio"] = True
+        self.toolbox = tools if isinstance(tools, Toolbox) else Toolbox(list(tools or []))
+        if self.toolbox.tools:
+            self._settings["tools"] = self.toolbox.session_tools()
         self._max_pending = max_pending_events
         #: The effective session (from the latest ``session.created`` / ``session.updated``).
         self.session: SessionConfig = SessionConfig()
@@ -406,11 +417,32 @@ class RealtimeClient:
         await self.send_event(ev.InputAudioBufferClear())
 
     async def create_response(self, instructions: str | None = None, text_only: bool = False,
-                              out_of_band: bool = False) -> None:
-        """``response.create``; ``out_of_band``: the reply is not added to the history."""
+                              out_of_band: bool = False, tool_choice: Any = None) -> None:
+        """``response.create``; ``out_of_band``: the reply is not added to the history; ``tool_choice``:
+        ``"required"``, ``"none"``, ``"auto"`` or a function's name, for this response."""
+        if isinstance(tool_choice, str) and tool_choice not in ("auto", "none", "required"):
+            tool_choice = ToolChoiceFunction(name=tool_choice)
         opts = ResponseOptions(instructions=instructions, output_modalities=("text",) if text_only else None,
-                               conversation="none" if out_of_band else None)
+                               conversation="none" if out_of_band else None, tool_choice=tool_choice)
         await self.send_event(ev.ResponseCreate(response=opts if opts != ResponseOptions() else None))
+
+    async def collect_turn(self, timeout_s: float = 60.0, max_rounds: int = 4) -> Reply:
+        """``collect_response``, and while the reply calls functions of ``tools``: run them, send each
+        output (``function_call_output``) and ``response.create``, and collect the next reply. Returns
+        the last reply; its ``tool_results`` lists every call of the turn with its output."""
+        results: list[CallResult] = []
+        for _ in range(max_rounds):
+            reply = await self.collect_response(timeout_s)
+            if not reply.calls or reply.status != "completed":
+                break
+            for call in reply.calls:
+                output = await self.toolbox.run(call.name, call.arguments)
+                results.append(CallResult(call.call_id, call.name, call.arguments, output))
+                await self.send_event(ev.ConversationItemCreate(
+                    item=FunctionCallOutputItem(call_id=call.call_id, output=output)))
+            await self.send_event(ev.ResponseCreate())
+        reply.tool_results = results
+        return reply
 
     async def send_text(self, text: str, respond: bool = True) -> None:
         """A user text message (``conversation.item.create``), then ``response.create``."""

@@ -66,6 +66,10 @@ class Reply:
     created_at: float | None = None
     first_audio_at: float | None = None
     done_at: float | None = None
+    #: The function calls the reply made (``function_call`` items whose arguments were complete).
+    calls: list[Any] = field(default_factory=list)
+    #: ``RealtimeClient.collect_turn``: every call of the turn with its output (``CallResult``).
+    tool_results: list[Any] = field(default_factory=list)
 
     @property
     def audio_s(self) -> float:
@@ -146,6 +150,7 @@ class ReplyBuilder:
         self.status: str | None = None
         self.reason: str | None = None
         self.created_at = self.first_audio_at = self.done_at = None
+        self.calls: list[Any] = []
 
     @property
     def finished(self) -> bool:
@@ -169,8 +174,11 @@ class ReplyBuilder:
         self.item_id = self.item_id or getattr(event, "item_id", None)  # part events name the item
         if isinstance(event, ev.ResponseCreated):
             self.created_at = now
-        elif isinstance(event, ev.ResponseOutputItemAdded):
+        elif isinstance(event, ev.ResponseOutputItemAdded) and isinstance(event.item, ev.MessageItem):
             self.item_id = event.item.id
+        elif isinstance(event, ev.ResponseOutputItemDone) and isinstance(event.item, ev.FunctionCallItem):
+            if event.item.status == "completed":
+                self.calls.append(event.item)
         elif isinstance(event, ev.ResponseOutputAudioDelta):
             self.first_audio_at = self.first_audio_at or now
             self.chunks.append(event.pcm)
@@ -201,9 +209,10 @@ class ReplyBuilder:
         self.reason = details.reason if details else None
         if details is not None and details.error is not None and self.reason is None:
             self.reason = details.error.code  # failed: e.g. model_error
-        if self.transcript is None and response.output:
-            self.transcript = response.output[0].text
-            self.item_id = self.item_id or response.output[0].id
+        message = next((o for o in response.output if isinstance(o, ev.MessageItem)), None)
+        if self.transcript is None and message is not None:
+            self.transcript = message.text
+            self.item_id = self.item_id or message.id
 
     def progress(self) -> str:
         ms = 1000 * sum(len(c) for c in self.chunks) / self.sample_rate
@@ -217,7 +226,7 @@ class ReplyBuilder:
             pcm=np.concatenate(self.chunks) if self.chunks else _EMPTY.copy(), sample_rate=self.sample_rate,
             status=self.status or "in_progress", reason=self.reason, user_transcript=self.user_transcript,
             user_item_id=self.user_item_id, created_at=self.created_at, first_audio_at=self.first_audio_at,
-            done_at=self.done_at,
+            done_at=self.done_at, calls=list(self.calls),
         )
 
 
