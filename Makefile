@@ -30,8 +30,8 @@ run: models
 	$(VENV)/bin/voxloop serve
 
 # An NVIDIA GPU host (configs/gpu.toml; README, "Quick start on an NVIDIA GPU"). The venv sees the packages
-# of $(PYTHON), so a PyTorch CUDA build installed there is used as it is; else PyPI's torch (CUDA on Linux
-# x86-64). llama-cpp-python is built with CUDA first (needs nvcc; pip's cached CPU wheel is not reused),
+# of $(PYTHON) (its system site-packages, or its own venv's), so a PyTorch CUDA build installed there is used
+# as it is; else PyPI's torch (CUDA on Linux x86-64). llama-cpp-python is built with CUDA first (needs nvcc; pip's cached CPU wheel is not reused),
 # so installing voxloop keeps it. Offline, from a folder of wheels and llama-cpp-python's sdist:
 #   make gpu GPU_PIP_ARGS="--no-index --find-links WHEELS/ --no-build-isolation"
 GPU_CMAKE_ARGS ?= -DGGML_CUDA=on -DGGML_NATIVE=OFF
@@ -41,6 +41,10 @@ gpu:
 	nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 	@command -v nvcc >/dev/null || { echo "nvcc not found: llama.cpp's CUDA build needs the CUDA toolkit on PATH"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
+	@# $(PYTHON) itself in a venv with PyTorch's CUDA build: the new venv reads that venv's packages too
+	$(PYTHON) -c "import sys, torch; sys.exit(not (torch.version.cuda and sys.prefix != sys.base_prefix))" 2>/dev/null \
+	  && $(PYTHON) -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))" \
+	     > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/cuda-torch.pth" || true
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install $(GPU_PIP_ARGS) torch==2.13.0
 	$(PY) -c "import sys, torch; sys.exit(None if torch.version.cuda else 'PyTorch in $(VENV) is a CPU build: \
 	  make gpu VENV=.venv-gpu (a new venv), or uninstall torch from $(VENV) first')"
