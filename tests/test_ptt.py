@@ -264,3 +264,31 @@ def test_wav_helpers_round_trip(tmp_path):
     write_wav(tmp_path / "x.wav", pcm, 22050)
     back, rate = read_wav(tmp_path / "x.wav")
     assert rate == 22050 and np.array_equal(back, pcm)
+
+
+async def test_wav_mode_runs_the_tools_of_a_file_and_prints_calls(tts_engines, tmp_path):
+    """``voxloop ptt --tools FILE.py``: the reply's call runs the file's function, its output goes
+    back, the answer follows; the call and its result are printed (scripted LLM: orchestration)."""
+    from llm.replies import ToolCallDelta
+    from test_tool_calls import ScriptedLLM
+    from voxloop.client_tools import load_tools
+    from voxloop.ptt import run_wav_turns
+
+    path = tmp_path / "home.py"
+    path.write_text("def lights(room: str, on: bool = True) -> dict:\n"
+                    "    '''Turn the lights of a room on or off.'''\n"
+                    "    return {'room': room, 'lights': 'on' if on else 'off'}\n")
+    llm = ScriptedLLM([ToolCallDelta(0, '{"room": "kitchen"}', "call_1", "lights")], answer="The kitchen is lit.")
+    hub = await start_hub(tts_engines, asr=FakeASR("lights in the kitchen"), llm=llm)
+    wav = tmp_path / "in.wav"
+    write_wav(wav, tone(1.0, 16000), 16000)
+    lines: list[str] = []
+    try:
+        [report] = await run_wav_turns(ws_url(hub), [wav], tmp_path / "out.wav", out=lines.append,
+                                       tools=load_tools(path))
+    finally:
+        await hub.stop()
+    assert 'call:      lights({"room": "kitchen"}) -> {"room": "kitchen", "lights": "on"}' in lines
+    assert "assistant: The kitchen is lit." in lines
+    assert [t["function"]["name"] for t in llm.seen[0]["tools"]] == ["lights"]
+    assert report.reply.audio_s > 0.5

@@ -430,19 +430,29 @@ class RealtimeClient:
         """``collect_response``, and while the reply calls functions of ``tools``: run them, send each
         output (``function_call_output``) and ``response.create``, and collect the next reply. Returns
         the last reply; its ``tool_results`` lists every call of the turn with its output."""
+        return await self.answer_calls(await self.collect_response(timeout_s), timeout_s, max_rounds)
+
+    async def answer_calls(self, reply: Reply, timeout_s: float = 60.0, max_rounds: int = 4) -> Reply:
+        """``collect_turn`` from a reply already collected: ``reply`` itself when it calls nothing."""
         results: list[CallResult] = []
         for _ in range(max_rounds):
-            reply = await self.collect_response(timeout_s)
             if not reply.calls or reply.status != "completed":
                 break
-            for call in reply.calls:
-                output = await self.toolbox.run(call.name, call.arguments)
-                results.append(CallResult(call.call_id, call.name, call.arguments, output))
-                await self.send_event(ev.ConversationItemCreate(
-                    item=FunctionCallOutputItem(call_id=call.call_id, output=output)))
+            results += await self.send_call_outputs(reply.calls)
             await self.send_event(ev.ResponseCreate())
+            reply = await self.collect_response(timeout_s)
         reply.tool_results = results
         return reply
+
+    async def send_call_outputs(self, calls: list[Any]) -> list[CallResult]:
+        """Run ``calls`` (``function_call`` items) with ``tools`` and send each output; no response.create."""
+        results = []
+        for call in calls:
+            output = await self.toolbox.run(call.name, call.arguments)
+            results.append(CallResult(call.call_id, call.name, call.arguments, output))
+            await self.send_event(ev.ConversationItemCreate(
+                item=FunctionCallOutputItem(call_id=call.call_id, output=output)))
+        return results
 
     async def send_text(self, text: str, respond: bool = True) -> None:
         """A user text message (``conversation.item.create``), then ``response.create``."""

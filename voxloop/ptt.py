@@ -21,6 +21,7 @@ import numpy as np
 
 from realtime import events as ev
 from voxloop.client import RealtimeClient, Reply
+from voxloop.client_tools import Toolbox
 from base.errors import VoxloopError
 from base.wav import read_wav, write_wav
 
@@ -68,7 +69,8 @@ async def push_to_talk(client: RealtimeClient, pcm: np.ndarray, sample_rate: int
     await client.stream_audio(pcm, sample_rate, realtime=realtime, chunk_ms=100)
     await client.commit()
     released_at = time.monotonic()
-    return TurnReport(await await_reply(client, timeout_s), released_at)
+    reply = await client.answer_calls(await await_reply(client, timeout_s), timeout_s)  # runs --tools calls
+    return TurnReport(reply, released_at)
 
 
 def format_turn(report: TurnReport) -> list[str]:
@@ -77,10 +79,16 @@ def format_turn(report: TurnReport) -> list[str]:
     lines = [f"you:       {reply.user_transcript or '(nothing heard)'}"]
     if reply.status == "no_response":
         return lines
+    lines += [format_call(r.name, r.arguments, r.output) for r in reply.tool_results]
     status = "" if reply.status == "completed" else f"  [{reply.status}{', ' + reply.reason if reply.reason else ''}]"
     lines.append(f"assistant: {reply.transcript}{status}")
     lines.append("latency:   " + format_latency(report.first_audio_after_release_ms, reply.metrics))
     return lines
+
+
+def format_call(name: str, arguments: str, output: str | None = None) -> str:
+    """``call:      get_weather({"city": "Oslo"}) -> {"sky": "sunny"}``."""
+    return f"call:      {name}({arguments})" + ("" if output is None else f" -> {output}")
 
 
 def format_latency(first_audio_ms: float | None, metrics: dict[str, Any]) -> str:
@@ -108,14 +116,16 @@ def output_paths(output: Path | None, count: int) -> list[Path | None]:
 
 async def run_wav_turns(url: str, inputs: Sequence[Path], output: Path | None = None, *,
                         token: str | None = None, realtime: bool = False, timeout_s: float = 60.0,
-                        out: Print = print) -> list[TurnReport]:
+                        out: Print = print, tools: Toolbox | None = None) -> list[TurnReport]:
     """One push-to-talk turn per input WAV; each reply is written to its output WAV.
 
-    The reply counts as fully played (``x.playback`` finished) once it is written.
+    The reply counts as fully played (``x.playback`` finished) once it is written. ``tools``: the
+    functions the model may call (``--tools FILE.py``); their calls run and are printed.
     """
     clips = [read_wav(path) for path in inputs]  # bad files fail before connecting
     reports = []
-    async with RealtimeClient.connect(url, token=token, session=PTT_SESSION, binary_audio=True) as client:
+    async with RealtimeClient.connect(url, token=token, session=PTT_SESSION, binary_audio=True,
+                                      tools=tools) as client:
         for (pcm, rate), path, target in zip(clips, inputs, output_paths(output, len(clips)), strict=True):
             out(f"--- {path} ({len(pcm) / rate:.1f} s)")
             report = await push_to_talk(client, pcm, rate, realtime=realtime, timeout_s=timeout_s)

@@ -33,7 +33,7 @@ import soxr
 from realtime import events as ev
 from voxloop.client import RealtimeClient
 from base.errors import VoxloopError
-from voxloop.ptt import format_latency
+from voxloop.ptt import format_call, format_latency
 
 HOLD_DETECT_S = 0.8  # longer than common key-repeat delays (250-660 ms)
 RELEASE_GAP_S = 0.2  # several repeat intervals (~33 ms each)
@@ -204,6 +204,8 @@ class LiveConversation:
         self._to_session = soxr.ResampleStream(self.mic_rate, client.session.input_rate, 1, dtype="int16")
         self._to_speaker: soxr.ResampleStream | None = None
         self._reported: tuple[str | None, float, bool] = (None, -1.0, False)
+        self.calls: list[Any] = []  # function calls of the response in progress
+        self._tasks: set[asyncio.Task] = set()  # calls being run
 
     async def run(self, keys: AsyncIterator[str]) -> None:
         """Converse until ``keys`` yields ``"quit"`` or ends (or the connection closes)."""
@@ -297,6 +299,10 @@ class LiveConversation:
                 self.write(event.delta)
         elif isinstance(event, ev.ResponseOutputAudioDelta):
             self._on_audio(event)
+        elif isinstance(event, ev.ResponseOutputItemDone) and isinstance(event.item, ev.FunctionCallItem):
+            if event.item.status == "completed" and event.response_id not in self.dropped:
+                self.calls.append(event.item)
+                self.write("\n" + format_call(event.item.name, event.item.arguments))
         elif isinstance(event, ev.ResponseDone):
             self._on_done(event.response)
         elif isinstance(event, ev.XOutputAudioBufferPaused):  # semantic_vad: speech over the reply
@@ -332,6 +338,16 @@ class LiveConversation:
         tail = "" if response.status == "completed" else f"  [{response.status}" + (
             f", {details.reason}]" if details and details.reason else "]")
         self.write(tail + "\n")
+        calls, self.calls = self.calls, []
+        if calls and response.status == "completed":  # run them (--tools), then the answer
+            task = asyncio.create_task(self._answer(calls))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _answer(self, calls: list[Any]) -> None:
+        for result in await self.client.send_call_outputs(calls):
+            self.write(format_call(result.name, result.arguments, result.output) + "\n")
+        await self.client.create_response()
 
     async def _report(self) -> None:
         """``x.playback`` while playing, and once with ``finished`` at the end of an item."""
