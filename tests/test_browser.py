@@ -274,3 +274,49 @@ async def test_browser_says_when_the_microphone_is_denied(tmp_path):
         await hub.stop()
     assert "Microphone access was denied" in notice
     assert not started and label == "Start"  # ready to try again
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (apt-get install chromium)")
+async def test_browser_demo_tool_is_called_and_shown(tmp_path):
+    """The demo tool (local time) is off until chosen in Settings; then a reply's call of it runs in
+    the page, its result goes back and shows under the call in the transcript, and the answer
+    follows. Push-to-talk with a fake ASR and a scripted LLM (orchestration; real TTS)."""
+    playwright = pytest.importorskip("playwright.async_api", reason="playwright (dev extra) is not installed")
+    from client_fakes import FakeASR, real_tts_engines, start_hub
+    from llm.replies import ToolCallDelta
+    from rt import speech_24k
+    from test_tool_calls import ScriptedLLM
+    from base.wav import write_wav
+
+    wav = tmp_path / "user.wav"
+    write_wav(wav, soxr.resample(np.concatenate([speech_24k(1.5), np.zeros(24000 * 20, np.int16)]), 24000,
+                                 WAV_RATE).astype(np.int16), WAV_RATE)
+    llm = ScriptedLLM([ToolCallDelta(0, "{}", "call_1", "get_local_time")], answer="It is time for tea.")
+    hub = await start_hub(real_tts_engines(), asr=FakeASR("what time is it"), llm=llm)
+    try:
+        async with playwright.async_playwright() as p:
+            browser, page, problems = await open_page(p, wav, hub.port)
+            assert await page.evaluate("window.voxloop.session.tools.length") == 0  # off by default
+            await page.click("details.settings summary")
+            await page.check("input[name=demoTool]")
+            await page.click("#settings button[type=submit]")
+            await wait_for(page, "window.voxloop.session.tools.length === 1", 10)
+            await page.check("input[name=mode][value=ptt]")
+            await page.click("#start")
+            await wait_for(page, "window.voxloop.started && !document.getElementById('talk').disabled", 10)
+            await page.keyboard.down("Space")
+            await page.wait_for_timeout(1700)
+            await page.keyboard.up("Space")
+            [call] = await wait_for(page, "window.voxloop.toolCalls.length && window.voxloop.toolCalls", 30)
+            await wait_for(page, "window.voxloop.turnMetrics.length >= 2", 30)
+            bubble = await page.text_content(".bubble.call")
+            answer = await page.evaluate("[...document.querySelectorAll('.bubble.assistant .text')]"
+                                         ".map((e) => e.textContent)")
+            await browser.close()
+    finally:
+        await hub.stop()
+    assert not problems, problems
+    assert call["name"] == "get_local_time" and json.loads(call["output"])["time_zone"]
+    assert "get_local_time({})" in bubble and "→ {" in bubble
+    assert answer == ["It is time for tea."]  # the reply that only called has no bubble of its own
+    assert llm.seen[1]["messages"][-1]["content"] == call["output"]

@@ -4,6 +4,7 @@
 import { Microphone, Player, SERVER_OUTPUT_RATES, micErrorMessage } from "./audio.js";
 import { RealtimeConnection } from "./realtime.js";
 import { Transcript } from "./transcript.js";
+import { DEMO_TOOLS, answerCalls } from "./tools.js";
 
 const INPUT_RATE = 16000; // Hz sent to the server (what its ASR uses)
 const MIN_TALK_MS = 120; // shorter push-to-talk is not committed (the server needs 100 ms)
@@ -17,7 +18,7 @@ const ui = {
 /** Test hooks and live figures (read by tests/test_browser.py). */
 const counters = (window.voxloop = {
   state: "connecting", connected: false, started: false, mode: "vad", sessionId: null, session: null,
-  userTranscripts: [], assistantTranscripts: [], turnMetrics: [], errors: [],
+  userTranscripts: [], assistantTranscripts: [], turnMetrics: [], errors: [], toolCalls: [],
   audioChunksReceived: 0, audioChunksDropped: 0, audioMsReceived: 0, audioMsPlayed: 0,
   queueMs: 0, bargeIns: 0, lastBargeIn: null, pauses: 0, resumes: 0, micLevel: 0, micChunks: 0, micChunksSent: 0,
 });
@@ -31,6 +32,7 @@ const state = {
   responseItems: new Map(), // response id -> assistant item id
   itemResponses: new Map(), // assistant item id -> response id
   dropped: new Set(), // responses talked over: later audio is not played
+  calls: new Map(), // response id -> its complete function calls
 };
 
 const connection = new RealtimeConnection(
@@ -198,8 +200,15 @@ function onEvent(e) {
       transcript.assistant(e.response.id, "");
       break;
     case "response.output_item.added":
+      if (e.item.type !== "message") break;
       state.responseItems.set(e.response_id, e.item.id);
       state.itemResponses.set(e.item.id, e.response_id);
+      break;
+    case "response.output_item.done": // a function call: shown, run when its response is done
+      if (e.item.type !== "function_call" || e.item.status !== "completed") break;
+      if (!state.calls.has(e.response_id)) state.calls.set(e.response_id, []);
+      state.calls.get(e.response_id).push(e.item);
+      transcript.call(e.item.id, e.item.name, e.item.arguments);
       break;
     case "response.output_audio_transcript.delta":
     case "response.output_text.delta":
@@ -225,8 +234,19 @@ function onResponseDone(response) {
     state.pausedItem = null; // a real interruption: the paused audio is dropped below
   }
   const item = state.responseItems.get(response.id);
-  const text = (response.output && response.output[0] && (response.output[0].content || [])
-    .map((p) => p.transcript || p.text || "").join("")) || transcript.text(response.id);
+  const message = (response.output || []).find((o) => o.type === "message");
+  const text = (message && (message.content || []).map((p) => p.transcript || p.text || "").join(""))
+    || transcript.text(response.id);
+  const calls = state.calls.get(response.id) || [];
+  state.calls.delete(response.id);
+  if (calls.length && response.status === "completed") {
+    if (!text) transcript.drop(response.id); // a reply that only calls: its call bubbles say it
+    answerCalls(connection, calls, (call, output) => {
+      transcript.callResult(call.id, output);
+      counters.toolCalls.push({ name: call.name, arguments: call.arguments, output });
+    });
+    if (!text) return;
+  }
   transcript.assistant(response.id, text, true, response.status === "completed" ? null : response.status);
   if (text.trim()) counters.assistantTranscripts.push(text);
   const details = response.status_details;
@@ -297,6 +317,7 @@ function fillSettings(session) {
   if (settingsEdited) return; // keep what the user typed across reconnects
   ui.settings.instructions.value = session.instructions || "";
   ui.settings.voice.value = (session.audio && session.audio.output && session.audio.output.voice) || "default";
+  ui.settings.demoTool.checked = (session.tools || []).some((t) => t.name === DEMO_TOOLS[0].name);
 }
 
 ui.settings.addEventListener("submit", (e) => {
@@ -304,6 +325,7 @@ ui.settings.addEventListener("submit", (e) => {
   connection.updateSession({
     instructions: ui.settings.instructions.value,
     audio: { output: { voice: ui.settings.voice.value || "default" } },
+    tools: ui.settings.demoTool.checked ? DEMO_TOOLS : [],
   });
   notify("Settings applied.", "info");
 });

@@ -61,6 +61,26 @@ export class Transcript {
     this.render(b);
   }
 
+  /** A function call of a response (item ``key``): its name and arguments; its result follows. */
+  call(key, name, args) {
+    const b = this.bubble(key, "call");
+    b.text = `${name}(${args})`;
+    b.final = true;
+    this.render(b);
+  }
+
+  callResult(key, output) {
+    const b = this.bubbles.get(key);
+    if (b) b.el.querySelector(".meta").textContent = `→ ${output}`;
+  }
+
+  /** Remove a bubble (a response that only called functions has no words). */
+  drop(key) {
+    const b = this.bubbles.get(key);
+    if (b) b.el.remove();
+    this.bubbles.delete(key);
+  }
+
   text(key) {
     const b = this.bubbles.get(key);
     return b ? b.text : "";
