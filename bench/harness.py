@@ -366,14 +366,20 @@ def command_line() -> str:
         argv[0:1] = ["-m", spec.name]
     env = [f"{k}={portable(v)}" for k, v in sorted(os.environ.items())
            if k.startswith(RECORDED_ENV) and k != "VOXLOOP_BENCH_OUT"]
+    return " ".join(shlex.quote(w) for w in [*env, "python", *portable_args(argv)])
+
+
+def portable_args(argv: Sequence[str]) -> list[str]:
+    """Command-line words with their paths made ``portable`` (also in ``--key=PATH`` and
+    ``--set=section.key=PATH``); the value of ``--out`` is ``OUT/`` wherever it was."""
     args = []
     for before, word in zip(["", *argv], argv):
-        key, eq, value = word.partition("=")
+        key, eq, value = word.rpartition("=") if word.startswith("--set=") else word.partition("=")
         if before == "--out" or key == "--out" and eq:  # the output folder, wherever it was
             args.append(f"{key}=OUT/" if eq else "OUT/")
         else:
             args.append(f"{key}={portable(value)}" if key.startswith("--") and eq else portable(word))
-    return " ".join(shlex.quote(w) for w in [*env, "python", *args])
+    return args
 
 
 def portable(word: str) -> str:

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.harness import ROOT, add_output_arguments, free_port, hardware, start_server, stop_server, write_json
+from bench.harness import ROOT, add_output_arguments, free_port, hardware, portable_args, start_server, stop_server, write_json
 
 RATE = 24000  # Hz, the talkers' microphone
 FRAME = RATE * 20 // 1000  # samples per 20 ms frame
@@ -394,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(summary, indent=2))
     path = write_json(args.name, sampler.rows, {
         "talkers": args.talkers, "duration_s": args.duration_s, "warmup_s": args.warmup_s, "idle_s": args.idle_s,
-        "server_args": args.server_arg, "summary": summary}, out=args.out)
+        "server_args": portable_args(args.server_arg), "summary": summary}, out=args.out)
     plot(sampler.rows, args.warmup_s, path.with_suffix(".png"))
     print(f"wrote {path} and {path.with_suffix('.png').name}")
     return 0

@@ -13,7 +13,9 @@ import subprocess
 import threading
 import time
 
-from bench.harness import ROOT, cpu_name, free_port, gpu_name, metrics_url, scrape_metrics, start_server, stop_server
+from bench.harness import (
+    ROOT, cpu_name, free_port, gpu_name, metrics_url, portable_args, scrape_metrics, start_server, stop_server,
+)
 from bench.tts_backends import bucket_levels, config_of, config_tag, cuda_variant
 
 
@@ -29,7 +31,7 @@ class WsBackend:
                                 *args.server_arg]  # fmt: skip
             self.name = f"ws-cuda-{cfg.tts.precision}" + config_tag(args)
             self.info = {"precision": cfg.tts.precision, "max_batch": cfg.tts.max_batch, "gpu": gpu_name(),
-                         "fast_lane": cfg.tts.fast_lane, "fast_lanes": cfg.tts.fast_lanes, "config": str(args.config),
+                         "fast_lane": cfg.tts.fast_lane, "fast_lanes": cfg.tts.fast_lanes, "config": portable_args([str(args.config)])[0],
                          "sets": list(args.sets)}  # fmt: skip
         elif backend == "cuda":
             self.server_args = [
@@ -81,7 +83,7 @@ class WsBackend:
         self.server = start_server(port, self.server_args, timeout_s=900 if backend == "cuda" else 300)
         self.url = f"ws://127.0.0.1:{port}/v1/realtime"
         self.vram = VramSampler(self.server.pid, vram_before) if backend == "cuda" else None
-        self.info.update({"server_startup_s": round(time.perf_counter() - t0, 1), "server_args": self.server_args})
+        self.info.update({"server_startup_s": round(time.perf_counter() - t0, 1), "server_args": portable_args(self.server_args)})
 
     def scrape(self) -> dict:
         """The server's ``/metrics`` samples ({} when it cannot be read)."""

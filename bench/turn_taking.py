@@ -45,8 +45,8 @@ from pathlib import Path
 import numpy as np
 
 from bench.harness import (
-    ROOT, Mic, add_output_arguments, counter_delta, free_port, hardware, metrics_url, pct, scrape_metrics, start_server,
-    stop_server, write_json,
+    ROOT, Mic, add_output_arguments, counter_delta, free_port, hardware, metrics_url, pct, portable_args, scrape_metrics,
+    start_server, stop_server, write_json,
 )
 
 RATE = 16000
@@ -464,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server is not None:
             stop_server(server)
-    path = write_json(args.name, summary, {"end_of_turn_cost": cost, "turns": all_rows, "bursts": all_bursts, "server_args": args.server_arg,
+    path = write_json(args.name, summary, {"end_of_turn_cost": cost, "turns": all_rows, "bursts": all_bursts, "server_args": portable_args(args.server_arg),
                                            "noise_dbfs": args.noise_dbfs,
                                            "human_recordings": sum(t["kind"] == "human" for t in turns),
                                            "load_average_after": os.getloadavg()}, out=args.out)

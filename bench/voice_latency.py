@@ -65,6 +65,7 @@ from bench.harness import (
     histogram_delta,
     metrics_url,
     pct,
+    portable_args,
     run_client_processes,
     scrape_metrics,
     start_server,
@@ -390,7 +391,7 @@ def server_record(args: argparse.Namespace, url: str) -> dict:
     """Which server was measured: URL, config file (path and settings), extra arguments."""
     path = args.server_config or (None if args.url else Path("configs/default.toml"))
     return {
-        "server_url": url, "server_started_by_bench": args.url is None, "server_args": args.server_arg,
+        "server_url": url, "server_started_by_bench": args.url is None, "server_args": portable_args(args.server_arg),
         "server_config": None if path is None else {
             "path": str(path), "settings": tomllib.loads((ROOT / path).read_text(encoding="utf-8"))},
     }

@@ -237,3 +237,5 @@ def test_recorded_commands_name_no_machine_path(monkeypatch, tmp_path):
     assert command.endswith(" --voice VOICE.onnx --config=configs/gpu.toml --out OUT/ --model MODEL.gguf "
                             "--wav SPEECH.wav --n 3")  # fmt: skip
     assert MACHINE_PATH.search(command) is None
+    assert harness.portable_args(["--set=tts.voice_path=" + voice, "--config", str(ROOT / "configs" / "gpu.toml")]) == [
+        "--set=tts.voice_path=VOICE.onnx", "--config", "configs/gpu.toml"]  # fmt: skip
