@@ -253,6 +253,9 @@ class _TtsMemoryCollector(Collector):
                 "Device memory in use by all processes, bytes",
                 value=p["device_used"] * mib,
             )
+            # With one GPU per replica (CUDA_VISIBLE_DEVICES), used / total is that replica's GPU.
+            yield GaugeMetricFamily("voxloop_gpu_device_total_bytes", "Device memory, bytes",
+                                    value=p["device_total"] * mib)
         stage = GaugeMetricFamily(
             "voxloop_gpu_stage_bytes",
             "Device memory each TTS stage took at start-up, bytes",

