@@ -154,12 +154,14 @@ def checks(out: dict) -> dict[str, bool | None]:
             k["moved_reconnected"] == k["moved_sessions"] and k["moved_turns_after_close_missed"] == 0
             and k["moved_served_after"] > 0 and not k["errors"])
         c["kill_other_replica_misses_no_turn"] = k["untouched_missed_turns"] == 0 and k["untouched_turns"] > 0
-    gpus = [r.get("gpu_processes_mib") for lv in out["levels"] for r in lv["replicas"] if r["answered"]]
-    if any(gpus):
-        # Each replica's processes on one GPU, and the replicas on different ones.
-        per = {lv_r["replica"]: tuple(sorted(lv_r["gpu_processes_mib"] or {})) for lv in out["levels"] for lv_r in
-               lv["replicas"] if lv_r["answered"] and lv_r.get("gpu_processes_mib")}
-        c["one_gpu_per_replica"] = all(len(u) == 1 for u in per.values()) and len(set(per.values())) == len(per)
+    per: dict[str, set[str]] = {}
+    for level in out["levels"]:
+        for r in level["replicas"]:
+            if r["answered"] and r.get("gpu_processes_mib"):
+                per.setdefault(r["replica"], set()).update(r["gpu_processes_mib"])
+    if per:  # nvidia-smi saw the replicas' processes: each on one GPU, never the same one
+        gpus = [frozenset(g) for g in per.values()]
+        c["one_gpu_per_replica"] = all(len(g) == 1 for g in gpus) and len(set(gpus)) == len(gpus)
     return c
 
 

@@ -71,7 +71,7 @@ def process_tree(pid: int) -> set[int]:
 class ReplicaWatch:
     """Reads every replica of ``topo`` before and after a run and samples its sessions during it."""
 
-    def __init__(self, topo: Topology, interval_s: float = 0.5) -> None:
+    def __init__(self, topo: Topology, interval_s: float = 2.0) -> None:
         self.topo = topo
         self.interval_s = interval_s
         n = len(topo.replicas)

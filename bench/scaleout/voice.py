@@ -141,7 +141,7 @@ class _Killer(threading.Thread):
 
     def run(self) -> None:
         deadline = time.monotonic() + self.timeout_s
-        while not self.stop.wait(0.25) and time.monotonic() < deadline:
+        while not self.stop.wait(0.5) and time.monotonic() < deadline:
             done = sum((self._turns(r.index) or 0.0) - b for r, b in zip(self.topo.replicas, self.before, strict=True))
             if done >= self.after_turns:
                 self.sessions = [self.topo.sessions_active(r.index) for r in self.topo.replicas]
