@@ -27,6 +27,8 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 ENV_PREFIX = "VOXLOOP_"
 #: The model stages a server can run (``server.stages``).
 STAGES = ("asr", "llm", "tts")
+#: ``llm.backend`` values: the in-process engine, or an OpenAI-compatible server.
+LLM_BACKENDS = ("llama.cpp", "openai")
 #: Most main-lane launches of the GPU TTS engine queued at once (``tts.main_in_flight``).
 MAX_MAIN_IN_FLIGHT = 4
 #: How finely the GPU engine's captured batch sizes step (``tts.batch_buckets``,
@@ -287,6 +289,30 @@ class AsrConfig:
 
 @dataclass(frozen=True)
 class LlmConfig:
+    #: Where replies come from: "llama.cpp" (in this process: the GGUF of ``model_path``, every
+    #: conversation batched on one context) or "openai": any OpenAI-compatible
+    #: ``/v1/chat/completions`` server (llama.cpp's llama-server, Ollama, vLLM, LM Studio, a hosted
+    #: API) at ``base_url``, sent each conversation's whole history for each reply. With "openai"
+    #: no model loads here: ``max_tokens``, ``temperature``, ``seed`` and ``system_prompt`` still
+    #: apply, ``n_ctx`` is the server model's context (the history is cut to fit it), the other
+    #: keys are the in-process engine's.
+    backend: str = "llama.cpp"
+    #: With ``backend = "openai"``: the server's API root, up to and including ``/v1``
+    #: (e.g. ``http://127.0.0.1:8080/v1``).
+    base_url: str | None = None
+    #: With ``backend = "openai"``: the model the server is asked for; None: the first one its
+    #: ``/models`` lists (llama-server, llama-cpp-python's server and LM Studio serve one).
+    model: str | None = None
+    #: With ``backend = "openai"``: the environment variable holding the API key (never the key
+    #: itself in a file); unset or empty: requests carry no key (local servers need none).
+    api_key_env: str = "OPENAI_API_KEY"
+    #: With ``backend = "openai"``: longest wait for a connection to the server, seconds (also
+    #: the whole of a ``/ready`` check).
+    connect_timeout_s: float = 5.0
+    #: With ``backend = "openai"``: longest wait for the next piece of a reply, the first one
+    #: included (the server reads the prompt meanwhile), seconds; over it the reply fails
+    #: (``model_error``).
+    read_timeout_s: float = 30.0
     #: GGUF file; None resolves the bundled SmolLM2-135M-Instruct. Any chat (instruct) GGUF with a
     #: ``tokenizer.chat_template``: prompts are rendered with it, a run of same-role messages joined into
     #: one, and the system prompt folded into the first user turn when the template refuses a system role.
@@ -327,6 +353,13 @@ class LlmConfig:
     memory_budget_mb: int = 0
 
     def __post_init__(self) -> None:
+        if self.backend not in LLM_BACKENDS:
+            raise ConfigError(f"llm.backend must be one of {', '.join(map(repr, LLM_BACKENDS))}, got {self.backend!r}")
+        if self.base_url and not self.base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"llm.base_url must be an http:// or https:// URL, got {self.base_url!r}")
+        if self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
+            raise ConfigError("llm.connect_timeout_s and llm.read_timeout_s must be > 0 s, got "
+                              f"{self.connect_timeout_s} and {self.read_timeout_s}")
         if self.prefill_threads < 0:
             raise ConfigError(f"llm.prefill_threads must be >= 0 (0: the LLM's threads), got {self.prefill_threads}")
         if self.memory_budget_mb < 0:

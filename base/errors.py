@@ -34,6 +34,11 @@ class ModelError(VoxloopError):
     code = "model_error"
 
 
+class ModelUnavailable(ModelError):
+    """A model behind a network server could not be reached, stopped answering or broke off a reply
+    (``llm.backend = "openai"``); ``/ready`` reports it until the server answers again."""
+
+
 class InvalidInput(VoxloopError):
     """Input that cannot be processed: empty text, bad audio, bad ids."""
 

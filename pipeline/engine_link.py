@@ -60,7 +60,7 @@ from pipeline.speech import FirstAudioTiming, sentence_ids
 from pipeline.workers import NORMAL, ModelWorker
 from tts_engine.engine import AudioChunk, SynthesisOptions, engine_defaults, resolve_options
 from tts_engine.resample import StreamResampler
-from base.errors import Cancelled, ModelError
+from base.errors import Cancelled, ConfigError, ModelError
 
 log = logging.getLogger(__name__)
 
@@ -154,11 +154,16 @@ def send_parts(conn: socket.socket, parts: list) -> None:
 
 def engine_stages(cfg: Any) -> tuple[str, ...]:
     """Stages besides TTS that the engine process runs: ``server.engine_stages``, or by default
-    those configured on the GPU (``asr.device = "cuda"``, ``llm.n_gpu_layers != 0``)."""
+    those configured on the GPU (``asr.device = "cuda"``, ``llm.n_gpu_layers != 0``). Never the
+    LLM of ``llm.backend = "openai"``: each front end streams from that server itself."""
     stages = cfg.server.engine_stages
+    served = cfg.llm.backend != "openai"
     if stages is None:
-        stages = tuple(s for s, on_gpu in (("asr", cfg.asr.device == "cuda"), ("llm", cfg.llm.n_gpu_layers != 0))
-                       if on_gpu)
+        stages = tuple(s for s, on_gpu in (("asr", cfg.asr.device == "cuda"),
+                                           ("llm", served and cfg.llm.n_gpu_layers != 0)) if on_gpu)
+    elif "llm" in stages and not served:
+        raise ConfigError('server.engine_stages has "llm", but llm.backend = "openai" runs no LLM here: each '
+                          'front end streams replies from llm.base_url itself. Remove "llm" from server.engine_stages.')
     return tuple(s for s in stages if s in cfg.server.stages)
 
 

@@ -47,7 +47,8 @@ class Engines:
     cfg: Config
     #: ``BatchingAsr``, or ``RemoteAsr`` in a front end whose engine process runs the ASR.
     asr: Any = None
-    #: ``BatchedLlm``/``SerialLlm``, or ``RemoteLlm`` in a front end whose engine process runs the LLM.
+    #: ``BatchedLlm``/``SerialLlm``, ``ServerLlm`` (``llm.backend = "openai"``), or ``RemoteLlm`` in a
+    #: front end whose engine process runs the LLM.
     llm: Any = None
     tts: ModelWorker | None = None
     #: The end-of-turn model (``semantic_vad``), loaded with ASR; None: semantic_vad waits for silence.
@@ -64,6 +65,16 @@ class Engines:
     @property
     def loaded(self) -> bool:
         return all(getattr(self, stage) is not None for stage in self.stages)
+
+    def not_ready(self) -> str | None:
+        """Why a loaded stage cannot serve now (an LLM server that cannot be reached), or None."""
+        check = getattr(self.llm, "not_ready", None)
+        return check() if check is not None else None
+
+    async def _start_llm(self) -> None:
+        start = getattr(self.llm, "start", None)  # ServerLlm: the first check of its server
+        if start is not None:
+            await start()
 
     def load_sync(self) -> None:
         """Load the configured models (blocking, seconds). Warm each up so the first turn is not slow."""
@@ -114,6 +125,7 @@ class Engines:
         self._set_turn(turn)
         self.asr = remote_asr or self.asr
         self.llm = remote_llm or self.llm
+        await self._start_llm()
         self.tts, self.speech = worker, speech  # last: ``loaded`` turns True
         log.info("front end ready (engine process runs %s): %s", ", ".join(("tts", *remote)),
                  {k: round(v, 2) for k, v in self.load_s.items()})
@@ -127,7 +139,21 @@ class Engines:
         if asr is not None:
             self.asr = BatchingAsr(asr, max_batch=self.cfg.asr.max_batch)
         if llm is not None:
-            self.llm = BatchedLlm(llm, spare_cores=self.cpu_stages_idle)
+            self.llm = self._llm_stage(llm)
+
+    def _llm_stage(self, llm: Any) -> Any:
+        """The event loop's side of an LLM engine: a ``ChatServer`` streams on the loop itself, a
+        ``BatchedChat`` (``submit``/``step``) gets its batching thread, another engine with
+        ``stream(messages, cancel, max_tokens)`` answers one conversation at a time."""
+        from llm.chat_completions import ChatServer
+
+        if isinstance(llm, ChatServer):
+            from pipeline.server_llm import ServerLlm
+
+            return ServerLlm(llm)
+        if hasattr(llm, "step"):
+            return BatchedLlm(llm, spare_cores=self.cpu_stages_idle)
+        return SerialLlm(llm)
 
     def cpu_stages_idle(self) -> bool:
         """No ASR, end-of-turn or TTS job queued or running here: the LLM may take more cores
@@ -179,8 +205,13 @@ class Engines:
             self.turn = ModelWorker("turn", [model], queue_size=64)
 
     def load_llm_model(self) -> Any:
-        """The ``BatchedChat`` of ``cfg.llm``, its system prompt evaluated and warmed up (seconds)."""
+        """The ``BatchedChat`` of ``cfg.llm``, its system prompt evaluated and warmed up (seconds);
+        with ``llm.backend = "openai"`` a ``ChatServer`` (nothing loads here; ``start`` checks it)."""
         t0 = time.monotonic()
+        if self.cfg.llm.backend == "openai":
+            from llm.chat_completions import ChatServer
+
+            return ChatServer(self.cfg)
         from llm.batched import BatchedChat, ReplyOptions
 
         llm = BatchedChat.from_config(self.cfg)  # evaluates the system prompt's KV once
@@ -194,6 +225,7 @@ class Engines:
 
     async def load(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.load_sync)
+        await self._start_llm()
 
     def close(self) -> None:
         for w in (self.asr, self.turn, self.llm, self.tts):
@@ -205,15 +237,14 @@ class Engines:
         """Engines around ready-made engine objects (tests inject fakes for orchestration).
 
         ``asr``/``llm`` None: that stage is absent (match ``cfg.server.stages``); ``turn`` (an object with
-        ``score(pcm16k) -> probability``) None: no end-of-turn model. An ``llm`` with
-        ``submit``/``step`` (a ``BatchedChat``) gets its batching thread; one with
-        ``stream(messages, cancel, max_tokens)`` answers one conversation at a time.
+        ``score(pcm16k) -> probability``) None: no end-of-turn model. ``llm`` as ``_llm_stage`` takes it
+        (a ``ChatServer`` is checked by ``await e._start_llm()``).
         """
         e = cls(cfg)
         e.asr = None if asr is None else BatchingAsr(asr, max_batch=cfg.asr.max_batch)
         e._set_turn(turn)
         if llm is not None:
-            e.llm = BatchedLlm(llm, spare_cores=e.cpu_stages_idle) if hasattr(llm, "step") else SerialLlm(llm)
+            e.llm = e._llm_stage(llm)
         e._set_tts(tts)
         return e
 

@@ -4,7 +4,8 @@ HTTP routes (answered during the opening handshake, no upgrade):
   ``GET /``            the browser client (``web_client/``), other static files below it
   ``GET /health``      liveness: 200 while the process serves
   ``GET /ready``       readiness: 200 when the models of ``server.stages`` are loaded (in every
-                       front-end process, ``server.front_ends``) and a session slot is free, else 503
+                       front-end process, ``server.front_ends``), the LLM server answers
+                       (``llm.backend = "openai"``) and a session slot is free, else 503
   ``GET /metrics``     Prometheus text
 WebSocket: ``/v1/realtime`` (also ``/realtime``, as the openai SDK builds ``{base}/realtime``).
 
@@ -243,6 +244,9 @@ class Hub:
             return False, "draining"
         if not self.engines.loaded:
             return False, "models loading"
+        problem = self.engines.not_ready()
+        if problem is not None:
+            return False, problem
         if self.shared_loaded is not None and self.shared_loaded.value < self.cfg.server.front_ends:
             return False, f"front ends loading: {self.shared_loaded.value} of {self.cfg.server.front_ends} ready"
         free = self.cfg.limits.max_sessions - self.open_sessions.value

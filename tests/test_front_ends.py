@@ -225,6 +225,39 @@ async def test_the_engine_process_transcribes_and_answers_for_both_front_ends(vo
         stop(proc)
 
 
+async def test_each_front_end_streams_replies_from_an_llm_server_itself():
+    """``llm.backend = "openai"``: no LLM process; each front end asks the server (llama-cpp-python's,
+    tests/chat_server.py) for its own sessions' replies, and temperature 0 gives both the same one."""
+    from chat_server import start_chat_server, stop_chat_server
+
+    llm, base_url = await asyncio.to_thread(start_chat_server)
+    proc = None
+    try:
+        proc, port = await asyncio.to_thread(start, "server.stages=llm,tts", "llm.backend=openai",
+                                             f"llm.base_url={base_url}", "llm.temperature=0", "llm.max_tokens=24")
+        spawned = [c for c in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+        assert len(spawned) == 2  # the two front ends, no LLM process
+        conns = await one_session_per_front_end(proc, port)
+        replies = []
+        try:
+            for ws in conns:
+                item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Say hello."}]}
+                await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
+                await ws.send(json.dumps({"type": "response.create"}))
+                while (m := json.loads(await asyncio.wait_for(ws.recv(), scaled(120))))["type"] != "response.done":
+                    assert m["type"] != "error", m
+                assert m["response"]["status"] in ("completed", "incomplete"), m
+                replies.append(m["response"]["output"][0]["content"][0]["transcript"])
+        finally:
+            for ws in conns:
+                await ws.close()
+        assert replies[0].strip() and replies[0] == replies[1]
+    finally:
+        if proc is not None:
+            stop(proc)
+        stop_chat_server(llm)
+
+
 def test_serve_sets_blas_threads_before_numpy_loads():
     """``voxloop serve`` caps numpy's OpenBLAS at one thread (bench/blas_threads.py); an
     environment variable only counts if numpy has not loaded yet when the command starts."""
