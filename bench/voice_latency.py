@@ -26,7 +26,10 @@ audio), ms after the VAD end decision. A turn is *missed* when no reply arrives 
 utterance was split (the transcript misses its last words or two replies come back for one
 utterance). Per level, the server's ``/metrics`` is read before and after: GPU pool and
 per-stage memory, LLM steps (tokens per ``llama_decode`` step over the level), event-loop
-lag; null where the server does not export them (a CPU server has no GPU pool).
+lag; null where the server does not export them (a CPU server has no GPU pool). Through a load
+balancer (``--url`` of the balancer, ``--replica-metrics`` the replicas' ``/metrics``), each level
+also reports each replica's sessions, turns and GPU memory, and how evenly the sessions were split
+(``bench.scaleout.gpus`` runs the whole one-GPU-against-two comparison).
 
 Writes ``<out>/voice_latency-<hardware>-<date>[-<label>].json`` (+ .png: p50/p90/p99 against
 talkers, end to end and per stage). ``--merge`` joins result files of one level each into one.
@@ -61,6 +64,7 @@ from bench.harness import (
     stop_server,
     write_json,
 )
+from bench.scaleout.replicas import replica_figures, scrape_or_none, split
 from bench.voice_talkers import Level, gpu_info, load_questions, run_level, summarize, synthesize_questions
 
 #: The stages drawn against talkers: the issue's breakdown (ASR final -> first audio on the socket).
@@ -212,11 +216,15 @@ def measure(args: argparse.Namespace) -> tuple[list[dict], list[dict], dict]:
         for talkers, turns in zip(args.concurrency, turns_per_level, strict=True):
             ramp = args.ramp_s if args.ramp_s is not None else max(2.0, 0.05 * talkers)
             level = Level(url, talkers, turns, args.turn_timeout_s, args.audio_format == "binary", args.deflate, ramp)
-            before = scrape(url)
+            before, replicas_before = scrape(url), [scrape_or_none(u) for u in args.replica_metrics]
             rows, n_procs = run_level(level, speech, args.talkers_per_process)
             row = summarize(talkers, rows)
             row.update(client_processes=n_procs, audio_format=audio_format, permessage_deflate_offered=args.deflate,
                        ramp_s=ramp, **server_figures(before, scrape(url)))
+            if args.replica_metrics:  # behind a load balancer: what each replica saw of the level
+                row["replicas"] = [{"replica": u, **replica_figures(b, scrape_or_none(u))}
+                                   for u, b in zip(args.replica_metrics, replicas_before, strict=True)]
+                row["sessions_split"] = split(row["replicas"])
             summary.append(row)
             all_rows += rows
             print(json.dumps(row), flush=True)
@@ -250,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deflate", action=argparse.BooleanOptionalAction, default=True,
                    help="offer permessage-deflate, as browsers do")
     p.add_argument("--url", help="ws://host:port/v1/realtime of a running server instead of starting one")
+    p.add_argument("--replica-metrics", nargs="+", default=[], metavar="URL",
+                   help="with --url of a load balancer: each replica's http://HOST:PORT/metrics; every level then "
+                        "reports each replica's sessions, turns and GPU memory (bench.scaleout.replicas)")
     p.add_argument("--ready-timeout-s", type=float, default=600.0,
                    help="with --url: wait this long for the server's /ready before the first level")
     p.add_argument("--server-config", type=Path,

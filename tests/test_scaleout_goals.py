@@ -80,3 +80,23 @@ def test_split_is_the_largest_distance_from_an_even_share():
     assert split([{"sessions": 110}, {"sessions": 90}]) == 0.1
     assert split([{"sessions": 200}, {"sessions": 0}]) == 1.0
     assert split([{"sessions": 5}, {"sessions": None}]) is None
+
+
+def test_replica_figures_from_two_reads_of_metrics():
+    from bench.scaleout.replicas import replica_figures
+
+    mib = 2**20
+    before = {"voxloop_sessions_total": {(): 3.0}, "voxloop_turns_total": {(("status", "completed"),): 10.0}}
+    after = {"voxloop_sessions_total": {(): 103.0},
+             "voxloop_turns_total": {(("status", "completed"),): 310.0, (("status", "cancelled"),): 2.0},
+             "voxloop_gpu_device_used_bytes": {(): 30000 * mib}, "voxloop_gpu_device_total_bytes": {(): 81559 * mib},
+             "voxloop_gpu_pool_bytes": {(("kind", "reserved"), ("stat", "current")): 9000 * mib,
+                                        (("kind", "reserved"), ("stat", "high")): 11600 * mib},
+             "voxloop_llm_memory_bytes": {(("part", "weights"),): 92 * mib, (("part", "kv_cache"),): 11520 * mib}}
+    got = replica_figures(before, after)
+    assert got == {"answered": True, "sessions": 100.0, "turns": {"completed": 300.0, "cancelled": 2.0},
+                   "gpu_device_used_mib": 30000.0, "gpu_device_total_mib": 81559.0, "gpu_tts_pool_reserved_mib": 9000.0,
+                   "asr_gpu_mib": None, "llm_memory_mib": {"weights": 92.0, "kv_cache": 11520.0}}  # fmt: skip
+    # A replica that did not answer after the run (killed): no figure is made up.
+    gone = replica_figures(before, None)
+    assert gone["answered"] is False and gone["sessions"] is None and gone["turns"] is None

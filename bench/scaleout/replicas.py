@@ -25,7 +25,7 @@ from bench.scaleout.topology import Topology
 MIB = 2**20
 
 
-def _scrape(url: str) -> Samples | None:
+def scrape_or_none(url: str) -> Samples | None:
     try:
         return scrape_metrics(url, timeout_s=5.0)
     except (OSError, ValueError):
@@ -85,7 +85,7 @@ class ReplicaWatch:
         self._thread = threading.Thread(target=self._sample, name="replica-watch", daemon=True)
 
     def __enter__(self) -> ReplicaWatch:
-        self.before = [_scrape(self.topo.metrics_url(r.index)) for r in self.topo.replicas]
+        self.before = [scrape_or_none(self.topo.metrics_url(r.index)) for r in self.topo.replicas]
         self.lb_before = self.topo.lb_sessions()
         self._thread.start()
         return self
@@ -94,7 +94,7 @@ class ReplicaWatch:
         self._stop.set()
         self._thread.join()
         self.gpu = self._gpu_by_replica()
-        self.after = [_scrape(self.topo.metrics_url(r.index)) for r in self.topo.replicas]
+        self.after = [scrape_or_none(self.topo.metrics_url(r.index)) for r in self.topo.replicas]
         self.lb_after = self.topo.lb_sessions()
 
     def _sample(self) -> None:
@@ -122,26 +122,33 @@ class ReplicaWatch:
         """One row per replica (see the module docstring); MiB for memory."""
         rows = []
         for r in self.topo.replicas:
-            before, after = self.before[r.index] or {}, self.after[r.index]
-            a = after or {}
-            turns = {"/".join(v for _, v in k): counter_delta(before, a, "voxloop_turns_total", k)
-                     for k in a.get("voxloop_turns_total", {})}
             lb = self.lb_after.get(r.name)
             rows.append({
-                "replica": r.name, "env": r.env, "answered": after is not None,
-                "sessions": counter_delta(before, a, "voxloop_sessions_total"),
+                "replica": r.name, "env": r.env, **replica_figures(self.before[r.index], self.after[r.index]),
                 "sessions_peak": self.peak[r.index],
                 "lb_connections": None if lb is None else lb - self.lb_before.get(r.name, 0),
-                "turns": turns or None,
-                "gpu_device_used_mib": gauge(a, "voxloop_gpu_device_used_bytes", MIB),
-                "gpu_device_total_mib": gauge(a, "voxloop_gpu_device_total_bytes", MIB),
-                "gpu_tts_pool_reserved_mib": _labelled(a, "voxloop_gpu_pool_bytes", {"kind": "reserved", "stat": "current"}),
-                "asr_gpu_mib": gauge(a, "voxloop_asr_gpu_bytes", MIB),
-                # Weights and KV cache: on the GPU with llm.n_gpu_layers, else in host memory.
-                "llm_memory_mib": gauge(a, "voxloop_llm_memory_bytes", MIB),
                 "gpu_processes_mib": self.gpu[r.index],
             })  # fmt: skip
         return rows
+
+
+def replica_figures(before: Samples | None, after: Samples | None) -> dict:
+    """What one replica's ``/metrics`` says of a run, from a read before and one after (None: no
+    answer): ``answered``, sessions it accepted, turns by outcome, GPU and LLM memory (MiB)."""
+    b, a = before or {}, after or {}
+    turns = {"/".join(v for _, v in k): counter_delta(b, a, "voxloop_turns_total", k)
+             for k in a.get("voxloop_turns_total", {})}
+    return {
+        "answered": after is not None,
+        "sessions": counter_delta(b, a, "voxloop_sessions_total"),
+        "turns": turns or None,
+        "gpu_device_used_mib": gauge(a, "voxloop_gpu_device_used_bytes", MIB),
+        "gpu_device_total_mib": gauge(a, "voxloop_gpu_device_total_bytes", MIB),
+        "gpu_tts_pool_reserved_mib": _labelled(a, "voxloop_gpu_pool_bytes", {"kind": "reserved", "stat": "current"}),
+        "asr_gpu_mib": gauge(a, "voxloop_asr_gpu_bytes", MIB),
+        # Weights and KV cache: on the GPU with llm.n_gpu_layers, else in host memory.
+        "llm_memory_mib": gauge(a, "voxloop_llm_memory_bytes", MIB),
+    }  # fmt: skip
 
 
 def _labelled(samples: Samples, name: str, labels: dict[str, str]) -> float | None:
