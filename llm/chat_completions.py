@@ -115,7 +115,8 @@ class ChunkReader:
 
     def stats(self, total_s: float, first_token_s: float | None, cancelled: bool = False) -> GenerationStats:
         """The reply's figures: the server's token counts when it sent them, else the streamed pieces
-        as completion tokens and no prompt tokens."""
+        as completion tokens, no prompt tokens and ``usage_reported`` False (``response.done`` then
+        has no ``usage``)."""
         usage = self.usage
         details = getattr(usage, "prompt_tokens_details", None)
         reason = "cancelled" if cancelled else "length" if self.finish_reason == "length" else "stop"
@@ -123,7 +124,8 @@ class ChunkReader:
             prompt_tokens=usage.prompt_tokens if usage is not None else 0,
             cached_tokens=(getattr(details, "cached_tokens", None) or 0) if details is not None else 0,
             completion_tokens=usage.completion_tokens if usage is not None else self.pieces,
-            dropped_messages=0, first_token_s=first_token_s, total_s=total_s, finish_reason=reason)
+            dropped_messages=0, first_token_s=first_token_s, total_s=total_s, finish_reason=reason,
+            usage_reported=usage is not None)
 
 
 class ChatServer:

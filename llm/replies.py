@@ -57,6 +57,9 @@ class GenerationStats:
     total_s: float
     finish_reason: str  # "stop" | "length" | "cancelled" | "error" | "prefilled" (``BatchedChat.prefill``)
     first_batch: int = 0  # conversations in the llama_decode step that gave its first token
+    #: False: the token counts are not the model's (an LLM server that reported no usage; then
+    #: ``completion_tokens`` counts the streamed pieces and ``prompt_tokens`` is 0).
+    usage_reported: bool = True
 
 
 @dataclass(eq=False)

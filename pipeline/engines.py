@@ -71,7 +71,7 @@ class Engines:
         check = getattr(self.llm, "not_ready", None)
         return check() if check is not None else None
 
-    async def _start_llm(self) -> None:
+    async def start_llm(self) -> None:
         start = getattr(self.llm, "start", None)  # ServerLlm: the first check of its server
         if start is not None:
             await start()
@@ -125,7 +125,7 @@ class Engines:
         self._set_turn(turn)
         self.asr = remote_asr or self.asr
         self.llm = remote_llm or self.llm
-        await self._start_llm()
+        await self.start_llm()
         self.tts, self.speech = worker, speech  # last: ``loaded`` turns True
         log.info("front end ready (engine process runs %s): %s", ", ".join(("tts", *remote)),
                  {k: round(v, 2) for k, v in self.load_s.items()})
@@ -225,7 +225,7 @@ class Engines:
 
     async def load(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.load_sync)
-        await self._start_llm()
+        await self.start_llm()
 
     def close(self) -> None:
         for w in (self.asr, self.turn, self.llm, self.tts):
@@ -238,7 +238,7 @@ class Engines:
 
         ``asr``/``llm`` None: that stage is absent (match ``cfg.server.stages``); ``turn`` (an object with
         ``score(pcm16k) -> probability``) None: no end-of-turn model. ``llm`` as ``_llm_stage`` takes it
-        (a ``ChatServer`` is checked by ``await e._start_llm()``).
+        (a ``ChatServer`` is checked by ``await e.start_llm()``).
         """
         e = cls(cfg)
         e.asr = None if asr is None else BatchingAsr(asr, max_batch=cfg.asr.max_batch)

@@ -108,7 +108,7 @@ def response_done(turn: Turn, status: str, reason: str | None = None, items: tup
                   error: ErrorInfo | None = None) -> ev.ResponseDone:
     """``response.done`` with the final items and, once the LLM reported them, its token counts."""
     stats = turn.generation
-    usage = None if stats is None else ResponseUsage(
+    usage = None if stats is None or not getattr(stats, "usage_reported", True) else ResponseUsage(
         input_tokens=stats.prompt_tokens, output_tokens=stats.completion_tokens,
         total_tokens=stats.prompt_tokens + stats.completion_tokens)
     return ev.ResponseDone(response=response_object(turn, status, reason, items, error, usage))

@@ -79,7 +79,7 @@ def test_text_and_a_call_as_openai_streams_them():
                       ToolCallDelta(0, '{"city":'), ToolCallDelta(0, ' "Paris"}')]
     stats = reader.stats(total_s=1.0, first_token_s=0.2)
     assert (stats.prompt_tokens, stats.cached_tokens, stats.completion_tokens) == (40, 32, 12)
-    assert stats.finish_reason == "stop" and stats.first_token_s == 0.2
+    assert stats.finish_reason == "stop" and stats.first_token_s == 0.2 and stats.usage_reported
 
 
 def test_llama_cpp_pythons_repeated_ids_and_names_give_one_first_piece_per_call():
@@ -97,6 +97,7 @@ def test_llama_cpp_pythons_repeated_ids_and_names_give_one_first_piece_per_call(
     assert "".join(p.arguments for p in pieces) == '{"city": "Paris"}' and len(pieces) == 5  # no empty piece
     stats = reader.stats(1.0, 0.1)
     assert stats.prompt_tokens == 0 and stats.completion_tokens == 5  # no usage: the streamed pieces
+    assert not stats.usage_reported  # so response.done leaves usage out
 
 
 def test_calls_without_ids_or_indexes_get_them_in_order_and_reasoning_is_not_spoken():

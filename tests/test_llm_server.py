@@ -56,7 +56,7 @@ async def text_hub(tts_engines, base_url: str, *overrides: str) -> Hub:
     """A text-and-speech server (no ASR) whose replies come from ``base_url``."""
     cfg = served_config(base_url, *overrides)
     engines = Engines.from_parts(cfg, None, Engines(cfg).load_llm_model(), tts_engines)
-    await engines._start_llm()
+    await engines.start_llm()
     hub = Hub(cfg, engines)
     await hub.start()
     return hub
@@ -94,7 +94,7 @@ async def test_a_typed_turn_is_answered_by_the_server_and_ready_says_so(chat_ser
         said = "".join(m["delta"] for m in msgs if m["type"] == "response.output_audio_transcript.delta")
         assert text and said.strip() == text
         assert any(m["type"] == "response.output_audio.delta" for m in msgs)
-        assert done["response"]["usage"]["output_tokens"] > 0
+        assert "usage" not in done["response"]  # llama-cpp-python's server reports none: not made up
         assert hub.engines.llm.pending() == 0
     finally:
         await hub.stop()
