@@ -29,39 +29,18 @@ ENV_PREFIX = "VOXLOOP_"
 STAGES = ("asr", "llm", "tts")
 #: ``llm.backend`` values: the in-process engine, or an OpenAI-compatible server.
 LLM_BACKENDS = ("llama.cpp", "openai")
-#: Most main-lane launches of the GPU TTS engine queued at once (``tts.main_in_flight``).
-MAX_MAIN_IN_FLIGHT = 4
 #: How finely the GPU engine's captured batch sizes step (``tts.batch_buckets``,
-#: ``tts.encode_batch_buckets``; ``tts_engine.torch_vits.cuda_engine.batch_buckets``).
+#: ``tts.encode_batch_buckets``; ``tts_engine.torch_vits.runner.batch_buckets``).
 BATCH_BUCKET_LEVELS = ("coarse", "fine", "finer")
-#: ``tts.encoder_convs`` values: the fp32 encoder's convolutions through cuDNN or as cuBLAS products.
-ENCODER_CONVS = ("cudnn", "gemm")
-#: ``tts.text_encoder_products`` values: the fused feed-forward's products through cuBLAS (bit for bit
-#: ``encoder_convs = "gemm"``) or as Triton convolutions skipping padding, in ``tl.dot``'s precisions.
+#: ``tts.precision`` values: the GPU engine's flow and decoder in float32, bfloat16, float16, or int8
+#: convolutions in the decoder (the rest float16); the encoder always runs in float32.
+PRECISIONS = ("fp32", "bf16", "fp16", "int8")
+#: Most fast lanes of the GPU TTS engine (``tts.fast_lanes``).
+MAX_FAST_LANES = 4
+#: ``tts.text_encoder_products`` values: the text encoder's feed-forward products through cuBLAS (bit for
+#: bit) or as Triton convolutions skipping padding, in ``tl.dot``'s precisions
+#: (``tts_engine.torch_vits.fused_ffn.PRODUCTS``; a copy, so that the config loads no torch).
 TEXT_ENCODER_PRODUCTS = ("cublas", "ieee", "tf32x3", "tf32", "fp16x3")
-#: The ``tts.text_encoder_products`` that ``tts.fused_attention`` takes its precision from: tensor-core
-#: products only (fp32 ``tl.dot`` on the CUDA cores made its kernel ~10x the encoder it replaces).
-ATTENTION_PRODUCTS = ("tf32x3", "fp16x3", "tf32")
-#: ``tts.fused_attention_tile``'s default (``tts_engine.torch_vits.fused_attention.TILE``).
-ATTENTION_TILE = "32x32w4-loop"
-
-
-def parse_attention_tile(tile: str) -> tuple[int, int, int, bool]:
-    """A ``tts.fused_attention_tile``, ``"<queries>x<keys>w<warps>-unrolled|loop"`` (the attention kernel's
-    program: queries and keys per block, 16-128 in powers of two; 1-8 warps; the band's keys unrolled
-    or as a loop) -> (queries, keys, warps, band unrolled); ValueError for anything else."""
-    try:
-        block, band = tile.split("-")
-        m, rest = block.split("x")
-        n, warps = rest.split("w")
-        m, n, warps = int(m), int(n), int(warps)
-        if m not in (16, 32, 64, 128) or n not in (16, 32, 64, 128) or warps not in (1, 2, 4, 8) or \
-                band not in ("unrolled", "loop"):  # fmt: skip
-            raise ValueError(tile)
-    except ValueError:
-        raise ValueError("an attention tile is <queries>x<keys>w<warps>-unrolled|loop (queries and keys 16-128, "
-                         f"1-8 warps), got {tile!r}") from None  # fmt: skip
-    return m, n, warps, band == "unrolled"
 
 #: What ``server.allowed_origins`` entries look like (besides ``*``): no path, query or user.
 _ORIGIN = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[^\s/?#@:\[\]]+)(:\d{1,5})?", re.IGNORECASE)
@@ -113,8 +92,9 @@ class ServerConfig:
     #: every thread of its process). Off by default: on the H200 (uncompiled engine) the engine process
     #: still made full collections of 19-125 ms (per 10 s of served load) with it, and that run
     #: served less than the runs without it (commit 5f2aac7, docs/benchmarks.md 2026-12-02);
-    #: not yet measured side by side. configs/gpu.toml turns it on for the compiled engine, whose
-    #: full collections took 553-979 ms without it. ``/metrics``: ``voxloop_gc_pause_seconds`` either way.
+    #: not measured side by side. configs/gpu.toml turns it on: measured with the compiled engine, whose
+    #: full collections took 553-979 ms without it (the engine it ships is not compiled, and its full
+    #: collections run only while idle, ``gc_full``). ``/metrics``: ``voxloop_gc_pause_seconds`` either way.
     gc_freeze: bool = False
     #: When Python's full garbage collections run in each serving process: "auto" (the interpreter's
     #: own thresholds, whatever runs at the time) or "idle": only while the process has no work in
@@ -383,8 +363,10 @@ class TtsConfig:
     onnx_threads: int = 1
     #: Parallel onnxruntime sessions (workers) on CPU.
     onnx_workers: int = 1
-    #: Precision on GPU: "fp32", "bf16", "fp16", "int8".
-    precision: str = "bf16"
+    #: Precision of the GPU engine's flow and decoder (``PRECISIONS``): "fp32" (exact), "bf16", "fp16"
+    #: (configs/gpu.toml: as fast as bf16 on the H200, SNR against fp32 >= 39 dB, bf16 ~20 dB) or "int8"
+    #: (the decoder's convolutions in int8, the rest fp16: slower than fp16 on the H200).
+    precision: str = "fp32"
     #: Device of the "cuda" backend (PyTorch VITS): "cuda", "cuda:N", or "cpu" (eager, no CUDA
     #: graphs: slow, for tests and for trying the GPU serving path on a machine without one).
     device: str = "cuda"
@@ -407,16 +389,7 @@ class TtsConfig:
     max_frames: int = 3072
     #: Capture the GPU steps as CUDA graphs at start-up (False: eager, for debugging).
     cuda_graphs: bool = True
-    #: GPU: let cuDNN time its convolution algorithms for every captured shape at start-up (faster
-    #: steps, much slower start-up; very slow with ``gpu.allocator = "async"``).
-    cudnn_benchmark: bool = False
-    #: GPU, with ``cudnn_benchmark``: most algorithms cuDNN times per convolution shape (PyTorch's
-    #: ``torch.backends.cudnn.benchmark_limit``; 0 = all it offers). Fewer: shorter start-up.
-    cudnn_benchmark_limit: int = 10
-    #: GPU, with ``cudnn_benchmark``: the stages whose convolutions are timed: "encode" (fp32 text
-    #: encoder and durations), "decode" (flow and decoder); the others take cuDNN's heuristic choice.
-    cudnn_benchmark_stages: tuple[str, ...] = ("encode", "decode")
-    #: GPU decoder batch sizes captured as CUDA graphs (``tts_engine.torch_vits.cuda_engine.batch_buckets``):
+    #: GPU decoder batch sizes captured as CUDA graphs (``tts_engine.torch_vits.runner.batch_buckets``):
     #: "fine" (powers of two, every multiple of 8 up to 64 and of 16 beyond: 15 sizes at max_batch
     #: 128; 9-15 rows padded to 16, larger batches by at most 29 %), "coarse" (powers of two only: 8
     #: sizes, about half the decoder's start-up, up to 49 % padding) or "finer" (every size up to 8,
@@ -434,14 +407,10 @@ class TtsConfig:
     #: GPU: torch.compile the encoder too (text encoder, durations, prior), one graph for every
     #: batch and phoneme bucket (dynamic shapes), before capture; more start-up.
     compile_encoder: bool = False
-    #: GPU: new requests' encoder and first chunk on a high-priority CUDA stream, beside the later
-    #: chunks of running ones, so first audio does not wait for them: "overlap" (side by side),
-    #: "exclusive" (the later chunks' next launch waits for a first-chunk launch in flight),
-    #: "off" (one stream, in order).
-    fast_lane: str = "overlap"
-    #: GPU, with ``fast_lane = "overlap"``: that many fast-lane streams (1-4). A request arriving while
-    #: a first-chunk launch runs starts on a free one at once instead of waiting for it; each more
-    #: lane holds its own encoder and first-chunk CUDA graphs (device memory, start-up time).
+    #: GPU: high-priority CUDA streams (1-4) that run new requests' encoder and first chunk beside the
+    #: later chunks of running ones, so first audio does not wait for them. A request arriving while a
+    #: first-chunk launch runs starts on a free one at once instead of waiting for it; each more lane
+    #: holds its own encoder and first-chunk CUDA graphs (device memory, start-up time).
     fast_lanes: int = 1
     #: GPU: frames decoded ahead for a new request while at most ``speculate_below`` requests run
     #: (0: off): its chunks after the first, in chunks of ``tail_chunk_frames``, queued right behind
@@ -450,77 +419,27 @@ class TtsConfig:
     speculate_frames: int = 0
     #: GPU: decode ahead only while at most this many requests run (new ones included).
     speculate_below: int = 2
-    #: GPU: run the flow once over the rest of each utterance, on the main lane before its later
-    #: chunks (the utterances of a launch laid end to end in one row of 512-frame multiples), instead
-    #: of over every later chunk's window with 32 frames of context on each side; first chunks and
-    #: chunks decoded ahead keep their windows. The same audio. Needs ``fast_lane`` "overlap" or
-    #: "exclusive". Not yet measured on a GPU: off.
-    flow_once: bool = False
-    #: GPU: later chunks of one request decoded in one scheduler step (0: all it has left once its
-    #: length is known, right behind its encoder). Each chunk needs only the request's latents, so its chunks need not wait
-    #: for each other's hand-out: fewer steps per sentence, the same audio; a request cancelled
-    #: mid-way (barge-in) has had more of its audio decoded for nothing.
-    chunks_per_step: int = 1
-    #: GPU: main-lane launches queued at once (1-4). With more than one, later chunks that become
-    #: ready while a main launch runs are queued behind it at once instead of after it is handed out:
-    #: the main stream does not wait for the host between launches (H200, 50 clients: 2 made 852 vs
-    #: 768 sentences/s; 3 no more; configs/gpu.toml sets 2).
-    main_in_flight: int = 1
-    #: GPU: the decoder's upsampling layers (transposed convolutions) as plain convolutions to
-    #: stride x channels whose outputs are interleaved (polyphase): the same sums, no sample
-    #: changes beyond rounding; cuDNN's transposed-convolution kernels took 65 % of a 48-row decode step on the H200.
-    polyphase_upsampling: bool = False
-    #: GPU, fp16/bf16: the decoder's residual blocks as fused Triton kernels (activation, mask,
-    #: dilated convolution, bias, residual and the mean over blocks in one pass per convolution).
-    fused_blocks: bool = False
-    #: GPU, fp16/bf16: the decoder's input convolution, upsampling layers (polyphase form, with the
-    #: leaky ReLU and mask before each) and output convolution + tanh as fused Triton kernels: one
-    #: pass per layer instead of cuDNN's transposes, bias adds and interleaving copies.
-    fused_upsampling: bool = False
-    #: GPU, fp16/bf16: the flow's WaveNet layers as fused Triton kernels (the dilated convolution
-    #: with its tanh x sigmoid gate; the 1x1 convolution with the residual, mask and skip sum): two
-    #: kernels per layer instead of about a dozen, in every chunk's flow window.
-    fused_flow: bool = False
-    #: GPU: the (fp32) text encoder's and duration predictor's convolutions: "cudnn" or "gemm"
-    #: (cuBLAS matrix products and multiply-adds computing the same sums: no cuDNN algorithms to
-    #: time for them at start-up and no cuDNN workspace held in their CUDA graphs).
-    encoder_convs: str = "cudnn"
-    #: GPU: the stochastic duration predictor's layers (depthwise convolution, LayerNorm, GELU) and
-    #: spline flows as fused Triton kernels: ~400 fewer kernels in each encoder launch, the same
-    #: fp32 arithmetic (durations unchanged); needs gpu.allocator = "native" with CUDA graphs.
-    fused_duration_predictor: bool = False
-    #: GPU: the text encoder's feed-forward layers with their mask, padding, tap stacking, bias and ReLU
-    #: fused into one Triton kernel per convolution: the same fp32 products, the same output bit for
-    #: bit as encoder_convs = "gemm"; needs gpu.allocator = "native" with CUDA graphs.
-    fused_text_encoder: bool = False
-    #: With fused_text_encoder: its convolutions' products. "cublas": the stacked taps through cuBLAS
-    #: (bit for bit encoder_convs = "gemm"). Otherwise one Triton kernel per convolution that skips the
+    #: GPU: the engine's hand-written Triton kernels, each measured faster than PyTorch's form on the
+    #: H200 or H100 (docs/benchmarks.md; ``tts_engine.torch_vits.runner.SHIPPED`` cites each): at fp16
+    #: and bf16 the decoder's residual blocks, input, upsampling and output convolutions and the flow's
+    #: WaveNet layers; at every precision the fp32 encoder's duration predictor, text encoder
+    #: feed-forward (in ``text_encoder_products``), relative-position attention (with tensor-core
+    #: ``text_encoder_products``: "tf32x3", "fp16x3" or "tf32") and prior expansion. Needs
+    #: ``gpu.allocator = "native"`` with CUDA graphs and Triton (it comes with PyTorch's CUDA wheels);
+    #: off: PyTorch's modules (cuBLAS and cuDNN) throughout, for comparison or a GPU Triton cannot serve.
+    triton_kernels: bool = False
+    #: With ``triton_kernels``: the text encoder's convolutions' products. "cublas": the stacked taps through
+    #: cuBLAS (bit for bit PyTorch's fp32 sums as the engine computes them). Otherwise one Triton kernel per convolution that skips the
     #: time steps past each sentence's end (the phoneme bucket's padding), its products in "ieee" (fp32
     #: on the CUDA cores), "tf32x3" (three TF32 tensor-core products: close to fp32), "tf32" (one) or
     #: "fp16x3" (three fp16 products of high and low halves: close to fp32 at fp16's rate; its inputs
     #: must stay within fp16's range, |x| < 65 504, which the bundled voice's do by far: for a voice of
     #: your own, compare with bench.tts_gpu_experiments --encoder-products before using it); not
     #: bit for bit cuBLAS's sums, so a phoneme's frames can move where its length is within rounding of
-    #: a whole frame (python -m bench.tts_gpu_experiments --encoder-products counts them).
+    #: a whole frame (python -m bench.tts_gpu_experiments --encoder-products counts them). The
+    #: attention kernel takes the same precision and needs a tensor-core one ("tf32x3", "fp16x3", "tf32":
+    #: with fp32 products its kernel was ~10x the encoder); with "cublas" or "ieee" it stays PyTorch's.
     text_encoder_products: str = "cublas"
-    #: GPU: the prior's expansion to frames (mean + noise x std per frame, over tts.max_frames) written
-    #: straight into the engine's slot buffer by one Triton kernel: the same latents bit for bit; needs
-    #: gpu.allocator = "native" with CUDA graphs.
-    fused_prior: bool = False
-    #: GPU: the text encoder's relative-position self-attention (everything between its 1x1
-    #: convolutions: scores, relative terms, mask, softmax, values) as one Triton kernel per layer that
-    #: skips keys and queries past each sentence's end, its query/key/value convolutions one product,
-    #: each residual sum and LayerNorm one kernel (107 fewer kernels per encoder launch on an H100). Not
-    #: PyTorch's order of the softmax's sums: a phoneme's frames can move where its length is within
-    #: rounding of a whole frame (python -m bench.tts_gpu_experiments --encoder-products counts them);
-    #: its products in tts.text_encoder_products' precision, which must be "tf32x3", "fp16x3" or "tf32"
-    #: (tensor cores); needs gpu.allocator = "native" with CUDA graphs.
-    fused_attention: bool = False
-    #: GPU, with tts.fused_attention: its kernel's program, "<queries>x<keys>w<warps>-unrolled|loop"
-    #: (queries and keys per block of 16-128, 1-8 warps, the band's 2 window + 1 keys unrolled or as
-    #: a loop): python -m bench.encoder_attention times them. H100, 2026-12-06: 32x32w4-loop the
-    #: fastest, +3 % at 50 clients over 64x64w4-unrolled (the first, whose registers spilled).
-    fused_attention_tile: str = ATTENTION_TILE
     #: GPU (cuda backend): the rate the engine delivers, Hz; 0 = the voice's own (22 050 Hz for Piper's
     #: medium voices). Each chunk is resampled inside its decoder step on the GPU (a 128-tap
     #: Kaiser-windowed sinc, ~80 dB stopband; the chunks join into the whole sentence resampled at
@@ -563,48 +482,23 @@ class TtsConfig:
     zh_lexicon_path: str | None = None
 
     def __post_init__(self) -> None:
-        if self.cudnn_benchmark_limit < 0:
-            raise ConfigError(f"tts.cudnn_benchmark_limit must be >= 0 (0: every algorithm), got {self.cudnn_benchmark_limit}")
         if not self.phoneme_buckets or any(b < 1 for b in self.phoneme_buckets) or \
                 list(self.phoneme_buckets) != sorted(set(self.phoneme_buckets)) or self.phoneme_buckets[-1] > 4096:
             raise ConfigError("tts.phoneme_buckets must be ascending positive lengths up to 4096 (the encoder's attention "
                               f"grows with the square of the length), got {list(self.phoneme_buckets)}")  # fmt: skip
-        if self.encoder_convs not in ENCODER_CONVS:
-            raise ConfigError(f"tts.encoder_convs must be one of {', '.join(ENCODER_CONVS)}, got {self.encoder_convs!r}")
-        # A fused kernel's products: one of its values (the first is the default), any other than the
-        # default only with that kernel on.
-        for name, values, kernel, whose in (
-            ("text_encoder_products", TEXT_ENCODER_PRODUCTS, "fused_text_encoder", "the fused feed-forward's"),
-        ):
-            value = getattr(self, name)
-            if value not in values:
-                raise ConfigError(f"tts.{name} must be one of {', '.join(values)}, got {value!r}")
-            if value != values[0] and not getattr(self, kernel):
-                raise ConfigError(f"tts.{name} = {value!r} is {whose}: it needs tts.{kernel} = true")
-        if self.fused_attention and self.text_encoder_products not in ATTENTION_PRODUCTS:
-            raise ConfigError("tts.fused_attention computes in tts.text_encoder_products' precision, which must be "
-                              f"one of {', '.join(ATTENTION_PRODUCTS)} (tensor-core products; with tts.fused_text_encoder "
-                              f"= true), got {self.text_encoder_products!r}: in fp32 on the CUDA cores its kernel made the "
-                              "text encoder ~10x slower (H100: 30 instead of 2.6 ms at 16 sentences)")  # fmt: skip
-        try:
-            parse_attention_tile(self.fused_attention_tile)
-        except ValueError:
-            raise ConfigError("tts.fused_attention_tile must be <queries>x<keys>w<warps>-unrolled|loop with queries and "
-                              "keys 16, 32, 64 or 128 and 1, 2, 4 or 8 warps (e.g. 32x32w4-loop), got "
-                              f"{self.fused_attention_tile!r}") from None  # fmt: skip
-        if self.fused_attention_tile != ATTENTION_TILE and not self.fused_attention:
-            raise ConfigError(f"tts.fused_attention_tile = {self.fused_attention_tile!r} is the fused attention's: it "
-                              "needs tts.fused_attention = true")  # fmt: skip
-        if not self.cudnn_benchmark_stages or not set(self.cudnn_benchmark_stages) <= {"encode", "decode"}:
-            raise ConfigError("tts.cudnn_benchmark_stages must name one or both of 'encode', 'decode' (no timing: "
-                              f"tts.cudnn_benchmark = false), got {list(self.cudnn_benchmark_stages)}")  # fmt: skip
+        if self.text_encoder_products not in TEXT_ENCODER_PRODUCTS:
+            raise ConfigError(f"tts.text_encoder_products must be one of {', '.join(TEXT_ENCODER_PRODUCTS)}, "
+                              f"got {self.text_encoder_products!r}")  # fmt: skip
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"tts.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if not 1 <= self.fast_lanes <= MAX_FAST_LANES:
+            raise ConfigError(f"tts.fast_lanes must be 1..{MAX_FAST_LANES}, got {self.fast_lanes}")
+        if self.compile_encoder and self.triton_kernels:
+            raise ConfigError("tts.compile_encoder compiles the encoder whose layers tts.triton_kernels replaces: "
+                              "set one of them")  # fmt: skip
         if self.speculate_frames < 0 or self.speculate_below < 1:
             raise ConfigError("tts.speculate_frames must be >= 0 (0: off) and tts.speculate_below >= 1, got "
                               f"{self.speculate_frames} and {self.speculate_below}")  # fmt: skip
-        if not 1 <= self.main_in_flight <= MAX_MAIN_IN_FLIGHT:
-            raise ConfigError(f"tts.main_in_flight must be 1..{MAX_MAIN_IN_FLIGHT}, got {self.main_in_flight}")
-        if self.chunks_per_step < 0:
-            raise ConfigError(f"tts.chunks_per_step must be >= 0 (0: all of a request's chunks), got {self.chunks_per_step}")
         for name in ("batch_buckets", "encode_batch_buckets"):
             if getattr(self, name) not in BATCH_BUCKET_LEVELS:
                 raise ConfigError(f"tts.{name} must be 'coarse', 'fine' or 'finer', got {getattr(self, name)!r}")
@@ -746,6 +640,26 @@ REMOVED_KEYS = {
                                 "slower and noisier on the H200, docs/benchmarks.md): delete the key",
     "tts.fused_attention_projections": "the fused attention's projections stay cuBLAS products (Triton "
                                        "products gave no gain on an H100, docs/benchmarks.md): delete the key",
+    # Settings with one measured best value, now constants of the engine (tts_engine.torch_vits.runner.SHIPPED
+    # cites each measurement) or one switch for all the Triton kernels.
+    **dict.fromkeys(("tts.polyphase_upsampling", "tts.fused_blocks", "tts.fused_upsampling", "tts.fused_flow",
+                     "tts.fused_duration_predictor", "tts.fused_text_encoder", "tts.fused_prior", "tts.fused_attention"),
+                    "each Triton kernel was measured faster and they are one switch now, tts.triton_kernels "
+                    "(true: every kernel where it applies): delete the key"),
+    "tts.fused_attention_tile": "the attention kernel's program is fixed at its fastest, 32x32w4-loop (H100, "
+                                "bench.encoder_attention): delete the key",
+    "tts.encoder_convs": "the GPU encoder's convolutions are always cuBLAS products (as fast as cuDNN's, start-up "
+                         "9.6 vs 17.9 s on the H200): delete the key",
+    **dict.fromkeys(("tts.cudnn_benchmark", "tts.cudnn_benchmark_limit", "tts.cudnn_benchmark_stages"),
+                    "cuDNN's algorithms are no longer timed at start-up (the untimed decoder was as fast, 852 vs "
+                    "844 sentences/s on the H200, with the encoder on cuBLAS): delete the key"),
+    "tts.fast_lane": "new requests always run on the fast lanes beside the later chunks (\"overlap\": 589 vs 512 "
+                     "sentences/s served on the H200); their number is tts.fast_lanes: delete the key",
+    "tts.flow_once": "the flow always runs once per utterance (H100: 1758 vs 1639-1643 sentences/s): delete the key",
+    "tts.chunks_per_step": "a request's later chunks are always decoded in one step once its length is known "
+                           "(H200: 790 vs 762 sentences/s): delete the key",
+    "tts.main_in_flight": "two main-lane launches are always queued at once (H200: 852 vs 768 sentences/s, three "
+                          "no better): delete the key",
 }
 
 

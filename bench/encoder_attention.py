@@ -4,7 +4,7 @@ At the shapes of the engine's encoder graphs (``--windows BATCHxPHONEMES``: sent
 bucket, each sentence's length drawn between half and all of the bucket), a Piper "medium"-shaped
 layer (192 channels in 2 heads of 96, window 4; random fp32 inputs and embeddings: the kernel's time
 does not depend on their values), ``tl.dot`` in ``--precision`` (configs/gpu.toml: tf32x3). Per form
-``<queries>x<keys>w<warps>-unrolled|loop`` (``tts.fused_attention_tile``: queries and keys per block,
+``<queries>x<keys>w<warps>-unrolled|loop`` (``RunnerOptions.fused_attention_tile``: queries and keys per block,
 the program's warps, the band's ``2 window + 1`` keys unrolled or as a loop): the CUDA graph's replay
 ms (median of 50) and the largest difference from the first form's output.
 
@@ -19,15 +19,15 @@ import argparse
 import torch
 
 from bench.gpu_steps import dims, form_bench, time_forms
-from base.config import parse_attention_tile
+from tts_engine.torch_vits.fused_attention import parse_tile
 
 CHANNELS, HEADS, WINDOW = 192, 2, 4
 
 
 def form_name(form: str) -> str:
-    """``--forms``' type: the tile's name, checked (``tts.fused_attention_tile``'s parser)."""
+    """``--forms``' type: the tile's name, checked (``fused_attention.parse_tile``)."""
     try:
-        parse_attention_tile(form)
+        parse_tile(form)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return form
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="sentences x phoneme bucket (default: %(default)s)")
     p.add_argument("--forms", nargs="+", type=form_name, metavar="FORM",
                    default=["32x32w4-loop", "64x64w4-unrolled", "64x64w4-loop", "16x32w4-loop", "16x64w4-loop"],
-                   help="<queries>x<keys>w<warps>-unrolled|loop (tts.fused_attention_tile); the first is the reference (default: %(default)s)")
+                   help="<queries>x<keys>w<warps>-unrolled|loop (RunnerOptions.fused_attention_tile); the first is the reference (default: %(default)s)")
     p.add_argument("--precision", default="tf32x3", choices=["tf32x3", "tf32", "ieee"])
 
     def measure(args: argparse.Namespace) -> tuple[list[dict], dict]:

@@ -129,8 +129,8 @@ class CudaBackend:
     @staticmethod
     def _from_flags(args: argparse.Namespace, gpu: GpuConfig | None):  # noqa: ANN205 - CudaTtsEngine
         """The engine of ``bench.tts_load``'s per-setting flags (the engine's own defaults where not given)."""
-        from tts_engine.torch_vits.cuda_engine import CudaTtsEngine, batch_buckets
-        from tts_engine.torch_vits.runner import RunnerOptions
+        from tts_engine.torch_vits.cuda_engine import CudaTtsEngine
+        from tts_engine.torch_vits.runner import RunnerOptions, batch_buckets
         from tts_engine.voice import Voice
         from base.config import GpuConfig
 

@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         help="tts_load's fine decode batch buckets (default: powers of two, faster start-up)",
     )
     # Read by tts_backends.CudaBackend (keep in step with tts_load's engine options):
-    p.add_argument("--cudnn-benchmark", action="store_true", help="tts.cudnn_benchmark")
+    p.add_argument("--cudnn-benchmark", action="store_true", help="RunnerOptions.cudnn_benchmark")
     p.add_argument("--allocator", default="async", choices=["async", "native"])
     add_common_arguments(p)
     p.add_argument(

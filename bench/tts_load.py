@@ -24,10 +24,9 @@ sessions or ``--ws-sessions-per-process``; permessage-deflate offered; ``x.tts.s
 JSON/base64 and, in a second set of rows, binary: ``--ws-formats``) against a TTS-only
 ``python -m voxloop serve`` process (``server.stages=tts``: no
 faster-whisper or llama.cpp needed) the bench starts per backend (``onnx``:
-``tts.streaming=false``, ``onnx-stream``: true; ``cuda``: ``configs/gpu.toml`` with the
-``--precision``/``--chunk-frames``/``--tail-chunk-frames``/``--max-batch``/``--max-frames``/
-``--compile`` values, rows ``ws-cuda-<precision>``; ``--server-arg`` adds settings). ``--config FILE``
-(``cuda``, both modes) takes the GPU engine's settings from a config file instead of those flags, with
+``tts.streaming=false``, ``onnx-stream``: true; ``cuda``: the ``--config`` file's; ``--server-arg``
+adds settings). ``--config FILE`` (``cuda``: needed in ws mode; in engine mode instead of the per-setting
+flags, which also build the engine's other forms, ``runner.RunnerOptions``) takes the GPU engine's settings from a config file, with
 ``--set SECTION.KEY=VALUE`` over it: in-process ``CudaTtsEngine.from_config``, served the server started
 with that file and those ``--set``s: both modes run what a server of that file runs (rows
 ``cuda-<precision>-<stem>[-<key=value>...]``, ``config`` and ``sets`` in each). Peak
@@ -42,13 +41,9 @@ Examples::
     python -m bench.tts_load --backends cuda,onnx --concurrency 1,8,50,128 --hardware h200
     python -m bench.tts_load --backends onnx onnx-stream --concurrency 1 2 4 8 --hardware cpu-2c
     python -m bench.tts_load --mode ws --backends onnx onnx-stream --concurrency 1 2 4 8 --hardware cpu-2c --append
-    python -m bench.tts_load --mode ws --backends cuda --concurrency 1,8,50,128 --hardware h200 --append
-    # configs/gpu.toml's TTS settings (the README's H200 rows; the flags' defaults are the engine's own, and in ws
-    # mode they override the file's):
-    python -m bench.tts_load --mode ws --backends cuda --concurrency 1 50 128 --ws-formats json --hardware h200 \\
-        --allocator native --fast-lanes 2 --chunk-frames 32 --polyphase --fused-blocks --fused-upsampling --fused-flow \\
-        --chunks-per-step 0 --main-in-flight 2 --encoder-convs gemm --fused-duration-predictor --output-rate 24000 \\
-        --speculate-frames 512
+    # the engine's plain forms against some of its measured ones, in-process:
+    python -m bench.tts_load --backends cuda --concurrency 50 --hardware h200 --allocator native --fast-lanes 2 \\
+        --polyphase --fused-blocks --fused-upsampling --fused-flow --chunks-per-step 0 --main-in-flight 2
     # configs/gpu.toml as shipped, and with one setting changed, engine then served:
     python -m bench.tts_load --config configs/gpu.toml --backends cuda --concurrency 1 50 --hardware h200
     python -m bench.tts_load --config configs/gpu.toml --set tts.fast_lanes=1 --backends cuda \
@@ -79,7 +74,7 @@ from bench.harness import (
 from bench.gpu_timeline import profile_kernels
 from bench.tts_backends import CudaBackend, OnnxBackend, OnnxStreamBackend, scheduler_breakdown, scheduler_counters
 from bench.ws_clients import SESSIONS_PER_PROCESS
-from base.config import BATCH_BUCKET_LEVELS, ENCODER_CONVS, TEXT_ENCODER_PRODUCTS
+from base.config import BATCH_BUCKET_LEVELS, TEXT_ENCODER_PRODUCTS
 
 #: Engine-mode rows: clients are threads in the bench process calling the engine; audio stays int16 at
 #: the engine's rate (the voice's, or ``--output-rate`` resampled on the GPU; no serialization, no socket).
@@ -294,11 +289,11 @@ def main(argv: list[str] | None = None) -> int:
     engine.add_argument("--max-frames", type=int, default=3072)
     engine.add_argument("--compile", action="store_true", help="torch.compile the chunk decoder before capture")
     engine.add_argument("--compile-encoder", action="store_true", help="torch.compile the encoder step too")
-    engine.add_argument("--cudnn-benchmark", action="store_true", help="cuDNN algorithm timing at start-up (tts.cudnn_benchmark)")
+    engine.add_argument("--cudnn-benchmark", action="store_true", help="cuDNN algorithm timing at start-up (RunnerOptions.cudnn_benchmark)")
     engine.add_argument("--cudnn-benchmark-limit", type=int, default=10,
-                   help="most cuDNN algorithms timed per shape (tts.cudnn_benchmark_limit; 0: all)")
+                   help="most cuDNN algorithms timed per shape (RunnerOptions.cudnn_benchmark_limit; 0: all)")
     engine.add_argument("--cudnn-benchmark-stages", nargs="+", choices=("encode", "decode"), default=["encode", "decode"],
-                   help="tts.cudnn_benchmark_stages: with --cudnn-benchmark, the stages whose convolutions are timed")
+                   help="RunnerOptions.cudnn_benchmark_stages: with --cudnn-benchmark, the stages whose convolutions are timed")
     engine.add_argument("--allocator", default="async", choices=["async", "native"], help="gpu.allocator")
     engine.add_argument("--batch-buckets", choices=BATCH_BUCKET_LEVELS, default="fine",
                    help="decoder batch buckets (tts.batch_buckets; default: %(default)s)")
@@ -314,33 +309,33 @@ def main(argv: list[str] | None = None) -> int:
                         "as sinks called on the scheduler thread per launch, as the served path receives (sinks)")
     p.add_argument("--steps-report", action="store_true", help="also print the scheduler breakdown of the whole run")
     engine.add_argument("--fast-lane", choices=("overlap", "exclusive", "off"), default="overlap",
-                   help="tts.fast_lane: new requests' encoder + first chunk on a high-priority stream (default overlap)")
+                   help="RunnerOptions.fast_lane: new requests' encoder + first chunk on a high-priority stream (default overlap)")
     engine.add_argument("--fast-lanes", type=int, default=1, help="tts.fast_lanes: fast-lane streams side by side (overlap)")
     engine.add_argument("--speculate-frames", type=int, default=0, help="tts.speculate_frames: frames decoded ahead (0: off)")
     engine.add_argument("--speculate-below", type=int, default=2, help="tts.speculate_below: ... while at most this many run")
     engine.add_argument("--flow-once", action="store_true",
-                   help="tts.flow_once: the later chunks' flow once per utterance, packed, not per chunk window")
-    engine.add_argument("--polyphase", action="store_true", help="tts.polyphase_upsampling: upsampling as plain convolutions")
-    engine.add_argument("--fused-blocks", action="store_true", help="tts.fused_blocks: residual blocks as fused Triton kernels")
+                   help="RunnerOptions.flow_once: the later chunks' flow once per utterance, packed, not per chunk window")
+    engine.add_argument("--polyphase", action="store_true", help="RunnerOptions.polyphase: upsampling as plain convolutions")
+    engine.add_argument("--fused-blocks", action="store_true", help="RunnerOptions.fused_blocks: residual blocks as fused Triton kernels")
     engine.add_argument("--fused-upsampling", action="store_true",
-                   help="tts.fused_upsampling: the decoder's input, upsampling and output convolutions as fused Triton kernels")
-    engine.add_argument("--fused-flow", action="store_true", help="tts.fused_flow: the flow's WaveNet layers as fused Triton kernels")
+                   help="RunnerOptions.fused_upsampling: the decoder's input, upsampling and output convolutions as fused Triton kernels")
+    engine.add_argument("--fused-flow", action="store_true", help="RunnerOptions.fused_flow: the flow's WaveNet layers as fused Triton kernels")
     engine.add_argument("--chunks-per-step", type=int, default=1,
-                   help="tts.chunks_per_step: later chunks of a request per scheduler step (0: all it has left)")
-    engine.add_argument("--main-in-flight", type=int, default=1, help="tts.main_in_flight: main-lane launches queued at once")
-    engine.add_argument("--encoder-convs", choices=ENCODER_CONVS, default="cudnn",
-                   help="tts.encoder_convs: the fp32 encoder's convolutions through cuDNN or as cuBLAS products")
+                   help="RunnerOptions.chunks_per_step: later chunks of a request per scheduler step (0: all it has left)")
+    engine.add_argument("--main-in-flight", type=int, default=1, help="RunnerOptions.main_in_flight: main-lane launches queued at once")
+    engine.add_argument("--encoder-convs", choices=("cudnn", "gemm"), default="cudnn",
+                   help="RunnerOptions.encoder_convs: the fp32 encoder's convolutions through cuDNN or as cuBLAS products")
     engine.add_argument("--fused-duration-predictor", action="store_true",
-                   help="tts.fused_duration_predictor: the duration predictor's layers and splines as fused Triton kernels")
+                   help="RunnerOptions.fused_duration_predictor: the duration predictor's layers and splines as fused Triton kernels")
     engine.add_argument("--fused-text-encoder", action="store_true",
-                   help="tts.fused_text_encoder: the text encoder's feed-forward elementwise work fused into its tap stacking")
+                   help="RunnerOptions.fused_text_encoder: the text encoder's feed-forward elementwise work fused into its tap stacking")
     engine.add_argument("--text-encoder-products", choices=TEXT_ENCODER_PRODUCTS, default="cublas",
                    help="tts.text_encoder_products: with --fused-text-encoder, its products through cuBLAS or as "
                         "Triton convolutions skipping the padding, in that precision")  # fmt: skip
     engine.add_argument("--fused-attention", action="store_true",
-                   help="tts.fused_attention: the text encoder's relative-position attention as one Triton kernel per layer")
+                   help="RunnerOptions.fused_attention: the text encoder's relative-position attention as one Triton kernel per layer")
     engine.add_argument("--fused-prior", action="store_true",
-                   help="tts.fused_prior: the prior's expansion to frames as one Triton kernel writing the slot latents")
+                   help="RunnerOptions.fused_prior: the prior's expansion to frames as one Triton kernel writing the slot latents")
     engine.add_argument("--output-rate", type=int, default=0,
                    help="tts.output_rate: the engine resamples each chunk to this rate on the GPU, Hz (0: the voice's)")
     engine.add_argument("--phoneme-buckets", type=int, nargs="+",

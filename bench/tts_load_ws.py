@@ -14,9 +14,9 @@ import threading
 import time
 
 from bench.harness import (
-    ROOT, cpu_name, free_port, gpu_name, metrics_url, portable_args, scrape_metrics, start_server, stop_server,
+    cpu_name, free_port, gpu_name, metrics_url, portable_args, scrape_metrics, start_server, stop_server,
 )
-from bench.tts_backends import bucket_levels, config_of, config_tag, cuda_variant
+from bench.tts_backends import config_of, config_tag
 
 
 class WsBackend:
@@ -31,41 +31,11 @@ class WsBackend:
                                 *args.server_arg]  # fmt: skip
             self.name = f"ws-cuda-{cfg.tts.precision}" + config_tag(args)
             self.info = {"precision": cfg.tts.precision, "max_batch": cfg.tts.max_batch, "gpu": gpu_name(),
-                         "fast_lane": cfg.tts.fast_lane, "fast_lanes": cfg.tts.fast_lanes, "config": portable_args([str(args.config)])[0],
+                         "fast_lanes": cfg.tts.fast_lanes, "config": portable_args([str(args.config)])[0],
                          "sets": list(args.sets)}  # fmt: skip
-        elif backend == "cuda":
-            self.server_args = [
-                "--config", str(ROOT / "configs" / "gpu.toml"), *common, f"--set=tts.precision={args.precision}",
-                f"--set=tts.chunk_frames={args.chunk_frames}", f"--set=tts.tail_chunk_frames={args.tail_chunk_frames}",
-                f"--set=tts.max_batch={args.max_batch}", f"--set=tts.max_frames={args.max_frames}",
-                f"--set=tts.compile={'true' if args.compile else 'false'}", f"--set=gpu.allocator={args.allocator}",
-                f"--set=tts.compile_encoder={'true' if args.compile_encoder else 'false'}",
-                f"--set=tts.cudnn_benchmark={'true' if args.cudnn_benchmark else 'false'}",
-                f"--set=tts.cudnn_benchmark_limit={args.cudnn_benchmark_limit}",
-                f"--set=tts.cudnn_benchmark_stages={','.join(args.cudnn_benchmark_stages)}",
-                f"--set=tts.batch_buckets={bucket_levels(args)[0]}",
-                f"--set=tts.encode_batch_buckets={bucket_levels(args)[1]}",
-                f"--set=tts.fast_lane={args.fast_lane}", f"--set=tts.fast_lanes={args.fast_lanes}",
-                f"--set=tts.speculate_frames={args.speculate_frames}", f"--set=tts.speculate_below={args.speculate_below}",
-                f"--set=tts.flow_once={'true' if getattr(args, 'flow_once', False) else 'false'}",
-                f"--set=tts.polyphase_upsampling={'true' if args.polyphase else 'false'}",
-                f"--set=tts.fused_blocks={'true' if args.fused_blocks else 'false'}",
-                f"--set=tts.fused_upsampling={'true' if args.fused_upsampling else 'false'}",
-                f"--set=tts.fused_flow={'true' if args.fused_flow else 'false'}",
-                f"--set=tts.chunks_per_step={args.chunks_per_step}", f"--set=tts.main_in_flight={args.main_in_flight}",
-                f"--set=tts.encoder_convs={args.encoder_convs}",
-                f"--set=tts.fused_duration_predictor={'true' if args.fused_duration_predictor else 'false'}",
-                f"--set=tts.fused_text_encoder={'true' if args.fused_text_encoder else 'false'}",
-                f"--set=tts.text_encoder_products={args.text_encoder_products}",
-                f"--set=tts.fused_prior={'true' if args.fused_prior else 'false'}",
-                f"--set=tts.fused_attention={'true' if getattr(args, 'fused_attention', False) else 'false'}",
-                f"--set=tts.output_rate={args.output_rate}",
-                *([f"--set=tts.phoneme_buckets={','.join(map(str, args.phoneme_buckets))}"] if args.phoneme_buckets else []),
-                *args.server_arg,
-            ]  # fmt: skip
-            self.name = f"ws-cuda-{args.precision}" + cuda_variant(args, timing_tag=False)
-            self.info: dict = {"precision": args.precision, "max_batch": args.max_batch, "gpu": gpu_name(),
-                               "fast_lane": args.fast_lane, "fast_lanes": args.fast_lanes}
+        elif backend == "cuda":  # the server's engine is a configuration's: its forms are not settings
+            raise SystemExit("ws mode, cuda: the server runs a configuration's engine; pass --config (e.g. "
+                             "configs/gpu.toml) and --set SECTION.KEY=VALUE over it (engine mode times other forms)")
         elif backend in ("onnx", "onnx-stream"):
             workers = args.ws_workers or os.cpu_count() or 1
             self.server_args = [

@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     configure_allocator(args.allocator)
     import torch
 
-    from tts_engine.torch_vits.cuda_engine import CudaTtsEngine, batch_buckets
+    from tts_engine.torch_vits.cuda_engine import CudaTtsEngine
+    from tts_engine.torch_vits.runner import batch_buckets
     from tts_engine.torch_vits.runner import RunnerOptions
     from tts_engine.voice import Voice
     from base.config import GpuConfig

@@ -33,7 +33,7 @@ import numpy as np
 from bench.harness import add_common_arguments, pyplot, result_path, write_json
 from bench.instant_runner import SYMBOLS, InstantRunner
 from tts_engine.engine import phoneme_id_array
-from tts_engine.torch_vits.cuda_engine import batch_buckets
+from tts_engine.torch_vits.runner import batch_buckets
 from tts_engine.torch_vits.runner import RunnerOptions
 from tts_engine.torch_vits.scheduler import BatchScheduler
 

@@ -139,7 +139,7 @@ def test_closed_loop_sinks_drives_the_real_scheduler_from_its_own_thread():
     the client's next one queued there, no client thread; a failing engine fails the run."""
     from bench.harness import closed_loop_sinks, load_sentences, summarize
     from bench.instant_runner import HOP, InstantRunner
-    from tts_engine.torch_vits.cuda_engine import batch_buckets
+    from tts_engine.torch_vits.runner import batch_buckets
     from tts_engine.torch_vits.runner import RunnerOptions
     from tts_engine.torch_vits.scheduler import BatchScheduler
 
@@ -173,7 +173,7 @@ def test_instant_runner_lanes_take_their_launch_time_and_rows_come_resampled():
     rate, so the real scheduler hands out every sentence's whole audio at 24 kHz."""
     from bench.harness import closed_loop_sinks, load_sentences
     from bench.instant_runner import HOP, InstantRunner
-    from tts_engine.torch_vits.cuda_engine import batch_buckets
+    from tts_engine.torch_vits.runner import batch_buckets
     from tts_engine.torch_vits.runner import RunnerOptions
     from tts_engine.torch_vits.scheduler import BatchScheduler
 
@@ -598,14 +598,14 @@ def test_load_bench_runs_the_gpu_engine_of_a_config_file(tmp_path, monkeypatch):
               "--out", str(tmp_path), "--hardware", "test", "--date", "d"]  # fmt: skip
     assert main(["--config", str(ROOT / "configs" / "gpu.toml"), "--set", "tts.fast_lanes=1", *common]) == 0
     (cfg,) = built
-    assert cfg.tts.fast_lanes == 1 and cfg.tts.flow_once and cfg.tts.device == "cpu"  # the file's, the set's
+    assert cfg.tts.fast_lanes == 1 and cfg.tts.triton_kernels and cfg.tts.device == "cpu"  # the set's, the file's
     (row,) = json.loads((tmp_path / "tts_load-test-d.json").read_text())
     assert row["backend"] == "cuda-fp16-gpu-fast_lanes=1" and row["qps"] > 0
     assert row["sets"] == ["tts.fast_lanes=1"] and row["config"].endswith("gpu.toml")
     assert row["fast_lanes"] == 1 and row["precision"] == cfg.tts.precision
     assert row["allocator"] == cfg.gpu.allocator and row["max_batch"] == cfg.tts.max_batch
     for argv, message in ([["--config", "configs/gpu.toml", "--fused-attention"], "--fused-attention would not apply"],
-                          [["--set", "tts.flow_once=false"], "--set needs --config"]):  # fmt: skip
+                          [["--set", "tts.fast_lanes=1"], "--set needs --config"]):  # fmt: skip
         with pytest.raises(SystemExit):
             main([*argv, *common])
     assert len(built) == 1

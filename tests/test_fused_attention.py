@@ -33,7 +33,7 @@ ids = torch.randint(1, 40, (5, 150))
 """
 
 RANDOM = RANDOM_ENCODER + r"""
-tile = sys.argv[1]  # the kernel's program (tts.fused_attention_tile)
+tile = sys.argv[1]  # the kernel's program (RunnerOptions.fused_attention_tile)
 fused = copy.deepcopy(enc)
 swapped = fused_attention.use_fused_attention(fused, tile=tile)
 with torch.inference_mode():
@@ -117,7 +117,7 @@ def test_fused_attention_computes_what_pytorch_computes(form):
     """The encoder with the fused attention gives PyTorch's states within fp32 rounding (another order
     of the softmax's sums), with the relative key and value terms (zeroing them changes the output),
     and positions past a sentence's end left at 0 (the output convolution's bias alone): in the
-    default program (``tts.fused_attention_tile``: 32 x 32, the band's keys as a loop), in the first
+    default program (``TILE``: 32 x 32, the band's keys as a loop), in the first
     one (64 x 64, the band unrolled) and in others (``bench.encoder_attention`` times them)."""
     r = interpret(RANDOM, form)
     assert r["available"] and r["swapped"] == 2
@@ -169,25 +169,22 @@ def test_fused_attention_takes_the_text_encoders_products_and_refuses_others():
                                   torch.zeros(9, 12), torch.zeros(9, 12), 2, 4, "bf16")  # fmt: skip
 
 
-def test_attention_tiles_are_parsed_and_refused_like_the_config():
-    """``fused_attention.parse_tile`` (the config's parser) and ``tts.fused_attention_tile`` take and refuse the same names;
-    another tile than the default needs the fused attention."""
+def test_attention_tiles_are_parsed_and_refused_by_the_engine_options():
+    """``fused_attention.parse_tile`` takes the kernel's programs and refuses other names, and so does
+    ``RunnerOptions.fused_attention_tile``; the engine built from a configuration runs ``TILE``."""
     from tts_engine.torch_vits.fused_attention import TILE, parse_tile
+    from tts_engine.torch_vits.runner import RunnerOptions
 
-    from base.config import ConfigError, load_config
+    from base.config import load_config
 
     assert parse_tile(TILE) == (32, 32, 4, False) and parse_tile("64x64w4-unrolled") == (64, 64, 4, True)
-    assert load_config(None, [], environ={}).tts.fused_attention_tile == TILE
-    on = ["tts.fused_text_encoder=true", "tts.text_encoder_products=tf32x3", "tts.fused_attention=true"]
-    assert load_config(None, [*on, "tts.fused_attention_tile=64x64w4-unrolled"], environ={}).tts.fused_attention_tile == \
-        "64x64w4-unrolled"  # fmt: skip
-    with pytest.raises(ConfigError, match=r"needs tts\.fused_attention = true"):
-        load_config(None, ["tts.fused_attention_tile=16x32w4-loop"], environ={})
+    assert RunnerOptions.from_config(load_config("configs/gpu.toml", environ={})).fused_attention_tile == TILE
+    assert RunnerOptions(fused_attention_tile="64x64w4-unrolled").fused_attention_tile == "64x64w4-unrolled"
     for bad in ("64x64w4", "64x64w3-loop", "8x64w4-loop", "64x64w4-rolled", "x64w4-loop", "64x64w4-loop-x"):
         with pytest.raises(ValueError, match="an attention tile is"):
             parse_tile(bad)
-        with pytest.raises(ConfigError, match=r"tts\.fused_attention_tile must be"):
-            load_config(None, [*on, f"tts.fused_attention_tile={bad}"], environ={})
+        with pytest.raises(ValueError, match="an attention tile is"):
+            RunnerOptions(fused_attention_tile=bad)
 
 
 @needs_triton

@@ -55,7 +55,8 @@ def model(voice_path):
 
 def engine(voice_path, precision: str, max_batch: int = 8, chunk_frames: int = 64, tail_chunk_frames: int = 256,
            fast_lanes: int = 1, **runner_options: object):
-    from tts_engine.torch_vits.cuda_engine import CudaTtsEngine, batch_buckets
+    from tts_engine.torch_vits.cuda_engine import CudaTtsEngine
+    from tts_engine.torch_vits.runner import batch_buckets
     from tts_engine.torch_vits.runner import RunnerOptions
     from tts_engine.voice import Voice
     from base.config import GpuConfig

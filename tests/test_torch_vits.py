@@ -1252,53 +1252,40 @@ def test_engine_remembers_resolved_options_but_never_refused_ones(cfg):
 
 def test_engine_from_config_captures_the_configured_batch_buckets(cfg):
     """``tts.batch_buckets`` and ``tts.encode_batch_buckets`` (each level's sizes, the padding they
-    allow), ``tts.cudnn_benchmark_limit``, the decoding-ahead settings, polyphase
-    upsampling and the encoder's convolutions reach the runner (built on the CPU); fused blocks, fused
-    upsampling, the fused flow and the fused duration predictor are refused there."""
-    from tts_engine.torch_vits.cuda_engine import CudaTtsEngine, batch_buckets
+    allow), the decoding-ahead settings and the phoneme buckets reach the runner (built on the CPU) with
+    the engine's measured forms (``runner.SHIPPED``: polyphase upsampling, the encoder's convolutions as
+    cuBLAS products, the flow once, all later chunks in one step, two main launches); ``tts.triton_kernels``
+    is refused there (no CUDA), naming the kernels: the encoder's at fp32, the decoder's too at fp16."""
+    from tts_engine.torch_vits.cuda_engine import CudaTtsEngine
+    from tts_engine.torch_vits.runner import SHIPPED, batch_buckets
 
     tts = replace(cfg.tts, backend="cuda", device="cpu", cuda_graphs=False, max_batch=32,
-                  batch_buckets="coarse", encode_batch_buckets="finer", cudnn_benchmark_limit=3, speculate_frames=512, speculate_below=3,
-                  polyphase_upsampling=True, chunks_per_step=0, encoder_convs="gemm",
+                  batch_buckets="coarse", encode_batch_buckets="finer", speculate_frames=512, speculate_below=3,
                   phoneme_buckets=(32, 48, 64, 96, 128))  # fmt: skip
-    with pytest.raises(ValueError, match="fused_blocks needs CUDA"):
-        CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, fused_blocks=True)))
-    with pytest.raises(ValueError, match="fused_flow needs CUDA"):
-        CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, fused_flow=True)))
-    with pytest.raises(ValueError, match="fused_upsampling needs CUDA"):
-        CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, fused_upsampling=True)))
-    with pytest.raises(ValueError, match="fused_duration_predictor needs CUDA"):
-        CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, fused_duration_predictor=True)))
-    with pytest.raises(ValueError, match="fused_text_encoder needs CUDA"):
-        CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, fused_text_encoder=True)))
-    with pytest.raises(ValueError, match="fused_prior needs CUDA"):
-        CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, fused_prior=True)))
-    with pytest.raises(ValueError, match="fused_text_encoder and fused_attention need CUDA"):
-        CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, fused_attention=True, fused_text_encoder=True,
-                                                           text_encoder_products="tf32x3")))  # fmt: skip
+    with pytest.raises(ValueError, match="^fused_duration_predictor and fused_text_encoder and fused_prior need CUDA"):
+        CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, triton_kernels=True)))  # fp32: no decoder kernels
+    with pytest.raises(ValueError, match="^fused_blocks needs CUDA"):
+        CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, triton_kernels=True, precision="fp16")))
     engine = CudaTtsEngine.from_config(replace(cfg, tts=tts))
     try:
+        options = engine.runner.options
+        assert {name: getattr(options, name) for name in SHIPPED} == SHIPPED
+        assert not options.fused_kernels and options.precision == "fp32"
         assert engine.runner.synth_model.dec.polyphase is not None
         assert engine.runner.model.dec.polyphase is None  # fp32: the encoder's copy stays as loaded
-        assert engine.runner.options.decode_batches == (1, 2, 4, 8, 16, 32)
-        assert engine.runner.options.encode_batches == (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32)
-        assert engine.runner.options.cudnn_benchmark_limit == 3
-        assert (engine.runner.options.speculate_frames, engine.runner.options.speculate_below) == (512, 3)
-        assert engine.runner.options.chunks_per_step == 0
+        assert options.decode_batches == (1, 2, 4, 8, 16, 32)
+        assert options.encode_batches == (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32)
+        assert (options.speculate_frames, options.speculate_below) == (512, 3)
         assert isinstance(engine.runner.model.enc_p.encoder.ffn_layers[0].conv_1, GemmConv1d)
-        assert engine.runner.options.phoneme_buckets == (32, 48, 64, 96, 128)
+        assert options.phoneme_buckets == (32, 48, 64, 96, 128)
         with pytest.raises(InvalidInput, match="limit of 128"):
             engine.submit([1] * 129)
         assert isinstance(engine.runner.synth_model.flow.flows[0].enc.in_layers[0], torch.nn.Conv1d)  # flow + decoder: as loaded
-        assert engine.runner.options.text_encoder_products == "cublas"
-        with pytest.raises(ValueError, match="'tf32x3' needs fused_text_encoder"):
-            StepRunner(engine.runner.model, replace(engine.runner.options, text_encoder_products="tf32x3"), "cpu")
+        assert options.text_encoder_products == "cublas"
         with pytest.raises(ValueError, match="fused_attention needs tensor-core text_encoder_products .* got 'cublas'"):
-            StepRunner(engine.runner.model, replace(engine.runner.options, fused_attention=True), "cpu")
+            replace(options, fused_attention=True)
     finally:
         engine.close()
-    with pytest.raises(ValueError, match="fused_text_encoder needs CUDA"):
-        CudaTtsEngine.from_config(replace(cfg, tts=replace(tts, fused_text_encoder=True, text_encoder_products="ieee")))
     assert batch_buckets(32) == (1, 2, 4, 8, 16, 24, 32)  # "fine": every multiple of 8 up to 64 too
     assert batch_buckets(128) == (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128)
     assert batch_buckets(128, "coarse") == (1, 2, 4, 8, 16, 32, 64, 128)

@@ -5,7 +5,7 @@ temporary directory: gone after a reboot or with a container's restart. With ``t
 ``tts.compile_encoder`` the engine points that cache at ``<models.cache_dir>/inductor/<key>``, the
 key naming the GPU, its compute capability, the CUDA runtime and torch, so caches of other
 devices or versions stay apart (Inductor also keys each entry on its own inputs). Triton's own
-cache (the fused residual blocks of ``tts.fused_blocks``; by default under ``~/.triton``, gone
+cache (the fused residual blocks of ``tts.triton_kernels``; by default under ``~/.triton``, gone
 with a container) goes to ``<models.cache_dir>/triton/<key>`` the same way. A
 ``TORCHINDUCTOR_CACHE_DIR`` / ``TRITON_CACHE_DIR`` set by the user wins.
 """

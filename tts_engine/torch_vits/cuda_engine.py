@@ -26,36 +26,17 @@ from tts_engine.engine import AudioChunk, SynthesisOptions, engine_defaults, pho
 from tts_engine.resample import StreamResampler
 from tts_engine.torch_vits.buffers import HostBufferPool
 from tts_engine.torch_vits.gpu_memory import GpuMemory, configure_allocator
-from tts_engine.torch_vits.runner import DTYPES, FAST_LANE_MODES, MAX_FAST_LANES, RunnerOptions, StepRunner
+from tts_engine.torch_vits.runner import RunnerOptions, StepRunner
 from tts_engine.torch_vits.scheduler import BatchScheduler, Scales, Sink, SpeechRequest
 from tts_engine.torch_vits.weights import load_vits
 from tts_engine.voice import Voice
-from base.config import BATCH_BUCKET_LEVELS, Config, GpuConfig
+from base.config import Config, GpuConfig
 from base.errors import ConfigError, ModelError
 
 log = logging.getLogger(__name__)
 
 #: Distinct request options whose resolved scales ``CudaTtsEngine`` keeps.
 RESOLVED_OPTIONS = 256
-
-
-def batch_buckets(max_batch: int, level: str = "fine") -> tuple[int, ...]:
-    """Batch sizes up to ``max_batch`` (with ``max_batch``): ``coarse``, the powers of two (a batch
-    padded by up to 49 %: 65 rows to 128); ``fine``, also every multiple of 8 up to 64 and
-    of 16 beyond (15 sizes at 128; 9 rows still padded to 16, beyond 16 at most 29 %); ``finer``,
-    every size up to 8, then steps of an eighth of the next power of two (10, 12, 14, 16, 20, 24,
-    28, 32, 40, ...: at most 19 %, 24 sizes at 128)."""
-    if level not in BATCH_BUCKET_LEVELS:
-        raise ValueError(f"batch bucket level must be one of {BATCH_BUCKET_LEVELS}, got {level!r}")
-    sizes, p = {max_batch}, 1
-    while p <= max_batch:
-        sizes.add(p)
-        p *= 2
-    if level == "fine":
-        sizes.update(b for b in range(8, max_batch + 1, 8) if b <= 64 or b % 16 == 0)
-    elif level == "finer":
-        sizes.update(b for b in range(1, max_batch + 1) if b <= 8 or b % max(1, (1 << (b - 1).bit_length()) // 8) == 0)
-    return tuple(sorted(sizes))
 
 
 class CudaTtsEngine:
@@ -90,8 +71,7 @@ class CudaTtsEngine:
             # fail: the compiled encoder with "CUDA driver error: invalid argument", the fused blocks with
             # "Pointer argument cannot be accessed from Triton" (the pool's memory is not mapped yet);
             # with the native allocator both pass tests/test_gpu_tts.py.
-            raise ConfigError("tts.compile / tts.compile_encoder / tts.fused_blocks / tts.fused_upsampling / "
-                              "tts.fused_flow / tts.fused_duration_predictor / tts.fused_text_encoder / tts.fused_prior / tts.fused_attention with CUDA graphs need "
+            raise ConfigError("tts.compile / tts.compile_encoder / tts.triton_kernels with CUDA graphs need "
                               f"gpu.allocator = 'native' (got {gpu.allocator!r})")  # fmt: skip
         if on_cuda:
             configure_allocator(gpu.allocator)
@@ -132,55 +112,7 @@ class CudaTtsEngine:
         tts = cfg.tts
         onnx_path = models.resolve_voice(cfg).path
         voice = Voice.load(onnx_path, models.voice_config_path(cfg, onnx_path))
-        if tts.fast_lane not in FAST_LANE_MODES:
-            raise ConfigError(f"tts.fast_lane {tts.fast_lane!r} is not one of {', '.join(FAST_LANE_MODES)}")
-        if not 1 <= tts.fast_lanes <= MAX_FAST_LANES or (tts.fast_lanes > 1 and tts.fast_lane != "overlap"):
-            raise ConfigError(f"tts.fast_lanes must be 1..{MAX_FAST_LANES}, and 1 unless tts.fast_lane = 'overlap' "
-                              f"(got {tts.fast_lanes} with {tts.fast_lane!r})")  # fmt: skip
-        if tts.flow_once and tts.fast_lane == "off":
-            raise ConfigError("tts.flow_once needs a fast lane (tts.fast_lane 'overlap' or 'exclusive'): first "
-                              "chunks keep their flow windows there")  # fmt: skip
-        if tts.precision not in DTYPES:
-            raise ConfigError(
-                f"tts.precision {tts.precision!r} is not supported by the cuda backend ({', '.join(DTYPES)})"
-            )
-        options = RunnerOptions(
-            chunk_frames=tts.chunk_frames,
-            tail_chunk_frames=tts.tail_chunk_frames,
-            max_frames=tts.max_frames,
-            decode_batches=batch_buckets(tts.max_batch, tts.batch_buckets),
-            encode_batches=batch_buckets(tts.max_batch, tts.encode_batch_buckets),
-            precision=tts.precision,
-            cuda_graphs=tts.cuda_graphs,
-            compile=tts.compile,
-            compile_encoder=tts.compile_encoder,
-            cudnn_benchmark=tts.cudnn_benchmark,
-            cudnn_benchmark_limit=tts.cudnn_benchmark_limit,
-            cudnn_benchmark_stages=tts.cudnn_benchmark_stages,
-            fast_lane=tts.fast_lane,
-            fast_lanes=tts.fast_lanes,
-            speculate_frames=tts.speculate_frames,
-            speculate_below=tts.speculate_below,
-            flow_once=tts.flow_once,
-            chunks_per_step=tts.chunks_per_step,
-            main_in_flight=tts.main_in_flight,
-            polyphase=tts.polyphase_upsampling,
-            fused_blocks=tts.fused_blocks,
-            fused_upsampling=tts.fused_upsampling,
-            fused_flow=tts.fused_flow,
-            encoder_convs=tts.encoder_convs,
-            fused_duration_predictor=tts.fused_duration_predictor,
-            fused_text_encoder=tts.fused_text_encoder,
-            text_encoder_products=tts.text_encoder_products,
-            fused_prior=tts.fused_prior,
-            fused_attention=tts.fused_attention,
-            fused_attention_tile=tts.fused_attention_tile,
-            phoneme_buckets=tts.phoneme_buckets,
-            state_budget_mb=cfg.gpu.tts_state_budget_mb,
-            encode_budget_mb=cfg.gpu.tts_encode_budget_mb,
-            decode_budget_mb=cfg.gpu.tts_decode_budget_mb,
-            output_rate=tts.output_rate,
-        )
+        options = RunnerOptions.from_config(cfg)
         if (options.compiles or options.fused_kernels) and str(tts.device).startswith("cuda") and torch.cuda.is_available():
             from tts_engine.torch_vits.compile_cache import ENV, TRITON_ENV, use_device_compile_cache
 

@@ -49,10 +49,32 @@ from torch import nn
 from tts_engine.torch_vits.fused_resblock import available, triton
 from tts_engine.torch_vits.fused_ffn import tap_major
 from tts_engine.torch_vits.text_encoder import ChannelLayerNorm, Encoder, RelativeSelfAttention
-from base.config import ATTENTION_TILE
-from base.config import parse_attention_tile as parse_tile
 
-#: The kernel's program by default (``tts.fused_attention_tile``): 32 queries, keys 32 per step of its
+#: The text encoder's products (``tts.text_encoder_products``) the attention kernel takes its precision
+#: from: tensor-core products only (fp32 ``tl.dot`` on the CUDA cores made its kernel ~10x the encoder
+#: it replaces: H100, 30 instead of 2.6 ms at 16 sentences).
+ATTENTION_PRODUCTS = ("tf32x3", "fp16x3", "tf32")
+
+
+def parse_tile(tile: str) -> tuple[int, int, int, bool]:
+    """A kernel program, ``"<queries>x<keys>w<warps>-unrolled|loop"`` (queries and keys per block, 16-128
+    in powers of two; 1-8 warps; the band's keys unrolled or as a loop) -> (queries, keys, warps, band
+    unrolled); ValueError for anything else."""
+    try:
+        block, band = tile.split("-")
+        m, rest = block.split("x")
+        n, warps = rest.split("w")
+        m, n, warps = int(m), int(n), int(warps)
+        if m not in (16, 32, 64, 128) or n not in (16, 32, 64, 128) or warps not in (1, 2, 4, 8) or \
+                band not in ("unrolled", "loop"):  # fmt: skip
+            raise ValueError(tile)
+    except ValueError:
+        raise ValueError("an attention tile is <queries>x<keys>w<warps>-unrolled|loop (queries and keys 16-128, "
+                         f"1-8 warps), got {tile!r}") from None  # fmt: skip
+    return m, n, warps, band == "unrolled"
+
+
+#: The kernel's program (a constant of the engine): 32 queries, keys 32 per step of its
 #: key loop, 4 warps, the band's ``2 window + 1`` keys as a loop. Compiled for sm_90 (Triton 3.9) the
 #: medium voice's layer (96 channels a head, in 128 lanes) takes 255 registers a thread and a stack of
 #: 2824 bytes in the first program, "64x64w4-unrolled" (64 x 64, the band unrolled), 296 bytes so,
@@ -60,7 +82,7 @@ from base.config import parse_attention_tile as parse_tile
 #: 32 x 32 with the band as a loop was the fastest at 32-64 sentences, 41-55 % less time than
 #: "64x64w4-unrolled" (0.173 vs 0.295 ms at 64 sentences x 192 phonemes), and the engine +3 % at 50
 #: clients (``bench/results/encoder_attention-h100-2026-12-05-s54-attn.json``, ``tts_load-h100-2026-12-05-s54-pairs.json``).
-TILE = ATTENTION_TILE
+TILE = "32x32w4-loop"
 #: Software pipelining of the key loop: a sentence has at most a few key blocks, and Triton's default
 #: (3 stages of 64 keys x 128 channels of keys and values in fp32) needs 256 KiB of shared memory,
 #: more than a Hopper SM has (227 KiB).

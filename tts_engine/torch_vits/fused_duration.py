@@ -1,5 +1,5 @@
 """The stochastic duration predictor's elementwise work as fused Triton kernels (GPU;
-``tts.fused_duration_predictor``).
+``tts.triton_kernels``).
 
 The predictor runs in fp32 on every new request: four ``DDSConv`` stacks of three layers
 (depthwise convolution, channel LayerNorm, GELU, 1x1 convolution, LayerNorm, GELU, residual)

@@ -1,9 +1,9 @@
 """The text encoder's feed-forward layers with their elementwise work fused into the stacking of
-convolution taps (GPU; ``tts.fused_text_encoder``).
+convolution taps (GPU; ``tts.triton_kernels``).
 
 Each of the encoder's six feed-forward layers is ``conv_2(pad(relu(conv_1(pad(x * mask))) * mask)) * mask``
-with 3-tap convolutions, in fp32. As cuBLAS products (``gemm_conv.GemmConv1d``, ``tts.encoder_convs =
-"gemm"``) each convolution first stacks its shifted inputs (``[B, 3 C, T]``); in PyTorch the mask,
+with 3-tap convolutions, in fp32. As cuBLAS products (``gemm_conv.GemmConv1d``, the engine's
+encoder convolutions) each convolution first stacks its shifted inputs (``[B, 3 C, T]``); in PyTorch the mask,
 padding, stacking, bias and ReLU around the two products are eight passes over tensors of up to
 ``[B, 3 x 768, T]``, about a third of a layer's time on the H200 at 64 sentences of the 256-id bucket
 (``bench/results/tts_load-h200-2026-12-04-encoder.md``). Here one Triton kernel per convolution writes

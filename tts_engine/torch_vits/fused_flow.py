@@ -1,4 +1,4 @@
-"""The flow's WaveNet layers as fused Triton kernels (GPU; ``tts.fused_flow``).
+"""The flow's WaveNet layers as fused Triton kernels (GPU; ``tts.triton_kernels``).
 
 Every chunk the engine decodes first runs the flow (``flow.ResidualCouplingBlock``) over its
 window: four coupling layers of a four-layer WaveNet each. In PyTorch one WaveNet layer is

@@ -1,5 +1,5 @@
 """The prior's expansion to frames written straight into the engine's slot latents, as one Triton
-kernel (GPU; ``tts.fused_prior``).
+kernel (GPU; ``tts.triton_kernels``).
 
 After the durations, the encoder step turns each sentence's per-phoneme prior (mean ``m_p``, log-std
 ``logs_p``, ``[B, C, T]``) into a per-frame sample over all ``max_frames`` (3072) frames

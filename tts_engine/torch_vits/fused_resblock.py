@@ -1,4 +1,4 @@
-"""HiFi-GAN residual blocks as fused Triton convolutions (GPU; ``tts.fused_blocks``).
+"""HiFi-GAN residual blocks as fused Triton convolutions (GPU; ``tts.triton_kernels``).
 
 A Piper decoder stage is ``x -> mean_j block_j(x)`` where each "medium" block
 (``ResBlock2``) is two steps ``x = conv_d(mask * leaky_relu(x)) + x`` with small channel

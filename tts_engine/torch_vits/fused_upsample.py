@@ -1,5 +1,5 @@
 """The decoder's convolutions outside its residual blocks as fused Triton kernels (GPU;
-``tts.fused_upsampling``).
+``tts.triton_kernels``).
 
 Around the residual blocks (``fused_resblock``) a Piper decoder runs its input convolution
 (``conv_pre``, 7 taps), one upsampling transposed convolution per stage and the output

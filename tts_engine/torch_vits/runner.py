@@ -51,87 +51,130 @@ from tts_engine.torch_vits.gemm_conv import use_gemm_convs
 from tts_engine.torch_vits.gpu_memory import GpuMemory
 from tts_engine.torch_vits.model import Vits
 from tts_engine.torch_vits.resample import ChunkResampler
-from base.config import ATTENTION_PRODUCTS, ATTENTION_TILE, ENCODER_CONVS, MAX_MAIN_IN_FLIGHT
+from tts_engine.torch_vits.fused_attention import ATTENTION_PRODUCTS, TILE as ATTENTION_TILE, parse_tile
+from base.config import BATCH_BUCKET_LEVELS, Config, TtsConfig
 from base.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-#: Most fast lanes (``RunnerOptions.fast_lanes``).
-MAX_FAST_LANES = 4
-
-
 def fast_lane_names(n: int) -> tuple[str, ...]:
     """Names of ``n`` fast lanes: "fast", "fast1", ..."""
     return tuple("fast" if i == 0 else f"fast{i}" for i in range(n))
+
+
 #: Values of ``RunnerOptions.fast_lane``.
 FAST_LANE_MODES = ("overlap", "exclusive", "off")
+#: Most main-lane launches queued at once (``RunnerOptions.main_in_flight``).
+MAX_MAIN_IN_FLIGHT = 4
+#: ``RunnerOptions.encoder_convs`` values: the fp32 encoder's convolutions through cuDNN or as cuBLAS products.
+ENCODER_CONVS = ("cudnn", "gemm")
 
-#: Float dtype of flow + decoder per precision; "int8": int8 decoder convolutions (``int8.py``), the rest fp16
-#: (float32 on CPU).
+#: Float dtype of flow + decoder per precision (``base.config.PRECISIONS``); "int8": int8 decoder
+#: convolutions (``int8.py``), the rest fp16 (float32 on CPU).
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float16}
+
+#: The engine's forms that have one measured best value: not configuration keys, but what
+#: ``RunnerOptions.from_config`` builds the engine with (the fields' own defaults are the forms the CPU
+#: tests and the benches' baselines build, mostly the plain ones). docs/benchmarks.md has every measurement.
+SHIPPED = {
+    # New requests' encoder and first chunk on high-priority streams beside the later chunks of running
+    # ones: H200, 50 clients served 589 vs 512 sentences/s, sentence p99 126 vs 145 ms
+    # (bench/results/tts_load-h200-2026-12-02-fast-lane.md); "exclusive" and "off" were slower.
+    "fast_lane": "overlap",
+    # The flow once over the rest of each utterance instead of over every later chunk's window: the same
+    # audio, H100 at 50 clients 1758 vs 1639-1643 sentences/s (bench/results/tts_load-h100-2026-12-05-flowonce.md).
+    "flow_once": True,
+    # A request's later chunks all in the next step once its length is known: H200, 50 clients, engine
+    # 790 vs 762 sentences/s, served 739 vs 661 (bench/results/tts_load-h200-2026-12-03-steps.md).
+    "chunks_per_step": 0,
+    # Two main-lane launches queued at once: H200, 50 clients, engine 852 vs 768 sentences/s, served 801
+    # vs 719; three no better (bench/results/tts_load-h200-2026-12-03-inflight.md).
+    "main_in_flight": 2,
+    # The encoder's convolutions as cuBLAS products: H200, 836 vs 836 sentences/s, start-up 9.6 vs 17.9 s,
+    # 14 vs 89 GB held while capturing (bench/results/tts_load-h200-2026-12-03-gemm.md). cuDNN's
+    # algorithms then stay untimed (``cudnn_benchmark`` off: the decoder as fast, 852 vs 844 sentences/s,
+    # bench/results/tts_load-h200-2026-12-03-inflight.md).
+    "encoder_convs": "gemm",
+    # The decoder's upsampling as polyphase convolutions (cuDNN's transposed convolutions took 65 % of a
+    # 48-row decode step): H200, 50 clients 727 vs 556 sentences/s with the fused blocks
+    # (bench/results/tts_load-h200-2026-12-03-poly.md).
+    "polyphase": True,
+}
+#: With ``tts.triton_kernels``: the hand-written kernels (``RunnerOptions`` fields) and the precisions they
+#: take (None: every one). Each measured faster than PyTorch's form: the residual blocks with the
+#: polyphase upsampling 727 vs 556 sentences/s (H200, tts_load-h200-2026-12-03-poly.md); the decoder's
+#: other convolutions and the flow's WaveNet layers served 998 vs 842 (tts_load-h200-2026-12-04-fused.md);
+#: the duration predictor 931 vs 839 (tts_load-h200-2026-12-03-gemm.md); the text encoder's feed-forward
+#: 1316 / 1184 vs 1094 / 1091 and the prior 1125 vs 1082 (tts_load-h200-2026-12-04-encoder.md); the
+#: attention 1881 / 1902 vs 1872 / 1849 and served 1840 vs 1705 (H100, tts_load-h100-2026-12-05-fusedattn.md).
+TRITON_KERNELS = {
+    "fused_blocks": ("fp16", "bf16"),
+    "fused_upsampling": ("fp16", "bf16"),
+    "fused_flow": ("fp16", "bf16"),
+    "fused_duration_predictor": None,
+    "fused_text_encoder": None,
+    "fused_prior": None,
+    "fused_attention": None,
+}
+
+
+def batch_buckets(max_batch: int, level: str = "fine") -> tuple[int, ...]:
+    """Batch sizes up to ``max_batch`` (with ``max_batch``): ``coarse``, the powers of two (a batch
+    padded by up to 49 %: 65 rows to 128); ``fine``, also every multiple of 8 up to 64 and
+    of 16 beyond (15 sizes at 128; 9 rows still padded to 16, beyond 16 at most 29 %); ``finer``,
+    every size up to 8, then steps of an eighth of the next power of two (10, 12, 14, 16, 20, 24,
+    28, 32, 40, ...: at most 19 %, 24 sizes at 128)."""
+    if level not in BATCH_BUCKET_LEVELS:
+        raise ValueError(f"batch bucket level must be one of {BATCH_BUCKET_LEVELS}, got {level!r}")
+    sizes, p = {max_batch}, 1
+    while p <= max_batch:
+        sizes.add(p)
+        p *= 2
+    if level == "fine":
+        sizes.update(b for b in range(8, max_batch + 1, 8) if b <= 64 or b % 16 == 0)
+    elif level == "finer":
+        sizes.update(b for b in range(1, max_batch + 1) if b <= 8 or b % max(1, (1 << (b - 1).bit_length()) // 8) == 0)
+    return tuple(sorted(sizes))
 
 
 @dataclass(frozen=True)
-class RunnerOptions:
-    """Static shapes of the engine."""
+class RunnerOptions(TtsConfig):
+    """The engine's settings: the configuration's ``[tts]`` (inherited from ``base.config.TtsConfig``, the
+    one source of every operator setting, validated there), the static shapes derived from it at
+    start-up and, declared here, the engine's forms (``SHIPPED``, ``TRITON_KERNELS``)."""
 
-    #: Frames of a request's first decoder chunk (one frame = hop samples).
-    chunk_frames: int = 64
-    #: Largest later chunk (0: same as ``chunk_frames``); later chunks take sizes
-    #: ``chunk_frames * 2**k`` up to this, the last one the smallest that covers the rest.
-    #: Bigger chunks spend less of their work on context frames.
-    tail_chunk_frames: int = 0
-    #: Longest utterance, frames; longer ones are cut (logged).
-    max_frames: int = 3072
+    #: ``TtsConfig.backend``: these are the cuda backend's options whoever builds them.
+    backend: str = "cuda"
     #: Decoder batch sizes captured; the largest is the number of request slots.
     decode_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     #: Encoder batch sizes captured.
     encode_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
-    #: Phoneme-id lengths captured; longer inputs are refused.
-    phoneme_buckets: tuple[int, ...] = (32, 64, 128, 256, 512, 1024)
     #: Largest batch x phonemes of one encoder launch (bounds the buckets captured).
     max_encode_tokens: int = 16384
-    #: "fp32", "bf16", "fp16" or "int8" (decoder convolutions int8, calibrated at build; rest fp16) for flow + decoder.
-    precision: str = "fp32"
-    #: Capture CUDA graphs (CUDA only).
-    cuda_graphs: bool = True
-    #: Compile the chunk decoder (flow + HiFi-GAN) with ``torch.compile`` before capture (CUDA
-    #: only): fuses the elementwise work between convolutions; adds start-up time.
-    compile: bool = False
-    #: Compile the encoder step too (dynamic batch and phoneme length; CUDA only).
-    compile_encoder: bool = False
-    #: Let cuDNN time its algorithms for every captured shape at start-up: on the H200 ~20 % faster
-    #: decode steps at batch 8 (4.4 vs 5.4 ms, 256-frame chunks), but start-up 21 s instead of 3 s for
-    #: 24 graphs with the native allocator, and minutes with the async one (each trial maps workspace).
+    #: Device memory budgets of the stages, MiB (0: none; ``base.config.GpuConfig``'s ``tts_*_budget_mb``):
+    #: weights + slot buffers, encoder graphs, decoder graphs. Enforced at start-up on CUDA.
+    state_budget_mb: int = 0
+    encode_budget_mb: int = 0
+    decode_budget_mb: int = 0
+    #: The voice's rate, Hz (0: unknown; needed with ``output_rate``): the decoder steps resample from it
+    #: on the device (``resample.ChunkResampler``), the chunks still joining into the whole utterance's
+    #: audio resampled at once.
+    voice_rate: int = 0
+    #: Let cuDNN time its algorithms for every captured shape at start-up (off in ``SHIPPED``'s engine;
+    #: on the H200 ~20 % faster decode steps at batch 8 before the fused kernels, start-up 21 s instead
+    #: of 3 s for 24 graphs, minutes with the async allocator).
     cudnn_benchmark: bool = False
     #: With ``cudnn_benchmark``: most cuDNN algorithms timed per convolution shape
     #: (``torch.backends.cudnn.benchmark_limit``; 0 = every one cuDNN offers). PyTorch's default: 10.
     cudnn_benchmark_limit: int = 10
     #: With ``cudnn_benchmark``: the stages whose convolutions are timed when their graphs are captured
-    #: ("encode", "decode"); the others take cuDNN's heuristic choice. Eager (``cuda_graphs`` off):
-    #: every stage is timed.
+    #: ("encode", "decode"); the others take cuDNN's heuristic choice. Eager: every stage is timed.
     cudnn_benchmark_stages: tuple[str, ...] = ("encode", "decode")
-    #: Device memory budgets of the stages, MiB (0: none; see ``base.config.GpuConfig``):
-    #: weights + slot buffers, encoder graphs, decoder graphs. Enforced at start-up on CUDA.
-    state_budget_mb: int = 0
-    encode_budget_mb: int = 0
-    decode_budget_mb: int = 0
-    #: CUDA: encoder + first chunks on a high-priority stream beside the later chunks (see above).
-    #: "overlap": the lanes run side by side; "exclusive": the main lane holds its next launch
-    #: while a fast-lane launch runs (it still overlaps the main launch already running);
-    #: "off": one stream, every step in order.
+    #: CUDA: encoder + first chunks on high-priority streams beside the later chunks (see above):
+    #: "overlap": the lanes run side by side; "exclusive": the main lane holds its next launch while a
+    #: fast-lane launch runs (it still overlaps the main launch already running); "off": one stream,
+    #: every step in order (``fast_lanes`` 1).
     fast_lane: str = "overlap"
-    #: Fast lanes side by side (1..``MAX_FAST_LANES``; with ``fast_lane`` "overlap"): a request
-    #: arriving while a fast launch runs starts on a free one at once. Each has its own encoder and
-    #: first-chunk graphs (device memory).
-    fast_lanes: int = 1
-    #: Frames decoded ahead for a new request while the GPU is nearly idle (0: off): right behind its
-    #: encoder, on the main lane and beside its first chunk, before the host knows its length, in
-    #: chunks of the largest size. Saves the host round trips between a lone request's chunks; frames
-    #: past the utterance's end are decoded and dropped.
-    speculate_frames: int = 0
-    #: Decode ahead only while at most this many requests run (new ones included).
-    speculate_below: int = 2
     #: Later chunks of one request queued in one main-lane step (0: all it has left). Chunks read
     #: only the request's latents, so they need not wait for each other: fewer steps per request,
     #: the same audio; a request cancelled mid-way has had more of its audio decoded.
@@ -140,6 +183,11 @@ class RunnerOptions:
     #: chunks that become ready while a main launch runs are queued behind it at once instead of
     #: after its hand-out, so the main stream does not wait for the host between launches.
     main_in_flight: int = 1
+    #: The main lane's chunks read the flow's output, computed once per utterance on the main lane
+    #: (``chunked.pack_flow``: the utterances of a launch end to end in rows of ``flow_buckets``
+    #: frames) instead of each chunk running the flow over its own window with 32 frames of context on
+    #: each side. First chunks (fast lanes) and chunks decoded ahead keep their windows. Needs a fast lane.
+    flow_once: bool = False
     #: Decoder upsampling as plain convolutions to stride x channels, interleaved
     #: (``decoder.PolyphaseUp``): the same sums; cuDNN's transposed convolutions are slow here.
     polyphase: bool = False
@@ -150,38 +198,64 @@ class RunnerOptions:
     fused_upsampling: bool = False
     #: CUDA, fp16/bf16: the flow's WaveNet layers as fused Triton kernels (``fused_flow``).
     fused_flow: bool = False
-    #: The (fp32) encoder's convolutions: "cudnn" (``nn.Conv1d``) or "gemm" (``gemm_conv``: cuBLAS
-    #: products and multiply-adds, no cuDNN: nothing for cuDNN to time or hold workspace for).
+    #: The (fp32) encoder's convolutions (``ENCODER_CONVS``): "cudnn" (``nn.Conv1d``) or "gemm"
+    #: (``gemm_conv``: cuBLAS products and multiply-adds, no cuDNN: nothing for cuDNN to time or hold
+    #: workspace for).
     encoder_convs: str = "cudnn"
     #: CUDA: the stochastic duration predictor's layers and spline flows as fused Triton kernels
     #: (``fused_duration``): ~400 fewer kernels per encoder launch, the same fp32 arithmetic.
     fused_duration_predictor: bool = False
     #: CUDA: the text encoder's feed-forward layers with their mask, padding, tap stacking, bias and
-    #: ReLU as one Triton kernel per convolution (``fused_ffn``): the same products on the same
-    #: stacks, bit for bit the output of ``encoder_convs = "gemm"``.
+    #: ReLU as one Triton kernel per convolution (``fused_ffn``) in ``text_encoder_products``.
     fused_text_encoder: bool = False
-    #: With ``fused_text_encoder``: its products, ``fused_ffn.PRODUCTS`` ("cublas": bit for bit; else
-    #: Triton convolutions skipping the padding in that ``tl.dot`` precision).
-    text_encoder_products: str = "cublas"
     #: CUDA: the prior's expansion to frames written straight into the slot latents by one Triton
     #: kernel (``fused_prior``): the same latents, bit for bit.
     fused_prior: bool = False
     #: CUDA: the text encoder's relative-position attention between its convolutions as one Triton
-    #: kernel per layer (``fused_attention``), skipping what lies past each sentence's end; the states
-    #: within fp32 rounding (another order of the softmax's sums).
+    #: kernel per layer (``fused_attention``) in ``text_encoder_products``' precision (a tensor-core one),
+    #: skipping what lies past each sentence's end; the states within fp32 rounding.
     fused_attention: bool = False
-    #: With ``fused_attention``: its kernel's program (``base.config.parse_attention_tile``).
+    #: With ``fused_attention``: its kernel's program (``fused_attention.parse_tile``; default ``TILE``,
+    #: the fastest on an H100).
     fused_attention_tile: str = ATTENTION_TILE
-    #: The voice's rate and the rate the decoder steps deliver, Hz (0: the voice's): resampled on
-    #: the device inside each step (``resample.ChunkResampler``), the chunks still joining into the
-    #: whole utterance's audio resampled at once.
-    voice_rate: int = 0
-    output_rate: int = 0
-    #: The main lane's chunks read the flow's output, computed once per utterance on the main lane
-    #: (``chunked.pack_flow``: the utterances of a launch end to end in rows of ``flow_buckets``
-    #: frames) instead of each chunk running the flow over its own window with 32 frames of context on
-    #: each side. First chunks (fast lanes) and chunks decoded ahead keep their windows. Needs a fast lane.
-    flow_once: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.fast_lane not in FAST_LANE_MODES:
+            raise ValueError(f"fast_lane must be one of {FAST_LANE_MODES}, got {self.fast_lane!r}")
+        if self.fast_lanes > 1 and self.fast_lane != "overlap":
+            raise ValueError(f"fast_lanes > 1 needs fast_lane 'overlap'; got {self.fast_lanes} with {self.fast_lane!r}")
+        if self.flow_once and self.fast_lane == "off":
+            raise ValueError("flow_once needs a fast lane (the first chunks keep their flow windows there)")
+        if self.chunks_per_step < 0:
+            raise ValueError(f"chunks_per_step must be >= 0 (0: all), got {self.chunks_per_step}")
+        if not 1 <= self.main_in_flight <= MAX_MAIN_IN_FLIGHT:
+            raise ValueError(f"main_in_flight must be 1..{MAX_MAIN_IN_FLIGHT}, got {self.main_in_flight}")
+        if self.encoder_convs not in ENCODER_CONVS:
+            raise ValueError(f"encoder_convs must be one of {ENCODER_CONVS}, got {self.encoder_convs!r}")
+        if self.fused_attention and self.text_encoder_products not in ATTENTION_PRODUCTS:
+            raise ValueError(f"fused_attention needs tensor-core text_encoder_products ({', '.join(ATTENTION_PRODUCTS)}), got "
+                             f"{self.text_encoder_products!r}: fp32 products on the CUDA cores make its kernel slow")  # fmt: skip
+        parse_tile(self.fused_attention_tile)
+        if self.cudnn_benchmark_limit < 0 or not set(self.cudnn_benchmark_stages) <= {"encode", "decode"}:
+            raise ValueError("cudnn_benchmark_limit must be >= 0 and cudnn_benchmark_stages 'encode' and/or 'decode', "
+                             f"got {self.cudnn_benchmark_limit} and {self.cudnn_benchmark_stages}")  # fmt: skip
+
+    @classmethod
+    def from_config(cls, cfg: Config, voice_rate: int = 0) -> RunnerOptions:
+        """The engine of ``cfg``: its ``[tts]`` as is, the batch sizes its bucket levels capture, the
+        ``[gpu]`` budgets, the ``SHIPPED`` forms and, with ``tts.triton_kernels``, every kernel of
+        ``TRITON_KERNELS`` that takes ``tts.precision`` (the attention: with tensor-core products)."""
+        tts, gpu = cfg.tts, cfg.gpu
+        kernels = {name: tts.triton_kernels and (precisions is None or tts.precision in precisions)
+                   for name, precisions in TRITON_KERNELS.items()}  # fmt: skip
+        kernels["fused_attention"] = kernels["fused_attention"] and tts.text_encoder_products in ATTENTION_PRODUCTS
+        fields = {f.name: getattr(tts, f.name) for f in dataclasses.fields(TtsConfig)}
+        return cls(**fields, **SHIPPED, **kernels, voice_rate=voice_rate,
+                   decode_batches=batch_buckets(tts.max_batch, tts.batch_buckets),
+                   encode_batches=batch_buckets(tts.max_batch, tts.encode_batch_buckets),
+                   state_budget_mb=gpu.tts_state_budget_mb, encode_budget_mb=gpu.tts_encode_budget_mb,
+                   decode_budget_mb=gpu.tts_decode_budget_mb)  # fmt: skip
 
     @functools.cached_property  # asked for per main launch by the scheduler; the options are frozen
     def flow_buckets(self) -> tuple[int, ...]:
@@ -327,11 +401,6 @@ class StepRunner:
         base = self.memory.footprint() if self.memory else 0
         self.host_pool = host_pool or HostBufferPool(pinned=self.device.type == "cuda")
         cuda = self.device.type == "cuda"
-        if options.fast_lane not in FAST_LANE_MODES:
-            raise ValueError(f"fast_lane must be one of {FAST_LANE_MODES}, got {options.fast_lane!r}")
-        if not 1 <= options.fast_lanes <= MAX_FAST_LANES or (options.fast_lanes > 1 and options.fast_lane != "overlap"):
-            raise ValueError(f"fast_lanes must be 1..{MAX_FAST_LANES}, and 1 unless fast_lane is 'overlap'; "
-                             f"got {options.fast_lanes} with {options.fast_lane!r}")  # fmt: skip
         #: The fast lanes, then "main".
         self.fast_lanes = fast_lane_names(options.fast_lanes)
         self.lanes = (*self.fast_lanes, "main")
@@ -343,12 +412,6 @@ class StepRunner:
             self._streams = dict.fromkeys(self.lanes, torch.cuda.Stream(self.device))
         else:
             self._streams = dict.fromkeys(self.lanes)
-        if options.chunks_per_step < 0:
-            raise ValueError(f"chunks_per_step must be >= 0 (0: all), got {options.chunks_per_step}")
-        if not 1 <= options.main_in_flight <= MAX_MAIN_IN_FLIGHT:
-            raise ValueError(f"main_in_flight must be 1..{MAX_MAIN_IN_FLIGHT}, got {options.main_in_flight}")
-        if options.precision not in DTYPES:
-            raise ValueError(f"precision must be one of {sorted(DTYPES)}, got {options.precision!r}")
         self.dtype = DTYPES[options.precision]
         self.model = model.to(self.device).float().eval()
         if options.precision == "int8":
@@ -378,13 +441,6 @@ class StepRunner:
             self.synth_model.dec.use_polyphase()
             if self.synth_model.dec.polyphase is None:
                 log.warning("polyphase upsampling: this decoder's upsampling layers have no polyphase form; left as is")
-        if options.encoder_convs not in ENCODER_CONVS:
-            raise ValueError(f"encoder_convs must be one of {ENCODER_CONVS}, got {options.encoder_convs!r}")
-        if options.text_encoder_products != "cublas" and not options.fused_text_encoder:
-            raise ValueError(f"text_encoder_products {options.text_encoder_products!r} needs fused_text_encoder")
-        if options.fused_attention and options.text_encoder_products not in ATTENTION_PRODUCTS:
-            raise ValueError(f"fused_attention needs tensor-core text_encoder_products ({', '.join(ATTENTION_PRODUCTS)}), got "
-                             f"{options.text_encoder_products!r}: fp32 products on the CUDA cores make its kernel slow")  # fmt: skip
         if (options.encoder_convs == "gemm" or options.fused_duration_predictor or options.fused_text_encoder
                 or options.fused_attention):
             self.model = copy.deepcopy(self.model)  # the caller's model (and synth_model) stay as loaded
@@ -415,8 +471,6 @@ class StepRunner:
         self.resampler = ChunkResampler(rate, options.output_rate or rate, self.model.hop_length, self.device,
                                         fused=options.fused_upsampling)  # fmt: skip
         edge = self.resampler.edge_frames
-        if options.flow_once and options.fast_lane == "off":
-            raise ValueError("flow_once needs a fast lane (the first chunks keep their flow windows there)")
         #: The main lane's chunks (flowed with ``flow_once``: ``ChunkGeometry.flowed``).
         self.geometries = {c: ChunkGeometry.for_model(self.model, c, edge, flowed=options.flow_once)
                            for c in options.chunk_sizes}  # fmt: skip
