@@ -21,7 +21,7 @@ input, the encoder's output is masked).
 
 The query/key/value and output products stay cuBLAS's fp32 products (as Triton products in the
 tensor-core precision they made the engine no faster on an H100: docs/benchmarks.md,
-bench/results/tts_load-h100-2026-12-05-s53-pairs.json).
+22b5aea:bench/results/tts_load-h100-2026-12-05-s53-pairs.json).
 
 Not PyTorch's sums in PyTorch's order (the softmax's maximum and sum run block by block): the states
 differ within fp32 rounding, and a phoneme's duration (ceil'd) can move where its length lies within
@@ -81,7 +81,7 @@ def parse_tile(tile: str) -> tuple[int, int, int, bool]:
 #: none at 16 x 32 (227 registers). On an H100 (2026-12-06, ``python -m bench.encoder_attention``)
 #: 32 x 32 with the band as a loop was the fastest at 32-64 sentences, 41-55 % less time than
 #: "64x64w4-unrolled" (0.173 vs 0.295 ms at 64 sentences x 192 phonemes), and the engine +3 % at 50
-#: clients (``bench/results/encoder_attention-h100-2026-12-05-s54-attn.json``, ``tts_load-h100-2026-12-05-s54-pairs.json``).
+#: clients (``dbb0759:bench/results/encoder_attention-h100-2026-12-05-s54-attn.json``, ``tts_load-h100-2026-12-05-s54-pairs.json``).
 TILE = "32x32w4-loop"
 #: Software pipelining of the key loop: a sentence has at most a few key blocks, and Triton's default
 #: (3 stages of 64 keys x 128 channels of keys and values in fp32) needs 256 KiB of shared memory,

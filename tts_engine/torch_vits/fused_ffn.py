@@ -6,7 +6,7 @@ with 3-tap convolutions, in fp32. As cuBLAS products (``gemm_conv.GemmConv1d``, 
 encoder convolutions) each convolution first stacks its shifted inputs (``[B, 3 C, T]``); in PyTorch the mask,
 padding, stacking, bias and ReLU around the two products are eight passes over tensors of up to
 ``[B, 3 x 768, T]``, about a third of a layer's time on the H200 at 64 sentences of the 256-id bucket
-(``bench/results/tts_load-h200-2026-12-04-encoder.md``). Here one Triton kernel per convolution writes
+(``c7cf715:bench/results/tts_load-h200-2026-12-04-encoder.md``). Here one Triton kernel per convolution writes
 the stacked taps straight from its input:
 
 * before ``conv_1``: ``x * mask`` (``x`` in any layout: the encoder's LayerNorm hands it transposed);

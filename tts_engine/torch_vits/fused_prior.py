@@ -7,7 +7,7 @@ After the durations, the encoder step turns each sentence's per-phoneme prior (m
 sentence's end mean 0 and log-std 0) and copies it, transposed, into the slot buffer
 ``latents [slots, max_frames, C]``. In PyTorch that is two gathers, two masks, an exponential, three
 products and sums and the transposing copy over ``[B, C, 3072]`` tensors: 1.2 ms of the 12.4 ms encoder
-graph at 64 sentences on the H200 (``bench/results/tts_load-h200-2026-12-04-encoder.md``). Here one
+graph at 64 sentences on the H200 (``c7cf715:bench/results/tts_load-h200-2026-12-04-encoder.md``). Here one
 pass reads the gathered rows and the noise and writes each slot's frames once.
 
 The phoneme of each frame (``torch.searchsorted``) and the standard normal noise (``torch.randn``,

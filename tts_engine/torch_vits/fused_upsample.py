@@ -109,7 +109,7 @@ if triton is not None:
 
 #: (BLOCK_R, BLOCK_M, num_warps) of ``_conv_rows``; BLOCK_R is capped by the layer's rows. H200: the
 #: decode step within 5 % of this (batches of 16-64: 3 %) with 64x64x4, 128x128x8, 64x128x4 or 128x32x4
-#: (``bench/results/tts_gpu_experiments-h200-2026-12-03-fusedup.json``).
+#: (``04af75d:bench/results/tts_gpu_experiments-h200-2026-12-03-fusedup.json``).
 ROW_TILES = (128, 64, 8)
 #: Rows of 16 samples per program of ``_conv_out`` (1024 samples; not tuned).
 OUT_GROUPS = 64

@@ -4,7 +4,7 @@ The text encoder and the duration predictor run in fp32 (durations are ceil'd: T
 could move an utterance's length by a frame), where cuDNN has no tensor-core kernels. On the
 H200 its fp32 implicit-GEMM kernels took a fifth of the GPU's time under load, it has to time
 its algorithms for every captured shape at start-up, and its untimed choice held ~100 GB of
-workspace in the captured graphs (``bench/results/tts_load-h200-2026-12-03-inflight.md``).
+workspace in the captured graphs (``0e31f7b:bench/results/tts_load-h200-2026-12-03-inflight.md``).
 
 ``GemmConv1d`` computes the same sums in fp32 as
 

@@ -3,7 +3,7 @@
 The GPU engine's chunks leave the device at the rate clients ask for most (``tts.output_rate``,
 24 kHz for the OpenAI Realtime format) instead of the voice's own (22 050 Hz for Piper's medium
 voices), so the WebSocket front ends need no resampler of their own: with soxr there, a front
-end spent ~46 % of its busy time resampling (``bench/results/tts_load-h200-2026-12-04-fused.md``).
+end spent ~46 % of its busy time resampling (``f323a0e:bench/results/tts_load-h200-2026-12-04-fused.md``).
 
 The filter is a Kaiser-windowed sinc, ``taps`` input samples long (``TAPS``; more for
 downsampling), its -6 dB point at ``ROLLOFF`` of the lower Nyquist frequency; 80 dB stopband,

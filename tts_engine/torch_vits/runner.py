@@ -79,34 +79,35 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, 
 SHIPPED = {
     # New requests' encoder and first chunk on high-priority streams beside the later chunks of running
     # ones: H200, 50 clients served 589 vs 512 sentences/s, sentence p99 126 vs 145 ms
-    # (bench/results/tts_load-h200-2026-12-02-fast-lane.md); "exclusive" and "off" were slower.
+    # (991d8fd:bench/results/tts_load-h200-2026-12-02-fast-lane.md); "exclusive" and "off" were slower.
     "fast_lane": "overlap",
     # The flow once over the rest of each utterance instead of over every later chunk's window: the same
-    # audio, H100 at 50 clients 1758 vs 1639-1643 sentences/s (bench/results/tts_load-h100-2026-12-05-flowonce.md).
+    # audio, H100 at 50 clients 1758 vs 1639-1643 sentences/s (2239fba:bench/results/tts_load-h100-2026-12-05-flowonce.md).
     "flow_once": True,
     # A request's later chunks all in the next step once its length is known: H200, 50 clients, engine
-    # 790 vs 762 sentences/s, served 739 vs 661 (bench/results/tts_load-h200-2026-12-03-steps.md).
+    # 790 vs 762 sentences/s, served 739 vs 661 (6e26840:bench/results/tts_load-h200-2026-12-03-steps.md).
     "chunks_per_step": 0,
     # Two main-lane launches queued at once: H200, 50 clients, engine 852 vs 768 sentences/s, served 801
-    # vs 719; three no better (bench/results/tts_load-h200-2026-12-03-inflight.md).
+    # vs 719; three no better (0e31f7b:bench/results/tts_load-h200-2026-12-03-inflight.md).
     "main_in_flight": 2,
     # The encoder's convolutions as cuBLAS products: H200, 836 vs 836 sentences/s, start-up 9.6 vs 17.9 s,
-    # 14 vs 89 GB held while capturing (bench/results/tts_load-h200-2026-12-03-gemm.md). cuDNN's
+    # 14 vs 89 GB held while capturing (379e54f:bench/results/tts_load-h200-2026-12-03-gemm.md). cuDNN's
     # algorithms then stay untimed (``cudnn_benchmark`` off: the decoder as fast, 852 vs 844 sentences/s,
-    # bench/results/tts_load-h200-2026-12-03-inflight.md).
+    # 0e31f7b:bench/results/tts_load-h200-2026-12-03-inflight.md).
     "encoder_convs": "gemm",
     # The decoder's upsampling as polyphase convolutions (cuDNN's transposed convolutions took 65 % of a
     # 48-row decode step): H200, 50 clients 727 vs 556 sentences/s with the fused blocks
-    # (bench/results/tts_load-h200-2026-12-03-poly.md).
+    # (bc7e228:bench/results/tts_load-h200-2026-12-03-poly.md).
     "polyphase": True,
 }
 #: With ``tts.triton_kernels``: the hand-written kernels (``RunnerOptions`` fields) and the precisions they
-#: take (None: every one). Each measured faster than PyTorch's form: the residual blocks with the
-#: polyphase upsampling 727 vs 556 sentences/s (H200, tts_load-h200-2026-12-03-poly.md); the decoder's
-#: other convolutions and the flow's WaveNet layers served 998 vs 842 (tts_load-h200-2026-12-04-fused.md);
-#: the duration predictor 931 vs 839 (tts_load-h200-2026-12-03-gemm.md); the text encoder's feed-forward
-#: 1316 / 1184 vs 1094 / 1091 and the prior 1125 vs 1082 (tts_load-h200-2026-12-04-encoder.md); the
-#: attention 1881 / 1902 vs 1872 / 1849 and served 1840 vs 1705 (H100, tts_load-h100-2026-12-05-fusedattn.md).
+#: take (None: every one), each measured faster than PyTorch's form at 50 clients: the residual blocks
+#: (with the polyphase upsampling) 727 vs 556 sentences/s on the H200 (1c389b4:bench/results/tts_load-h200-2026-12-03-poly.md);
+#: the decoder's other convolutions and the flow's WaveNet layers served 998 vs 842
+#: (f323a0e:bench/results/tts_load-h200-2026-12-04-fused.md); the duration predictor 931 vs 839
+#: (eeced57:bench/results/tts_load-h200-2026-12-03-gemm.md); the text encoder's feed-forward 1316 / 1184 vs
+#: 1094 / 1091 and the prior 1125 vs 1082 (36dc67d:bench/results/tts_load-h200-2026-12-04-encoder.md); the
+#: attention served 1840 vs 1705 on an H100 (24d80cc:bench/results/tts_load-h100-2026-12-05-fusedattn.md).
 TRITON_KERNELS = {
     "fused_blocks": ("fp16", "bf16"),
     "fused_upsampling": ("fp16", "bf16"),
@@ -524,7 +525,7 @@ class StepRunner:
         t0 = time.perf_counter()
         # The encoder is compiled only with compile_encoder: compiled per shape it took ~30 s each on
         # the H200; with its batch and length marked dynamic (below) one graph serves every bucket
-        # (+81 s of start-up for a 1.6x faster fast lane, bench/results/tts_load-h200-2026-12-03-compile.md).
+        # (+81 s of start-up for a 1.6x faster fast lane, 8cad0c9:bench/results/tts_load-h200-2026-12-03-compile.md).
         compiling = self.options.compile and dev.type == "cuda"
         compiling_encoder = self.options.compile_encoder and dev.type == "cuda"
         if compiling or compiling_encoder:
