@@ -223,10 +223,32 @@ class TurnConfig:
     pause_on_speech: bool = True
     #: A paused reply is cancelled once the speech over it lasts this long, words or not, ms.
     pause_max_speech_ms: int = 1000
+    #: ``semantic_vad``: also score the end of turn from the words, with the LLM (llm/end_of_turn.py):
+    #: the speculative transcript, lowercased and without punctuation, after the last reply; the
+    #: probability that the next token ends the sentence. False (or a GGUF whose chat template gives
+    #: no prompt): the sound alone decides.
+    score_words: bool = True
+    #: ``semantic_vad`` with ``score_words``: the words' score at or above which the sentence is over.
+    #: A turn is answered at the short pause only when the sound says complete and the words reach
+    #: this. Higher: fewer sentences answered half-way, more finished ones wait ``long_stop_ms``
+    #: (docs/protocol.md, "Tuning the end of turn").
+    words_threshold: float = 0.03
+    #: ``semantic_vad`` with ``score_words``: silence waited at least when the words are not done,
+    #: and at most when they are but the sound doubts, ms. Keep it above the longest pause your users
+    #: make inside a sentence (bench/turn_set.py's paused sentences: up to 900 ms).
+    long_stop_ms: int = 1200
+    #: Speech that starts within this long of the end of a committed turn's speech, and is a turn
+    #: (words), continues it: the reply is stopped, both parts become one user message and the whole
+    #: is answered (docs/protocol.md, "Mended turns"), ms; 0: never.
+    mend_ms: int = 2000
 
     def __post_init__(self) -> None:
         if self.threads < 1:
             raise ConfigError(f"turn.threads must be >= 1, got {self.threads}")
+        if not 0.0 <= self.words_threshold <= 1.0:
+            raise ConfigError(f"turn.words_threshold must be 0..1, got {self.words_threshold}")
+        if self.long_stop_ms < 1 or self.mend_ms < 0:
+            raise ConfigError("turn.long_stop_ms must be > 0 and turn.mend_ms >= 0")
         if self.max_silence_ms < 1 or self.pause_max_speech_ms < 1 or self.pause_ms < 1:
             raise ConfigError("turn.pause_ms, turn.max_silence_ms and turn.pause_max_speech_ms must be > 0")
         if self.asr_pause_ms is not None and self.asr_pause_ms < 1:
@@ -344,8 +366,8 @@ class LlmConfig:
             raise ConfigError(f"llm.prefill_threads must be >= 0 (0: the LLM's threads), got {self.prefill_threads}")
         if self.memory_budget_mb < 0:
             raise ConfigError(f"llm.memory_budget_mb must be >= 0 (0: no limit), got {self.memory_budget_mb}")
-        if not 1 <= self.max_sequences <= 255:  # llama.cpp's 256 sequences, one for the system prompt
-            raise ConfigError(f"llm.max_sequences must be 1..255, got {self.max_sequences}")
+        if not 1 <= self.max_sequences <= 254:  # llama.cpp's 256 sequences: one for the system prompt, one for probes
+            raise ConfigError(f"llm.max_sequences must be 1..254, got {self.max_sequences}")
         if self.batch_tokens < self.max_sequences:
             raise ConfigError(f"llm.batch_tokens ({self.batch_tokens}) must be >= llm.max_sequences "
                               f"({self.max_sequences}): every generating conversation takes one token per step")

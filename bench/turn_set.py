@@ -7,6 +7,11 @@ the pitch of a speaker who is not done. A *paused* utterance is that cut, a sile
 (``gap_ms``), then the rest of the sentence: one turn whose true end is the sentence's end.
 A *filler* utterance is a cut followed by "um" said alone.
 
+Held apart from those (they chose the end-of-turn thresholds of issue 14): ``MIDPAUSE``, sentences
+with one pause of 300-900 ms at a natural break point (after "take", "for", "about", "the", a
+verb, a comma; kind ``midpause``), and ``SHORT_ANSWERS``, complete short replies ("Yes.",
+"Left rear."; kind ``short``).
+
     from bench.turn_set import TurnSet
     clips = TurnSet.from_config(cfg).build()   # [Clip(name, kind, pcm, speech_end_ms), …]
 """
@@ -32,11 +37,55 @@ SENTENCES = (
 )
 
 
+#: (sentence, the word after which it pauses, the pause in ms): held apart from ``SENTENCES``.
+MIDPAUSE = (
+    ("How long does it take to get to the airport?", "take", 600),
+    ("I'm looking for a restaurant that serves vegan food.", "for", 450),
+    ("Can you tell me about the weather this weekend?", "about", 750),
+    ("What's the best way to learn the guitar?", "the", 300),
+    ("Could you play some music for my daughter?", "play", 900),
+    ("I want to order a large pizza with mushrooms.", "order", 600),
+    ("Remind me to water the plants, tomorrow morning.", "plants", 750),
+    ("Send a message to John saying I'll be late.", "to", 450),
+    ("What do you know about the history of jazz?", "about", 900),
+    ("Set a timer for twenty minutes please.", "for", 300),
+    ("How much does it cost to fly to Tokyo?", "cost", 600),
+    ("Can you find me a recipe for chocolate cake?", "for", 750),
+    ("I need to buy a birthday present for my sister.", "buy", 450),
+    ("When does the next train leave for Boston?", "the", 900),
+    ("Tell me something interesting about octopuses.", "about", 600),
+    ("Is it going to rain in London tomorrow?", "rain", 300),
+    ("Please add milk and eggs to my shopping list.", "add", 750),
+    ("What is the difference between a frog and a toad?", "between", 450),
+    ("Book me a table at an Italian place for eight.", "at", 900),
+    ("How many calories are there in a banana?", "in", 600),
+    ("Can you explain how a rainbow is formed?", "explain", 750),
+    ("Where can I park my car near the stadium?", "park", 300),
+    ("Call my brother and tell him I'm on my way.", "and", 450),
+    ("What should I cook for dinner with chicken and rice?", "for", 900),
+    ("Translate good night into Spanish for me.", "into", 600),
+    ("Who wrote the novel about the white whale?", "the", 750),
+    ("Could you turn the volume down in the bedroom?", "turn", 300),
+    ("Do you know if the museum is open on Sundays?", "if", 450),
+    ("Give me three ideas for a rainy afternoon.", "for", 900),
+    ("My flight was cancelled, so I need a new one.", "cancelled", 600),
+    ("Start a workout playlist with upbeat songs.", "with", 750),
+    ("How do I change the battery in my smoke alarm?", "change", 450),
+)
+
+#: Complete short answers: a turn the words alone might take for unfinished.
+SHORT_ANSWERS = (
+    "Yes.", "No.", "Left rear.", "Tomorrow at five.", "Sure, go ahead.", "Not really.", "Two please.",
+    "The blue one.", "Next Tuesday.", "That's right.", "Maybe later.", "Thank you.", "In the kitchen.",
+    "About an hour.", "Paris.", "Yes, please.", "No, thanks.", "Seven thirty.", "Both of them.", "I don't know.",
+)
+
+
 @dataclass(frozen=True, eq=False)
 class Clip:
     """One utterance: ``pcm`` (int16, 16 kHz); ``speech_end_ms``: where its last word ends.
 
-    ``kind``: ``complete`` | ``incomplete`` | ``paused`` | ``filler`` | ``cough``.
+    ``kind``: ``complete`` | ``incomplete`` | ``paused`` | ``filler`` | ``cough`` | ``midpause`` | ``short``.
     """
 
     name: str
@@ -108,6 +157,28 @@ class TurnSet:
             burst = cough(i, ms=250 + 20 * i)
             clips.append(Clip(f"cough-{i}", "cough", burst, _ms(burst)))
         return clips
+
+    def held_apart(self) -> list[Clip]:
+        """``MIDPAUSE`` (kind ``midpause``) and ``SHORT_ANSWERS`` (kind ``short``)."""
+        clips: list[Clip] = []
+        for i, (text, word, gap_ms) in enumerate(MIDPAUSE):
+            whole = trim(self.say(text))
+            cut = self.cut_after(whole, word)
+            paused = np.concatenate((whole[:cut], np.zeros(SAMPLE_RATE * gap_ms // 1000, np.int16), whole[cut:]))
+            clips.append(Clip(f"midpause-{i}", "midpause", paused, _ms(paused)))
+        for i, text in enumerate(SHORT_ANSWERS):
+            pcm = trim(self.say(text))
+            clips.append(Clip(f"short-{i}", "short", pcm, _ms(pcm)))
+        return clips
+
+
+def head(text: str, word: str) -> str:
+    """``text`` up to and with the first ``word`` (the incomplete utterance's words)."""
+    words = text.split()
+    for i, w in enumerate(words):
+        if w.strip(",.?!").lower() == word:
+            return " ".join(words[:i + 1]).rstrip(",")
+    raise ValueError(f"{word!r} not in {text!r}")
 
 
 def trim(pcm: np.ndarray, level: int = 200, tail_level: int = 60) -> np.ndarray:

@@ -1,11 +1,14 @@
-"""Turn taking: ``semantic_vad`` (the end-of-turn model) against ``server_vad`` (500 ms of silence),
-on one server, in the same run, with the project's turn-taking set.
+"""Turn taking: ``semantic_vad`` with words + sound (the end-of-turn model and the LLM's score of the
+words), ``semantic_vad`` on the sound alone, and ``server_vad`` (500 ms of silence), in the same run,
+with the project's turn-taking set.
 
 Starts ``voxloop serve`` (the real models) and, for each mode, one or more talkers that
 stream, at real-time pace in 20 ms frames with silence in between (an open microphone):
 
 - the set of ``bench/turn_set.py`` (bundled voice): complete sentences; sentences with a
-  600 ms pause after a word; the same with a trailing "um" before the pause;
+  600 ms pause after a word; the same with a trailing "um" before the pause; held apart, 32
+  sentences with one pause of 300-900 ms (``midpause``: a reply before the sentence's end is a
+  *false cutoff*) and 20 short answers (``short``);
 - the questions of ``bench/voice_questions.txt`` (" | " is a 300 ms pause);
 - human recordings: the voices of Debian's alsa-utils (``/usr/share/sounds/alsa``, "Front
   center" and the like; ``apt-get install alsa-utils``; left out with a note when missing);
@@ -26,6 +29,10 @@ The bursts run in a conversation of their own, after the turns.
 Per level, from the server's ``/metrics``: speculative turns dropped unseen and ASR runs.
 ``--noise-dbfs`` adds white noise to everything the microphone sends (a real microphone is never
 digitally silent; -60 is a quiet room on a headset, -45 a noisy one).
+
+The interruption's answer: its first audio - the interruption's last speech sample sent
+(``interruption_v2v_ms``), against the fresh turns' voice-to-voice. ``semantic_vad_audio`` runs on a
+second server with ``turn.score_words = false`` (the sound alone), after the others.
 
 Writes OUT/turn_taking-<hardware>-<date>.json (+ .png).
 
@@ -52,12 +59,18 @@ from bench.harness import (
 RATE = 16000
 MODES = {"server_vad": {"type": "server_vad", "silence_duration_ms": 500},
          "semantic_vad": {"type": "semantic_vad", "eagerness": "auto"},
-         "semantic_vad_high": {"type": "semantic_vad", "eagerness": "high"}}
+         "semantic_vad_high": {"type": "semantic_vad", "eagerness": "high"},
+         "semantic_vad_audio": {"type": "semantic_vad", "eagerness": "auto"}}
+#: Server settings of a mode (others: the defaults); modes sharing them share a server.
+MODE_SERVER = {"semantic_vad_audio": ("--set", "turn.score_words=false")}
+#: Kinds of turns that are finished where the speaker pauses: their voice-to-voice is the "complete turns" row.
+COMPLETE_KINDS = ("complete", "short", "question")
 SHORT = "Answer in one short sentence."
 LONG = "Tell a long story of at least ten sentences."
 INTERRUPTION = "Stop. What is the capital of France?"
 QUIET_S = 1.2  # a turn is over when nothing happened for this long (and its reply is done)
 PLAYED_MS = 1500  # a burst comes after this much of the reply has played (reported with x.playback)
+MAX_SILENCE_MS = 2000  # turn.max_silence_ms (auto eagerness)
 
 
 # --------------------------------------------------------------------------- the set
@@ -72,7 +85,8 @@ def build_set(cfg, coughs: int, human: Path) -> tuple[list[dict], list[np.ndarra
 
     ts = TurnSet.from_config(cfg)
     clips = ts.build(coughs=coughs)
-    turns = [{"name": c.name, "kind": c.kind, "pcm": c.pcm} for c in clips if c.kind in ("complete", "paused", "filler")]
+    turns = [{"name": c.name, "kind": c.kind, "pcm": c.pcm} for c in clips + ts.held_apart()
+             if c.kind in ("complete", "paused", "filler", "midpause", "short")]
     gap = np.zeros(RATE * 300 // 1000, np.int16)
     for i, line in enumerate((ROOT / "bench" / "voice_questions.txt").read_text().splitlines()):
         if line.strip() and not line.startswith("#"):
@@ -223,6 +237,8 @@ async def one_turn(talker: Talker, turn: dict, timeout_s: float) -> dict:
     if commits:  # the turn's end as the client sees it: VAD, end-of-turn model and transcript, no reply
         row["commit_after_speech_end_ms"] = round(1000 * (commits[-1][0] - speech_end), 1)
     row["split"] = len(commits) > 1 or any(t < speech_end for t, _ in created)
+    # a split mended by the server: the first part's user item deleted, the whole answered once
+    row["mended"] = row["split"] and bool(talker.since(since, "conversation.item.deleted"))
     if responses:
         rid = responses[-1]
         audio = talker.reply_audio(rid, since)
@@ -274,9 +290,14 @@ async def over_reply(talker: Talker, sound: np.ndarray, kind: str, timeout_s: fl
     await asyncio.sleep(PLAYED_MS / 1000)
     await talker.client.report_playback(item, PLAYED_MS)
     mark = len(talker.events)
-    speech_end = talker.say(sound)
-    await speech_end
+    spoken_end = await talker.say(sound)
     await asyncio.sleep(2.5)  # long enough for a pause to be resolved
+    if kind.startswith("interruption"):  # and for its answer to start
+        try:
+            await talker.until(mark, lambda e: e.type == "response.output_audio.delta" and e.response_id != rid,
+                               timeout_s)
+        except TimeoutError:
+            pass
     received_ms = talker.audio_ms(talker.reply_audio(rid, since, mark))
     reply_done = any(e.type == "response.done" and e.response.id == rid for _, e in talker.events[since:mark])
     started = talker.since(mark, "input_audio_buffer.speech_started")
@@ -294,6 +315,12 @@ async def over_reply(talker: Talker, sound: np.ndarray, kind: str, timeout_s: fl
            "heard": [e.transcript for _, e in talker.since(mark, "conversation.item.input_audio_transcription.completed")]}
     if resumed:
         row["paused_ms"] = round(1000 * (resumed[0][0] - paused[0][0]), 1)
+    answer = [t for t, e in talker.since(mark, "response.output_audio.delta") if e.response_id != rid]
+    if kind.startswith("interruption") and answer:
+        row["interruption_v2v_ms"] = round(1000 * (answer[0] - spoken_end), 1)
+        commits = talker.since(mark, "input_audio_buffer.committed")
+        if commits:
+            row["commit_after_speech_end_ms"] = round(1000 * (commits[-1][0] - spoken_end), 1)
     stop = (paused or started)[:1]
     if stop and talker.speech_start:  # playback stops at the pause (semantic_vad) or speech_started
         row["stop_after_speech_start_ms"] = round(1000 * (stop[0][0] - talker.speech_start), 1)
@@ -306,7 +333,8 @@ async def over_reply(talker: Talker, sound: np.ndarray, kind: str, timeout_s: fl
 
 
 async def session(url: str, mode: str, turns: list[dict], coughs: list[np.ndarray], interruption: np.ndarray,
-                  seed: int, timeout_s: float, noise_dbfs: float | None = None) -> tuple[list[dict], list[dict]]:
+                  seed: int, timeout_s: float, noise_dbfs: float | None = None,
+                  interruptions: int = 1) -> tuple[list[dict], list[dict]]:
     from voxloop.client import RealtimeClient
 
     rng = random.Random(seed)
@@ -318,7 +346,11 @@ async def session(url: str, mode: str, turns: list[dict], coughs: list[np.ndarra
         talker = Talker(client, noise_dbfs, seed)
         try:
             await asyncio.sleep(0.5)
-            rows = [dict(await one_turn(talker, t, timeout_s), mode=mode, session=seed) for t in order]
+            rows = []
+            for t in order:
+                rows.append(dict(await one_turn(talker, t, timeout_s), mode=mode, session=seed))
+                print(f"{mode} {rows[-1]['name']}: split {rows[-1]['split']}, "
+                      f"voice-to-voice {rows[-1].get('voice_to_voice_ms')} ms", flush=True)
         finally:
             await talker.close()
     bursts = []
@@ -332,8 +364,9 @@ async def session(url: str, mode: str, turns: list[dict], coughs: list[np.ndarra
                 await asyncio.sleep(0.5)
                 for i, burst in enumerate(coughs):
                     bursts.append(dict(await over_reply(talker, burst, f"cough-{i}", timeout_s), mode=mode))
-                if interruption is not None:
-                    bursts.append(dict(await over_reply(talker, interruption, "interruption", timeout_s), mode=mode))
+                for i in range(interruptions if interruption is not None else 0):
+                    bursts.append(dict(await over_reply(talker, interruption, f"interruption-{i}", timeout_s),
+                                       mode=mode))
             finally:
                 await talker.close()
     return rows, bursts
@@ -343,11 +376,19 @@ def summarize(mode: str, talkers: int, rows: list[dict], bursts: list[dict]) -> 
     ok = [r for r in rows if not r["missed"] and not r["split"]]
     out = {"mode": mode, "talkers": talkers, "turns": len(rows),
            "missed_turns": sum(r["missed"] for r in rows), "split_turns": sum(r["split"] for r in rows)}
-    for kind in ("all", "complete", "paused", "filler", "question", "paused_question", "human"):
+    for kind in ("all", "complete", "paused", "filler", "question", "paused_question", "human", "midpause", "short"):
         vals = [r["voice_to_voice_ms"] for r in ok if kind == "all" or r["kind"] == kind]
         out[f"v2v_{kind}_p50_ms"], out[f"v2v_{kind}_p90_ms"] = pct(vals, 50), pct(vals, 90)
-    for kind in ("paused", "filler", "paused_question"):
+    vals = [r["voice_to_voice_ms"] for r in ok if r["kind"] in COMPLETE_KINDS]
+    out["v2v_complete_turns_p50_ms"], out["v2v_complete_turns_p90_ms"] = pct(vals, 50), pct(vals, 90)
+    for kind in ("paused", "filler", "paused_question", "midpause", "short", "complete", "question"):
         out[f"split_{kind}"] = sum(r["split"] for r in rows if r["kind"] == kind)
+    mid = [r for r in rows if r["kind"] == "midpause"]
+    out["false_cutoffs"] = f"{sum(r['split'] for r in mid)}/{len(mid)}"
+    out["mended_turns"] = sum(r.get("mended", False) for r in rows)
+    waits = [r.get("commit_after_speech_end_ms") or 0 for r in rows if r["kind"] in COMPLETE_KINDS]
+    out["complete_commit_max_ms"] = max(waits, default=None)
+    out["complete_waited_max_silence"] = sum(w >= MAX_SILENCE_MS - 100 for w in waits)
     commit = [r["commit_after_speech_end_ms"] for r in ok if r.get("commit_after_speech_end_ms") is not None]
     out["commit_p50_ms"], out["commit_p90_ms"] = pct(commit, 50), pct(commit, 90)
     eot = [r["end_of_turn_ms"] for r in rows if r.get("end_of_turn_ms") is not None]
@@ -356,7 +397,8 @@ def summarize(mode: str, talkers: int, rows: list[dict], bursts: list[dict]) -> 
     for outcome in ("resumed", "cut", "paused", "unaffected", "reply_over"):
         out[f"cough_{outcome}"] = sum(b["outcome"] == outcome for b in coughs)
     out["cough_paused_max_ms"] = max((b.get("paused_ms", 0) for b in coughs), default=None)
-    spoken = [b for b in bursts if b["kind"] == "interruption"]
+    spoken = [b for b in bursts if b["kind"].startswith("interruption")]
+    out["interruption_v2v_ms"] = [b.get("interruption_v2v_ms") for b in spoken]
     out["interruption_cut"] = sum(b["outcome"] == "cut" for b in spoken)
     out["interruption_cut_after_ms"] = [b.get("cut_after_speech_start_ms") for b in spoken]
     out["interruption_stop_after_ms"] = [b.get("stop_after_speech_start_ms") for b in spoken]
@@ -413,10 +455,11 @@ def plot(summary: list[dict], rows: list[dict], path: Path) -> None:
 
 
 async def run(url: str, mode: str, talkers: int, turns, coughs, interruption, timeout_s: float,
-              noise_dbfs: float | None = None):
+              noise_dbfs: float | None = None, interruptions: int = 1):
     alone = talkers == 1  # bursts over a reply: one talker (the many-talker levels measure turns)
     results = await asyncio.gather(*(session(url, mode, turns, coughs if alone else [],
-                                             interruption if alone else None, seed, timeout_s, noise_dbfs)
+                                             interruption if alone else None, seed, timeout_s, noise_dbfs,
+                                             interruptions)
                                      for seed in range(talkers)))
     rows = [dict(r, talkers=talkers) for rs, _ in results for r in rs]
     bursts = [dict(b, talkers=talkers) for _, bs in results for b in bs]
@@ -429,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--talkers", type=int, nargs="+", default=[1])
     p.add_argument("--coughs", type=int, default=10, help="cough trials per mode (first talker)")
+    p.add_argument("--interruptions", type=int, default=1, help="spoken interruption trials per mode (first talker)")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     p.add_argument("--turn-timeout-s", type=float, default=30.0)
     p.add_argument("--url", help="use a running server instead of starting one")
@@ -442,21 +486,26 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     turns, coughs, interruption = build_set(load_config(), args.coughs, args.human_dir)
     turns = turns[:args.limit] if args.limit else turns
+    load_before = os.getloadavg()
     cost = end_of_turn_cost(load_config(), turns)
     print("end-of-turn model, one call:", cost, flush=True)
-    server, url = None, args.url
-    if url is None:
-        port = free_port()
-        server = start_server(port, args.server_arg)
-        url = f"ws://127.0.0.1:{port}/v1/realtime"
+    server, url, server_set = None, args.url, None
     all_rows, all_bursts, summary = [], [], []
+    modes = sorted(args.modes, key=lambda m: MODE_SERVER.get(m, ()))  # one server per set of settings
     try:
         for talkers in args.talkers:
-            for mode in args.modes:
+            for mode in modes:
+                if args.url is None and MODE_SERVER.get(mode, ()) != server_set:
+                    if server is not None:
+                        stop_server(server)
+                    server_set = MODE_SERVER.get(mode, ())
+                    port = free_port()
+                    server = start_server(port, [*args.server_arg, *server_set])
+                    url = f"ws://127.0.0.1:{port}/v1/realtime"
                 level_turns = turns if talkers == 1 else random.Random(8).sample(turns, min(args.many_limit, len(turns)))
                 before = _scrape(url)
                 rows, bursts = asyncio.run(run(url, mode, talkers, level_turns, coughs, interruption,
-                                               args.turn_timeout_s, args.noise_dbfs))
+                                               args.turn_timeout_s, args.noise_dbfs, args.interruptions))
                 all_rows += rows
                 all_bursts += bursts
                 summary.append(summarize(mode, talkers, rows, bursts) | server_counts(before, _scrape(url)))
@@ -467,7 +516,8 @@ def main(argv: list[str] | None = None) -> int:
     path = write_json(args.name, summary, {"end_of_turn_cost": cost, "turns": all_rows, "bursts": all_bursts, "server_args": portable_args(args.server_arg),
                                            "noise_dbfs": args.noise_dbfs,
                                            "human_recordings": sum(t["kind"] == "human" for t in turns),
-                                           "load_average_after": os.getloadavg()}, out=args.out)
+                                           "load_average_before": load_before, "load_average_after": os.getloadavg()},
+                      out=args.out)
     plot(summary, all_rows, path.with_suffix(".png"))
     print(f"wrote {path} and {path.with_suffix('.png').name}")
     return 0

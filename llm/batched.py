@@ -5,6 +5,7 @@
     engine.cancel(reply)                      # any thread; stops it at the next step
     engine.prefill("session-1", messages)     # any thread; read a cut history before the next turn
     events = engine.step()                    # the owning thread: one llama_decode
+    engine.probe(Probe(tokens, targets, done))  # any thread; next-token mass of ``targets``, no reply
     text, stats = engine.generate("s", messages)   # notebook use: submit + step until done
 
 One context, one KV **sequence per conversation** (``session`` key), kept across its
@@ -28,6 +29,14 @@ it). ``release(session)`` frees the sequence (a disconnect). With more conversat
 than ``max_sequences``, the least recently used idle sequence is given to the newcomer
 (its conversation re-reads its prompt when it comes back); when every sequence is busy
 generating, a reply waits for one to finish.
+
+A ``Probe`` (llm/end_of_turn.py) reads a prompt in the next steps' batches, before the replies'
+prompts, on a sequence of its own and without a reply: its last token's logits give the
+probability mass of some next tokens (one softmax), and nothing is generated. It starts from the
+longest cached prefix it shares: its conversation's sequence (``Probe.session``; a metadata copy,
+``llama_memory_seq_cp``, as for the system prompt), the system prompt's, or the last probe's; so a
+probe of "the conversation + a new user turn's first words" reads only those words. Probes run one
+at a time (first come, first read); nothing a probe reads enters a conversation's sequence.
 
 History longer than ``n_ctx`` (per conversation) minus ``max_tokens``: ``ChatPrompt.fit``
 drops the oldest messages down to half the budget and the cut is kept per conversation,
@@ -59,7 +68,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,6 +86,20 @@ MIN_PREFILL = 16
 _PREFIX_SEQ = 0  # the reserved sequence holding the system prompt's KV
 #: Shorter runs of a cut history are read again rather than shifted (not worth a K re-rotation).
 SHIFT_MIN_TOKENS = 16
+#: KV cells of the probe sequence: a probe's prompt is a short context and a transcript.
+PROBE_CTX = 512
+
+
+@dataclass(eq=False)
+class Probe:
+    """Read ``tokens`` (no reply) and call ``done`` on the engine thread with the next token's
+    probability mass on ``targets`` (token ids), or with None when it could not run."""
+
+    tokens: list[int]
+    targets: Sequence[int]
+    done: Callable[[float | None], None]
+    #: The conversation whose cached tokens the probe may start from (``submit``'s ``session``).
+    session: Hashable | None = None
 
 
 @dataclass(eq=False)
@@ -128,8 +151,8 @@ class BatchedChat:
                 f"tokens), over llm.memory_budget_mb = {options.memory_budget_mb}: lower llm.max_sequences "
                 "or llm.n_ctx, or raise the budget")
         params = llama_cpp.llama_context_default_params()
-        n_seq = options.max_sequences + 1  # + the system prompt's sequence
-        params.n_ctx = options.n_ctx * n_seq
+        n_seq = options.max_sequences + 2  # + the system prompt's sequence + the probes' sequence
+        params.n_ctx = options.n_ctx * (n_seq - 1) + PROBE_CTX
         params.n_batch = params.n_ubatch = options.batch_tokens
         params.n_seq_max = n_seq
         params.kv_unified = True
@@ -146,7 +169,11 @@ class BatchedChat:
         self._vocab = llama_cpp.llama_model_get_vocab(self._llm.model)
         self._batch = llama_cpp.llama_batch_init(options.batch_tokens, 0, 1)
         self.prompt = ChatPrompt(self._llm)
-        self._slots = [_Slot(seq) for seq in range(1, n_seq)]
+        self._slots = [_Slot(seq) for seq in range(1, n_seq - 1)]
+        self._probe_seq = n_seq - 1
+        self._probes: collections.deque[Probe] = collections.deque()  # engine thread
+        self._probe_tokens: list[int] = []  # what the probe sequence holds
+        self._probe_pending: list[int] = []  # of ``_probes[0]``, not read yet
         self._prefix: list[int] = []
         self._ids = itertools.count(1)
         self._inbox: collections.deque = collections.deque()
@@ -215,6 +242,12 @@ class BatchedChat:
         self._command(("submit", reply))
         return reply
 
+    def probe(self, probe: Probe) -> None:
+        """Queue ``probe`` (module doc); any thread."""
+        if not probe.tokens or len(probe.tokens) > PROBE_CTX:
+            raise InvalidInput(f"a probe reads 1..{PROBE_CTX} tokens, got {len(probe.tokens)}")
+        self._command(("probe", probe))
+
     def cancel(self, reply: Reply) -> None:
         """Stop ``reply`` at the next step (it ends with finish reason "cancelled")."""
         reply.cancelled = True
@@ -233,7 +266,7 @@ class BatchedChat:
 
     def busy(self) -> bool:
         """True while replies are running or waiting (engine thread)."""
-        return bool(self._active or self._waiting or self._inbox)
+        return bool(self._active or self._waiting or self._inbox or self._probes)
 
     def step(self, wait_s: float = 0.0, spare_cores: bool = False) -> list[ReplyEvent]:
         """Take queued commands, then run one batch (one ``llama_decode``) if there is work.
@@ -247,7 +280,7 @@ class BatchedChat:
         self._take_commands(events)
         self._drop_cancelled(events)
         self._admit(events)
-        if self._active:
+        if self._active or self._probes:
             self._run_batch(events, spare_cores)
         return events
 
@@ -305,6 +338,7 @@ class BatchedChat:
             if r._slot is not None:
                 self._clear(r._slot)
             self._finish(r, "error", events)
+        self._end_probes()
         return events
 
     def _fixed_bytes(self) -> tuple[int, int]:
@@ -316,7 +350,7 @@ class BatchedChat:
 
     @property
     def _kv_tokens(self) -> int:
-        return self.options.n_ctx * (self.options.max_sequences + 1)
+        return self.options.n_ctx * (self.options.max_sequences + 1) + PROBE_CTX
 
     def report(self) -> dict[str, int]:
         """Fixed memory (weights; KV cache for every sequence, f16) and counters; any thread."""
@@ -347,6 +381,8 @@ class BatchedChat:
                     if other.session == arg.session:
                         other.cancelled = True
                 self._waiting.append(arg)
+            elif kind == "probe":
+                self._probes.append(arg)
             elif kind == "release":
                 for r in self._active + self._waiting:
                     if r.session == arg:
@@ -499,6 +535,8 @@ class BatchedChat:
     def _run_batch(self, events: list[ReplyEvent], spare_cores: bool = False) -> None:
         rows: list[tuple[int, int, int, bool]] = []  # (token, pos, seq, wants logits)
         sampled: list[tuple[Reply, int]] = []  # (reply, batch index of its logits)
+        if self._probes and not self._probe_pending:
+            self._start_probe()  # before this step's tokens join the sequences it may copy
         decoding = [r for r in self._active if r._next is not None]
         for r in decoding:
             slot = r._slot
@@ -508,6 +546,8 @@ class BatchedChat:
             r._next = None
         budget = max(self.options.batch_tokens - len(rows), min(MIN_PREFILL, self.options.batch_tokens))
         budget = min(budget, self.options.batch_tokens - len(rows))
+        probe_row = self._probe_rows(rows, budget)  # a turn waits for it: before the prompts
+        budget -= len(rows) - len(decoding)
         reading = sorted((r for r in self._active if r._pending), key=lambda r: (r.options.priority, r.id))
         if decoding or any(r._limit for r in reading):  # prefills read only in idle steps: a step
             reading = [r for r in reading if r._limit]  # of 32 prompt tokens is slow for the others
@@ -543,6 +583,8 @@ class BatchedChat:
         if rc != 0:
             self._fail_batch(rows, rc, events)
             return
+        if probe_row is not None:
+            self._end_probe(probe_row)
         for r in prefilled:
             self._finish(r, "prefilled", events)
         now = time.perf_counter()
@@ -602,9 +644,58 @@ class BatchedChat:
     def _decode(self) -> int:
         return self._ll.llama_decode(self._ctx, self._batch)
 
+    def _probe_rows(self, rows: list[tuple[int, int, int, bool]], budget: int) -> int | None:
+        """Add the next probe's prompt (as much as ``budget`` allows) to ``rows``; the batch index of
+        its logits when its last token is in."""
+        if not self._probes or budget <= 0:
+            return None
+        seq = self._probe_seq
+        chunk, self._probe_pending = self._probe_pending[:budget], self._probe_pending[budget:]
+        for j, t in enumerate(chunk):
+            rows.append((t, len(self._probe_tokens), seq, j == len(chunk) - 1 and not self._probe_pending))
+            self._probe_tokens.append(t)
+        return None if self._probe_pending else len(rows) - 1
+
+    def _start_probe(self) -> None:
+        """Start the next probe from the longest cached prefix it shares (module doc)."""
+        probe, seq, ll = self._probes[0], self._probe_seq, self._ll
+        tokens = probe.tokens
+        slot = self._slot_of(probe.session) if probe.session is not None else None
+        sources = [(self._probe_tokens, seq), (self._prefix, _PREFIX_SEQ)]
+        if slot is not None:
+            sources.append((slot.tokens, slot.seq))
+        keep, src = max((min(common_prefix(cached, tokens), len(tokens) - 1), src) for cached, src in sources)
+        if src == seq:
+            ll.llama_memory_seq_rm(self._mem, seq, keep, -1)
+        else:
+            ll.llama_memory_seq_rm(self._mem, seq, -1, -1)
+            ll.llama_memory_seq_cp(self._mem, src, seq, 0, keep)
+        self._probe_tokens, self._probe_pending = tokens[:keep], tokens[keep:]
+
+    def _end_probe(self, index: int) -> None:
+        """The probe's last token was read: its targets' share of the next token's softmax."""
+        import numpy as np
+
+        probe = self._probes.popleft()
+        n_vocab = self._ll.llama_vocab_n_tokens(self._vocab)
+        logits = np.ctypeslib.as_array(self._ll.llama_get_logits_ith(self._ctx, index), shape=(n_vocab,))
+        logits = logits.astype(np.float64)
+        logits -= logits.max()
+        p = np.exp(logits)
+        probe.done(float(p[np.asarray(probe.targets, dtype=np.int64)].sum() / p.sum()))
+
+    def _end_probes(self) -> None:
+        """Every queued probe ends with None (its batch failed, or the engine aborts)."""
+        self._ll.llama_memory_seq_rm(self._mem, self._probe_seq, -1, -1)
+        self._probe_tokens, self._probe_pending = [], []
+        while self._probes:
+            self._probes.popleft().done(None)
+
     def _fail_batch(self, rows, rc: int, events: list[ReplyEvent]) -> None:
         """llama_decode failed: end the replies in the batch and drop what their sequences hold."""
         seqs = {seq for _, _, seq, _ in rows}
+        if self._probe_seq in seqs:
+            self._end_probes()
         log.error("llama_decode failed (%d) on a batch of %d tokens in %d sequences", rc, len(rows), len(seqs))
         for r in [r for r in self._active if r._slot.seq in seqs]:
             r.error = ModelError(f"llama_decode failed ({rc})")

@@ -50,12 +50,21 @@ class ChatPrompt:
         if self._fold_system:
             log.info("the GGUF's chat template refuses a system message: the system prompt opens the first user turn")
 
+    @property
+    def llm(self):  # noqa: ANN201 - llama_cpp.Llama
+        """The model (tokenizer and vocabulary)."""
+        return self._llm
+
+    def text(self, messages: Sequence[dict], tools: Sequence[dict] = ()) -> str:
+        """The prompt text ``tokens`` tokenizes (the chat template's rendering)."""
+        return render(self._template, self.tool_format, messages, tools, self._fold_system)
+
     def tokens(self, messages: Sequence[dict], tools: Sequence[dict] = ()) -> list[int]:
         """Prompt tokens of ``messages``, ending with the assistant's generation prompt.
 
         ``tools`` (Chat Completions shape) and the messages' ``tool_calls`` / ``tool`` results are
         shown as the template's family does (``ToolFormat.messages``)."""
-        prompt = render(self._template, self.tool_format, messages, tools, self._fold_system)
+        prompt = self.text(messages, tools)
         # The template writes the special tokens itself (added_special), so no BOS here.
         return self._llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
 

@@ -200,6 +200,7 @@ class Conversation:
             if by_voice and last is not None and last.still_audible():
                 self.truncate_history(last, last.heard_ms())
                 last.played_ms = last.heard_ms()  # no longer audible: the client stops playback
+                last.stopped = True
                 self.on_audio_stopped(last.response_id)
                 self.on_reply_stopped()
             return None
@@ -210,6 +211,7 @@ class Conversation:
         self.on_reply_stopped()
         self.last_turn = turn
         turn.played_ms = turn.heard_ms()  # frozen: the client stops playback on speech_started
+        turn.stopped = True  # speech after this is no speech over a reply (it was answered late)
         heard = turn.heard_text()
         if heard:
             turn.history_index = self.history.add("assistant", heard, turn.item_id)

@@ -18,7 +18,8 @@ front end -> engine
   ``("cancel", key)``;
   ``("asr", key, pcm_bytes, dtype, language, priority)`` / ``("asr_cancel", key)``;
   ``("llm", key, session, messages, max_tokens, priority, tools, tool_choice)`` / ``("llm_cancel", key)`` /
-  ``("llm_release", session)``.
+  ``("llm_release", session)``; ``("llm_words", key, session, transcript, messages)`` (the end-of-turn
+  score of the words, ``BatchedLlm.end_of_turn``).
 engine -> front end
   ``("step", [(key, clause_index, final, pcm, stamps) | (key, error) ...])``: **one message
   per finished GPU launch** with what it made for that front end's requests (int16 at the
@@ -30,6 +31,7 @@ engine -> front end
   ``("llm", [(key, text, stats, error, tool_calls) ...])``: one message per ``llama_decode`` step with every
   reply of that front end it advanced (``stats`` set on a reply's last item; ``tool_calls`` its
   ``ToolCallDelta`` s of the step);
+  ``("llm_words", key, probability_or_None)``;
   ``("report", {...})`` once a second, for ``/metrics``.
 
 ``EngineHost`` is the engine side (threads: one reader and one writer per front end; the TTS
@@ -389,6 +391,18 @@ class _FrontEndLink:
         if reply is not None:
             self.host.llm.engine.cancel(reply)
 
+    def _on_llm_words(self, key: int, session: Hashable, transcript: str, messages: list) -> None:
+        llm = self.host.llm
+        if llm is None:
+            self._out.put(("llm_words", key, None))
+            return
+        try:  # session ids are unique per front end only
+            llm.probe_words((self.number, session), transcript, messages,
+                            lambda p: self._out.put(("llm_words", key, p)))
+        except Exception:  # noqa: BLE001 - no score: the session ends the turn on the audio alone
+            log.exception("end-of-turn score of the words failed")
+            self._out.put(("llm_words", key, None))
+
     def _on_llm_release(self, session: Hashable) -> None:
         conversation = (self.number, session)
         with self._lock:
@@ -655,6 +669,28 @@ class RemoteLlm(_Streams):
 
     def __init__(self, link: EngineClient) -> None:
         super().__init__(link, "llm", ("", None, ModelError("the LLM process went away"), ()))
+        self._words: dict[int, asyncio.Future] = {}
+        link.handlers["llm_words"] = self._on_words
+        link.on_lost.append(lambda: [self._on_words(("llm_words", k, None)) for k in list(self._words)])
+
+    scores_words = True  # the LLM process says None when its model cannot
+
+    async def end_of_turn(self, session: Hashable, transcript: str, conversation: list[dict]) -> float | None:
+        """``BatchedLlm.end_of_turn`` in the LLM process."""
+        if not self.link.connected:
+            return None
+        key = next(self._keys)
+        future = self._words[key] = asyncio.get_running_loop().create_future()
+        try:
+            self.link.send(("llm_words", key, session, transcript, conversation))
+            return await future
+        finally:
+            self._words.pop(key, None)
+
+    def _on_words(self, message: tuple) -> None:
+        future = self._words.get(message[1])
+        if future is not None and not future.done():
+            future.set_result(message[2])
 
     async def stream(self, session: Hashable, messages: list[dict], max_tokens: int,
                      cancel: threading.Event, priority: int = NORMAL,

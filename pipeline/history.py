@@ -72,6 +72,14 @@ class History:
             else:  # nothing was heard: the reply leaves history (callers only cut the newest reply)
                 del self._messages[i]
 
+    def remove(self, item_id: str) -> bool:
+        """Drop the message of ``item_id``; False if it is not in the history."""
+        for i, m in enumerate(self._messages):
+            if m.item_id == item_id:
+                del self._messages[i]
+                return True
+        return False
+
     def messages(self, system: str, pending_user: str | None = None) -> list[dict]:
         """Chat messages for the LLM: system prompt, history (function calls as ``tool_calls``, each followed
         by its output: ``pipeline.tool_calls.chat_messages``), and an optional not-yet-committed user turn."""

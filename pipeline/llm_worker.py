@@ -39,6 +39,10 @@ class BatchedLlm:
         """``spare_cores``: True when no other stage uses the CPU now (``BatchedChat.step``)."""
         self.engine = engine
         self._spare_cores = spare_cores
+        from llm.end_of_turn import TextEndOfTurn
+
+        # None: the GGUF's template gives no prompt to score words with (said once in the log)
+        self._words = TextEndOfTurn.for_chat(engine)
         self._closed = threading.Event()
         self._routes: dict[asyncio.AbstractEventLoop, _LoopRoute] = {}
         self._thread = threading.Thread(target=self._run, name="llm-0", daemon=True)
@@ -93,6 +97,37 @@ class BatchedLlm:
     def release(self, session: Hashable) -> None:
         """The session ended: free its KV sequence."""
         self.engine.release(session)
+
+    @property
+    def scores_words(self) -> bool:
+        """True when ``end_of_turn`` can score (the GGUF's chat template gives a prompt)."""
+        return self._words is not None
+
+    async def end_of_turn(self, session: Hashable, transcript: str, conversation: list[dict]) -> float | None:
+        """Probability that ``transcript`` is a finished turn after ``conversation`` (system prompt
+        and history) in ``session``, from its words (llm/end_of_turn.py), read in the replies' batch
+        from the session's cached tokens; None when the model gives no score."""
+        if self._words is None:
+            return None
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+
+        def done(probability: float | None) -> None:  # the engine thread
+            loop.call_soon_threadsafe(_resolve, future, probability)
+
+        self.probe_words(session, transcript, conversation, done)
+        return await future
+
+    def probe_words(self, session: Hashable, transcript: str, conversation: list[dict],
+                    done: Callable[[float | None], None]) -> None:
+        """``end_of_turn`` for any thread: ``done(probability)`` is called on the engine thread."""
+        from llm.batched import Probe
+
+        if self._words is None:
+            done(None)
+            return
+        tokens = self._words.tokens(transcript, conversation)
+        self.engine.probe(Probe(tokens, self._words.targets, done, session=session))
 
     def pending(self) -> int:
         """Replies generating or waiting for a sequence."""
@@ -155,6 +190,11 @@ class _Discard:
 _DISCARD = _Discard()
 
 
+def _resolve(future: asyncio.Future, value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
 def _deliver(events: list) -> None:
     for event in events:
         event.reply.tag[1].put_nowait(event)
@@ -183,6 +223,11 @@ class SerialLlm:
 
     def prefill(self, session: Hashable, messages: list[dict]) -> None:
         pass  # nothing is cached between turns
+
+    scores_words = False  # no batch to read a probe in: the end of turn is the audio's
+
+    async def end_of_turn(self, session: Hashable, transcript: str, conversation: list[dict]) -> float | None:
+        return None
 
     def release(self, session: Hashable) -> None:
         pass

@@ -72,6 +72,8 @@ class Turn:
     history_index: int | None = None
     #: Monotonic time playback was paused (speech over the reply), None while playing.
     paused_at: float | None = None
+    #: The user spoke over the reply and it was stopped: the client plays no more of it.
+    stopped: bool = False
     #: ``response.created`` was emitted: the response must end with ``response.done``.
     response_started: bool = False
     #: The reply is spoken (False: a text-only reply).
@@ -140,6 +142,8 @@ class Turn:
 
     def still_audible(self, now: float | None = None) -> bool:
         """True while the client may still be playing this reply."""
+        if self.stopped:
+            return False
         if not self.finished.is_set():
             return True
         return self.heard_ms(now) < self.audio_sent_ms - 1

@@ -20,6 +20,16 @@ Modes (``Policy``):
   waits for silence: from the silence stop (just under ``complete``) up to ``max_silence_ms``
   (at ``incomplete`` and below), in proportion (``Policy.wait_ms``). Before the score arrives
   the turn waits (up to ``max_silence_ms``).
+- ``words_threshold`` (``semantic_vad`` with the LLM's score of the words, llm/end_of_turn.py): once
+  the speculative transcript is heard its words are scored too (``ScoreWords``, reported with
+  ``words_scored``). The turn is answered at the short pause only when the sound says complete
+  **and** the words score at least ``words_threshold``; otherwise it waits for silence: words under
+  the threshold wait at least ``long_stop_ms`` (longer than a pause inside a sentence), words over
+  it at most ``long_stop_ms`` (a finished sentence the sound doubts never waits ``max_silence_ms``).
+  A model that gives no score (None) leaves the decision to the sound.
+- ``mend_ms``: speech that starts within ``mend_ms`` of the end of a committed turn's speech and
+  becomes a turn continues it (``Mend``, before the new turn's ``StartTurn`` / ``Commit``): the
+  reply is stopped, the two parts are one user message, and the whole is answered.
 - ``pause_on_speech`` (``semantic_vad``): speech over the assistant first pauses the
   reply (``PauseReply``); its audio is transcribed at the short pause (``Transcribe``).
   If the speech ends shorter than ``barge_in_min_ms`` or its transcript has no words (a
@@ -79,8 +89,13 @@ GREETINGS = frozenset({
 })
 
 
-def words_cap(text: str, language: str | None, policy: "Policy") -> float:
+def words_cap(text: str, language: str | None, policy: "Policy", greetings_only: bool = False) -> float:
     """The highest end-of-turn score a transcript's last words allow (1.0: no limit; English only).
+
+    ``greetings_only`` (the LLM scores the words): only the greeting rule. Every unfinished head of
+    bench/turn_set.py the other rules catch, the words' score puts under 0.002 (threshold 0.03);
+    a greeting it calls finished (0.28-0.33), and the greeting rule still holds "Good morning." |
+    "What is two plus two?" (bench/voice_questions.txt) for the silence stop.
 
     Trailing off ("...", a comma) or an article, conjunction or filler last: ``policy.incomplete``
     (wait the longest); a preposition last, without "?" or "!": half way between ``incomplete``
@@ -94,6 +109,8 @@ def words_cap(text: str, language: str | None, policy: "Policy") -> float:
     words = re.findall(r"[a-z']+", text.lower())
     if not words:
         return 1.0
+    if greetings_only:
+        return policy.complete - 1e-6 if " ".join(words) in GREETINGS and not text.endswith("?") else 1.0
     if text.endswith(_TRAILING_OFF) or words[-1] in UNFINISHED_WORDS:
         return policy.incomplete
     if words[-1] in PREPOSITIONS and not text.endswith(("?", "!")):
@@ -153,17 +170,28 @@ class Policy:
     #: one commits once the silence reaches ``score_pause_ms`` (not before); any other is dropped and
     #: the score asked again then (as without it).
     score_early: bool = False
+    #: ``semantic_vad``: the words' end-of-turn score at or above which they say the sentence is over
+    #: (``ScoreWords``); None: the sound alone decides.
+    words_threshold: float | None = None
+    #: ``semantic_vad`` with ``words_threshold``: silence waited at least when the words are not done
+    #: (and at most when they are while the sound doubts), ms.
+    long_stop_ms: int = 1200
+    #: Speech starting within this long of a committed turn's speech end continues that turn
+    #: (``Mend``), ms; 0: never.
+    mend_ms: int = 0
 
     @classmethod
     def semantic_vad(cls, eagerness: str, silence_ms: int, barge_in_min_ms: int, max_silence_ms: int,
                      pause_on_speech: bool, pause_max_speech_ms: int, interrupt: bool = True,
-                     score_pause_ms: int = 0, score_early: bool = False) -> "Policy":
+                     score_pause_ms: int = 0, score_early: bool = False, words_threshold: float | None = None,
+                     long_stop_ms: int = 1200, mend_ms: int = 0) -> "Policy":
         t = EAGERNESS[eagerness]
+        max_silence = max(silence_ms, round(max_silence_ms * t.max_silence_scale))
         return cls(silence_ms=silence_ms, barge_in_min_ms=barge_in_min_ms, semantic=True,
-                   complete=t.complete, incomplete=t.incomplete,
-                   max_silence_ms=max(silence_ms, round(max_silence_ms * t.max_silence_scale)),
+                   complete=t.complete, incomplete=t.incomplete, max_silence_ms=max_silence,
                    pause_on_speech=pause_on_speech, pause_max_speech_ms=pause_max_speech_ms,
-                   interrupt=interrupt, score_pause_ms=score_pause_ms, score_early=score_early)
+                   interrupt=interrupt, score_pause_ms=score_pause_ms, score_early=score_early,
+                   words_threshold=words_threshold, long_stop_ms=min(long_stop_ms, max_silence), mend_ms=mend_ms)
 
     def wait_ms(self, probability: float) -> float:
         """Silence to wait after a score under ``complete``: ``silence_ms`` just under it, growing
@@ -229,6 +257,23 @@ class Score:
 
 
 @dataclass(frozen=True)
+class ScoreWords:
+    """Score the end of turn of ``utterance``'s speculative transcript ``text`` from its words;
+    report with ``words_scored()``."""
+
+    utterance: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Mend:
+    """The turn of ``utterance`` (just committed) goes on in the one starting now: stop its reply, and
+    make the two one user turn (the next ``StartTurn`` / ``Commit`` is of the whole)."""
+
+    utterance: int
+
+
+@dataclass(frozen=True)
 class Transcribe:
     """Transcribe ``utterance``'s audio so far (speech over a paused reply); report with ``transcribed()``."""
 
@@ -250,7 +295,8 @@ class ResumeReply:
     """Play the paused reply on from where it stopped."""
 
 
-Decision = StartTurn | Commit | DropTurn | Discard | Score | Transcribe | BargeIn | PauseReply | ResumeReply
+Decision = (StartTurn | Commit | DropTurn | Discard | Score | ScoreWords | Mend | Transcribe | BargeIn | PauseReply
+            | ResumeReply)
 
 IDLE, SPEAKING, PAUSED = "idle", "speaking", "paused"
 
@@ -274,6 +320,10 @@ class TurnTaking:
         self._score: float | None = None  # of the speculation at this pause
         self._early = False  # score_early: the score asked (or kept) is the one asked at the VAD's pause
         self._words: tuple[str, str | None] | None = None  # its transcript and language
+        self._text: float | None = None  # the words' score (None: not known, or no score)
+        self._text_wait = False  # ScoreWords asked, no answer yet
+        self._committed: tuple[int, float] | None = None  # the last committed utterance, its speech end
+        self._mend: int | None = None  # the utterance this one continues, until its turn starts
 
     @property
     def reply_paused(self) -> bool:
@@ -288,6 +338,8 @@ class TurnTaking:
         self.utterance += 1
         self.state = SPEAKING
         self._speech_start_ms = t_ms
+        last, p = self._committed, self.policy
+        self._mend = last[0] if last is not None and p.mend_ms > 0 and t_ms - last[1] <= p.mend_ms else None
         self._speculating = False
         self._deadline_ms = self._judge_at_ms = None
         self._interrupted = False
@@ -321,8 +373,8 @@ class TurnTaking:
         self.state = SPEAKING
         self._deadline_ms = self._judge_at_ms = None
         self._transcript = None
-        self._score = self._words = None
-        self._early = False
+        self._score = self._words = self._text = None
+        self._early = self._text_wait = False
         if self._speculating:
             self._speculating = False
             return [DropTurn(self.utterance)]
@@ -376,6 +428,21 @@ class TurnTaking:
                 or not self._speculating):
             return []
         self._words = (text, language)
+        out: list[Decision] = []
+        if self.policy.words_threshold is not None:
+            self._text_wait = True
+            out.append(ScoreWords(utterance, text))
+        return out + self._judge_known(now_ms, audible)
+
+    def words_scored(self, utterance: int, probability: float | None, now_ms: float, audible: bool) -> list[Decision]:
+        """The words' end-of-turn ``probability`` (asked by ``ScoreWords``; None: the model gave none)."""
+        if utterance != self.utterance or self.state != PAUSED or not self._speculating or not self._text_wait:
+            return []
+        self._text, self._text_wait = probability, False
+        return self._judge_known(now_ms, audible)
+
+    def _judge_known(self, now_ms: float, audible: bool) -> list[Decision]:
+        """Judge what is known of the speculation (once the score is asked and back)."""
         if self._score is None or self._judge_at_ms is not None:
             return []
         if self._early:
@@ -416,21 +483,27 @@ class TurnTaking:
         assert self._score is not None
         probability = self._score
         if self._words is not None:
-            probability = min(probability, words_cap(*self._words, p))
-        elif probability >= p.complete:  # complete by the model: the words may still say otherwise.
-            return self.tick(now_ms, audible)  # Waiting costs nothing: the reply needs them too.
-        if probability >= p.complete:
+            probability = min(probability, words_cap(*self._words, p, greetings_only=self._text is not None))
+        if probability >= p.complete and (self._words is None or self._text_wait):
+            # Complete by the sound: the words may still say otherwise. Waiting costs nothing: the
+            # reply needs the transcript too, and the words' score is read beside its prompt.
+            return self.tick(now_ms, audible)
+        text = self._text
+        if probability >= p.complete and (text is None or text >= (p.words_threshold or 0.0)):
             return self._end_of_turn(audible, vad_ended=False)
-        self._deadline_ms = self._speech_end_ms + p.wait_ms(probability)
+        wait = p.wait_ms(probability) if probability < p.complete else p.silence_ms
+        if text is not None and p.words_threshold is not None:
+            wait = min(wait, p.long_stop_ms) if text >= p.words_threshold else max(wait, p.long_stop_ms)
+        self._deadline_ms = self._speech_end_ms + wait
         return self.tick(now_ms, audible)
 
     def _speculate(self, score: bool = True, early: bool = False) -> list[Decision]:
         """Start the speculative turn; with ``score``, ask for the end-of-turn score now too (``early``:
         ahead of ``score_pause_ms``, ``score_early``)."""
         self._speculating = True
-        self._score = self._words = None
-        self._early = early
-        out: list[Decision] = [StartTurn(self.utterance, speculative=True)]
+        self._score = self._words = self._text = None
+        self._early, self._text_wait = early, False
+        out: list[Decision] = [*self._mending(), StartTurn(self.utterance, speculative=True)]
         if self.policy.semantic and score:
             out.append(Score(self.utterance, early=early))
         return out
@@ -454,12 +527,16 @@ class TurnTaking:
         assert self._score is not None
         probability = self._score
         if self._words is not None:
-            probability = min(probability, words_cap(*self._words, p))
+            probability = min(probability, words_cap(*self._words, p, greetings_only=self._text is not None))
         if probability < p.complete:
             self._early, self._score = False, None
             return [Score(self.utterance)]
-        if self._words is None:
+        if self._words is None or self._text_wait:
             return []  # complete by the model: the words may still say otherwise (``heard`` judges)
+        if self._text is not None and p.words_threshold is not None and self._text < p.words_threshold:
+            self._early = False  # complete by the sound, not by the words: wait for the longer stop
+            self._deadline_ms = self._speech_end_ms + max(p.silence_ms, p.long_stop_ms)
+            return []
         return self._end_of_turn(audible, vad_ended=False)
 
     def _end_of_turn(self, audible: bool, vad_ended: bool) -> list[Decision]:
@@ -481,7 +558,19 @@ class TurnTaking:
         self._speculating = False
         if audible and not self._interrupted and speech_ms < self.policy.barge_in_min_ms:
             return [Discard(utt, end_utterance=not vad_ended)]
-        return [Commit(utt, end_utterance=not vad_ended)]
+        return self._commit(utt, vad_ended)
+
+    def _commit(self, utt: int, vad_ended: bool) -> list[Decision]:
+        out = [*self._mending(), Commit(utt, end_utterance=not vad_ended)]
+        self._committed = (utt, self._speech_end_ms)
+        return out
+
+    def _mending(self) -> list[Decision]:
+        """``Mend`` once, when this utterance continues a committed one and becomes a turn."""
+        if self._mend is None:
+            return []
+        mend, self._mend = Mend(self._mend), None
+        return [mend]
 
     def _settle(self, utt: int, vad_ended: bool) -> list[Decision]:
         """The words of the speech over the paused reply are known: resume it, or it was an interruption."""
@@ -499,4 +588,4 @@ class TurnTaking:
         if self.state == PAUSED and not vad_ended:  # the user may go on: take the turn as usual
             return [BargeIn(), *self._speculate()]
         self.state = IDLE
-        return [BargeIn(), Commit(utt if utt is not None else self.utterance, end_utterance=not vad_ended)]
+        return [BargeIn(), *self._commit(utt if utt is not None else self.utterance, vad_ended)]

@@ -27,8 +27,8 @@ from pipeline.conversation import Conversation
 from pipeline.engines import Engines
 from pipeline.turn import Turn
 from pipeline.turn_taking import (
-    BargeIn, Commit, Decision, Discard, DropTurn, PauseReply, Policy, ResumeReply, Score, StartTurn, Transcribe,
-    TurnTaking,
+    BargeIn, Commit, Decision, Discard, DropTurn, Mend, PauseReply, Policy, ResumeReply, Score, ScoreWords, StartTurn,
+    Transcribe, TurnTaking,
 )
 from pipeline.workers import BACKGROUND, NORMAL, PARTIAL, URGENT
 from realtime import events as ev
@@ -67,6 +67,8 @@ class VoiceInput:
         self._partial_text = ""
         self._next_partial_ms = 0.0
         self._idle_from_ms: float | None = None  # stream time the last response stopped playing
+        self._audio_of: tuple[Turn, np.ndarray] | None = None  # the last voice turn started, its audio
+        self._mended: np.ndarray | None = None  # audio of the turn this utterance continues (Mend)
         conversation.on_reply_stopped = self._reply_stopped
 
     def configure(self) -> None:
@@ -86,12 +88,14 @@ class VoiceInput:
                                          turn.max_silence_ms, turn.pause_on_speech, turn.pause_max_speech_ms,
                                          interrupt=td.interrupt_response,
                                          score_pause_ms=pause_ms if asr_pause_ms < pause_ms else 0,
-                                         score_early=turn.score_early)
+                                         score_early=turn.score_early,
+                                         words_threshold=turn.words_threshold if self._scores_words() else None,
+                                         long_stop_ms=turn.long_stop_ms, mend_ms=turn.mend_ms)
             if self.engines.turn is None:  # no end-of-turn model on this server: silence alone
-                policy = dataclasses.replace(policy, semantic=False)
+                policy = dataclasses.replace(policy, semantic=False, words_threshold=None)
         else:
             policy = Policy(silence_ms=td.silence_duration_ms, barge_in_min_ms=vad.barge_in_min_ms,
-                            interrupt=td.interrupt_response)
+                            interrupt=td.interrupt_response, mend_ms=turn.mend_ms)
         self._mode = td.type
         vad_cfg = dataclasses.replace(
             vad, silence_duration_ms=policy.vad_silence_ms,
@@ -101,6 +105,9 @@ class VoiceInput:
             self._vad = VoiceActivityDetector(vad_cfg, ASR_RATE, self.cfg.limits.max_utterance_s)
             self._taking = TurnTaking(policy)  # a new stream clock
         self._taking.policy = policy
+
+    def _scores_words(self) -> bool:
+        return self.cfg.turn.score_words and bool(getattr(self.engines.llm, "scores_words", False))
 
     def shutdown(self) -> None:
         if self._partial_task is not None:
@@ -158,6 +165,7 @@ class VoiceInput:
             self._user_item = new_id("item")
             self._speech_start_at = time.monotonic() - (vad.stream_ms - event.t_ms) / 1000
             self._partial_text = ""
+            self._mended = None
             self._next_partial_ms = event.t_ms + self.cfg.asr.partial_interval_ms
             self._perform(pause)  # before speech_started: the client keeps the paused audio (docs/protocol.md)
             self._send(ev.InputAudioBufferSpeechStarted(audio_start_ms=event.t_ms, item_id=self._user_item))
@@ -261,6 +269,39 @@ class VoiceInput:
             # or a new machine after a session.update numbers utterances apart from this class).
             self._perform(taking.heard(taking.utterance, text, language, self._vad.stream_ms,
                                        self.conv.audible()))
+
+    def _do_score_words(self, d: ScoreWords) -> None:
+        if self._taking is not None:
+            self._side_task(self._score_words(self._taking, d, self._pauses))
+
+    async def _score_words(self, taking: TurnTaking, d: ScoreWords, pauses: int) -> None:
+        t0 = time.monotonic()
+        try:
+            system = self._settings().instructions or self.cfg.llm.system_prompt  # as the reply's prompt
+            probability = await self.engines.llm.end_of_turn(self.conv.id, d.text, self.conv.history.messages(system))
+        except VoxloopError as exc:
+            log.warning("%s: end-of-turn score of the words failed (%s); the sound decides", self.conv.id, exc)
+            probability = None
+        if pauses != self._pauses or self._taking is not taking or self._vad is None:
+            return  # speech resumed after the pause it scored, or a new turn_detection
+        turn = self._speculative_turn()
+        if turn is not None and probability is not None:
+            turn.trace.info.update(words_end_of_turn=round(probability, 4),
+                                   words_end_of_turn_ms=round(1000 * (time.monotonic() - t0), 1))
+        self._perform(taking.words_scored(d.utterance, probability, self._vad.stream_ms, self.conv.audible()))
+
+    def _do_mend(self, d: Mend) -> None:
+        """The user went on after a committed turn: stop its reply, take both out of the history (the
+        client is told: ``conversation.item.deleted``), and give this utterance's turn its audio first."""
+        previous = self._audio_of
+        if previous is None or not previous[0].committed or previous[0].utterance != self._utterance - 1:
+            return  # that turn is not this session's last voice turn (a client commit came between)
+        turn, audio = previous
+        self.conv.interrupt("turn_detected")
+        for item, shown in ((turn.user_item_id, True), (turn.item_id, turn.response_started)):
+            if item is not None and (self.conv.history.remove(item) or shown):
+                self._send(ev.ConversationItemDeleted(item_id=item))
+        self._mended = audio
 
     def _do_transcribe(self, d: Transcribe) -> None:
         audio = self._judged_audio()
@@ -367,6 +408,8 @@ class VoiceInput:
                           vad_end_at: float | None = None, queued: tuple[int, str | None] | None = None) -> None:
         """A voice turn for ``audio`` (of the current utterance and user item, or of ``queued``'s)."""
         utterance, item = queued or (self._utterance, self._user_item)
+        if self._mended is not None and queued is None:  # this utterance goes on with a mended turn
+            audio = np.concatenate((self._mended, audio))
         td = self._settings().audio.input.turn_detection
         interrupts = td is None or td.interrupt_response
         current = self.conv.turns.running
@@ -389,6 +432,9 @@ class VoiceInput:
         turn.user_item_id = item or new_id("item")
         turn.transcribe_only = td is not None and not td.create_response
         turn.trace.info["audio_ms"] = round(1000 * len(audio) / ASR_RATE)
+        if self._mended is not None and queued is None:
+            turn.trace.info["mended"] = True
+        self._audio_of = (turn, audio)
         self.conv.spawn(turn, self._voice_turn(turn, audio))
 
     async def _start_after(self, reply: Turn, audio: np.ndarray, speech_end_at: float | None,
@@ -436,6 +482,8 @@ _DECISIONS: dict[type, Callable[[VoiceInput, Any], None]] = {
     DropTurn: VoiceInput._do_drop,
     Discard: VoiceInput._do_discard,
     Score: VoiceInput._do_score,
+    ScoreWords: VoiceInput._do_score_words,
+    Mend: VoiceInput._do_mend,
     Transcribe: VoiceInput._do_transcribe,
     BargeIn: VoiceInput._do_barge_in,
     PauseReply: VoiceInput._do_pause,

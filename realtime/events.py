@@ -46,6 +46,7 @@ from realtime.items import (
 from realtime.server_events import (
     ConversationItemAdded,
     ConversationItemDone,
+    ConversationItemDeleted,
     ConversationItemTruncated,
     ErrorDetail,
     ErrorEvent,
@@ -100,7 +101,7 @@ __all__ = [
     # server events
     "SessionCreated", "SessionUpdated", "InputAudioBufferSpeechStarted", "InputAudioBufferSpeechStopped",
     "InputAudioBufferCommitted", "InputAudioBufferCleared", "InputAudioBufferTimeoutTriggered", "ConversationItemAdded", "ConversationItemDone",
-    "ConversationItemTruncated", "InputAudioTranscriptionDelta", "InputAudioTranscriptionCompleted",
+    "ConversationItemDeleted", "ConversationItemTruncated", "InputAudioTranscriptionDelta", "InputAudioTranscriptionCompleted",
     "InputAudioTranscriptionFailed", "ResponseCreated", "ResponseDone", "ResponseOutputItemAdded",
     "ResponseOutputItemDone", "ResponseContentPartAdded", "ResponseContentPartDone",
     "ResponseOutputAudioDelta", "ResponseOutputAudioDone", "ResponseOutputAudioTranscriptDelta",

@@ -102,6 +102,14 @@ class ConversationItemDone(ServerEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ConversationItemDeleted(ServerEvent):
+    """An item left the conversation (the first part of a mended turn, and the reply it got)."""
+
+    type: ClassVar[str] = "conversation.item.deleted"
+    item_id: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class ConversationItemTruncated(ServerEvent):
     type: ClassVar[str] = "conversation.item.truncated"
     item_id: str

@@ -258,6 +258,32 @@ async def test_each_front_end_streams_replies_from_an_llm_server_itself():
         stop_chat_server(llm)
 
 
+async def test_the_llm_process_scores_the_words_of_a_front_ends_turn(voice_server, cfg):
+    """semantic_vad in a front end with the LLM in its own process: the words' end-of-turn score is
+    asked over the link (``llm_words``) and read there in the LLM's batch."""
+    import numpy as np
+    import soxr
+
+    from piper_speech import RATE, PiperSpeech
+
+    proc, port = voice_server
+    question = PiperSpeech(cfg).say("What is the capital of France?")
+    pcm = np.concatenate((soxr.resample(question, RATE, 24000), np.zeros(24000 * 3))).astype("int16")
+    async with websockets.connect(f"ws://127.0.0.1:{port}/v1/realtime") as ws:
+        await ws.send(json.dumps({"type": "session.update", "session": {
+            "type": "realtime", "audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}}))
+        for i in range(0, len(pcm), 480):  # real time, 20 ms frames
+            await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                      "audio": base64.b64encode(pcm[i:i + 480].tobytes()).decode()}))
+            await asyncio.sleep(0.02)
+        while True:
+            m = json.loads(await asyncio.wait_for(ws.recv(), scaled(120)))
+            assert m["type"] != "error", m
+            if m["type"] == "x.turn.metrics":
+                break
+    assert m["metrics"]["words_end_of_turn"] >= cfg.turn.words_threshold, m["metrics"]
+
+
 def test_serve_sets_blas_threads_before_numpy_loads():
     """``voxloop serve`` caps numpy's OpenBLAS at one thread (bench/blas_threads.py); an
     environment variable only counts if numpy has not loaded yet when the command starts."""

@@ -380,8 +380,10 @@ def test_metrics_report_the_fixed_memory_and_batches(engine, cfg):
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for f in text_string_to_metric_families(metrics.exposition().decode())
                for s in f.samples}
+    from llm.batched import PROBE_CTX
+
     # SmolLM2-135M: 30 layers x 3 KV heads x 64 dims x (K + V) x 2 bytes per token.
-    kv = (cfg.llm.max_sequences + 1) * cfg.llm.n_ctx * 30 * 3 * 64 * 2 * 2
+    kv = ((cfg.llm.max_sequences + 1) * cfg.llm.n_ctx + PROBE_CTX) * 30 * 3 * 64 * 2 * 2
     assert samples[("voxloop_llm_memory_bytes", (("kind", "kv_cache"),))] == kv
     assert samples[("voxloop_llm_memory_bytes", (("kind", "weights"),))] > 50e6
     assert samples[("voxloop_llm_sequences", (("state", "configured"),))] == cfg.llm.max_sequences
@@ -404,9 +406,9 @@ def test_the_memory_budget_refuses_start_up_before_the_kv_cache(cfg):
     from base.models import resolve_llm
 
     path = resolve_llm(cfg).path
-    # SmolLM2-135M: ~100 MB of weights; 255 + 1 sequences x 2048 tokens of 23 KB: 11 520 MiB.
-    big = ChatOptions(n_ctx=2048, max_sequences=255, batch_tokens=256, memory_budget_mb=1000)
-    with pytest.raises(ModelError, match=r"needs \d+ MiB of RAM .*KV cache 11520 MiB for 256 sequences x 2048 "
+    # SmolLM2-135M: ~100 MB of weights; (254 + 1) sequences x 2048 tokens + 512 probe tokens of 23 KB: 11 486 MiB.
+    big = ChatOptions(n_ctx=2048, max_sequences=254, batch_tokens=256, memory_budget_mb=1000)
+    with pytest.raises(ModelError, match=r"needs \d+ MiB of RAM .*KV cache 11486 MiB for 255 sequences x 2048 "
                                          r"tokens\), over llm\.memory_budget_mb = 1000: lower llm\.max_sequences"):
         BatchedChat(path, big)
     fits = BatchedChat(path, dataclasses.replace(big, n_ctx=256, max_sequences=2, batch_tokens=32))

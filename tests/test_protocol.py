@@ -107,6 +107,7 @@ SERVER_SAMPLES: dict[str, dict[str, Any]] = {
                                "previous_item_id": None},
     "conversation.item.truncated": {"type": "conversation.item.truncated", "event_id": "event_9",
                                     "item_id": "item_2", "content_index": 0, "audio_end_ms": 1500},
+    "conversation.item.deleted": {"type": "conversation.item.deleted", "event_id": "event_9d", "item_id": "item_2"},
     "conversation.item.input_audio_transcription.delta": {
         "type": "conversation.item.input_audio_transcription.delta", "event_id": "event_10",
         "item_id": "item_1", "content_index": 0, "delta": "hello"},

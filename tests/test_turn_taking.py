@@ -10,10 +10,12 @@ from pipeline.turn_taking import (
     Commit,
     Discard,
     DropTurn,
+    Mend,
     PauseReply,
     Policy,
     ResumeReply,
     Score,
+    ScoreWords,
     StartTurn,
     Transcribe,
     TurnTaking,
@@ -33,6 +35,17 @@ EARLY_ASR = Policy.semantic_vad("medium", silence_ms=500, barge_in_min_ms=250, m
 EARLY_SCORE = Policy.semantic_vad("medium", silence_ms=500, barge_in_min_ms=250, max_silence_ms=2000,
                                   pause_on_speech=True, pause_max_speech_ms=1500, score_pause_ms=180,
                                   score_early=True)
+# The LLM scores the words too (turn.score_words): threshold 0.03, the longer stop 1200 ms.
+WORDS = Policy.semantic_vad("medium", silence_ms=500, barge_in_min_ms=250, max_silence_ms=2000,
+                            pause_on_speech=True, pause_max_speech_ms=1500, words_threshold=0.03, long_stop_ms=1200)
+WORDS_EARLY = Policy.semantic_vad("medium", silence_ms=500, barge_in_min_ms=250, max_silence_ms=2000,
+                                  pause_on_speech=True, pause_max_speech_ms=1500, score_pause_ms=180,
+                                  score_early=True, words_threshold=0.03, long_stop_ms=1200)
+# turn.mend_ms: speech within 1500 ms of a committed turn's end continues it.
+SERVER_MEND = Policy(silence_ms=500, barge_in_min_ms=250, mend_ms=1500)
+SEMANTIC_MEND = Policy.semantic_vad("medium", silence_ms=500, barge_in_min_ms=250, max_silence_ms=2000,
+                                    pause_on_speech=True, pause_max_speech_ms=1500, mend_ms=1500)
+EGG = "How long does it take"
 
 # Each step: (method, args..., expected decisions). "audible" is the assistant's reply playing.
 CASES = {
@@ -399,6 +412,129 @@ CASES = {
             ("heard", 1, "What's the capital of France?", "en", 1090, False, []),
             ("scored", 1, 0.95, 1100, False, [Commit(1, end_utterance=True)]),
         ]),
+    "words: sound and words complete: the turn ends at the short pause": (WORDS, [
+        ("speech_started", 0, False, []),
+        ("paused", 1200, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.95, 1390, False, []),
+        ("heard", 1, "What's the capital of France?", "en", 1410, False,
+         [ScoreWords(1, "What's the capital of France?")]),
+        ("words_scored", 1, 0.9, 1450, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "words: complete by the sound, not by the words: wait for the longer stop": (WORDS, [
+        ("speech_started", 0, False, []),
+        ("paused", 1200, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("heard", 1, EGG, "en", 1380, False, [ScoreWords(1, EGG)]),
+        ("scored", 1, 0.97, 1390, False, []),  # the words' score is still out
+        ("words_scored", 1, 0.007, 1450, False, []),
+        ("tick", 2399, False, []),
+        ("tick", 2400, False, [Commit(1, end_utterance=True)]),  # 1200 ms after the speech
+    ]),
+    "words: the sentence goes on within the longer stop: one turn": (WORDS, [
+        ("speech_started", 0, False, []),
+        ("paused", 1200, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.97, 1390, False, []),
+        ("heard", 1, EGG, "en", 1400, False, [ScoreWords(1, EGG)]),
+        ("words_scored", 1, 0.007, 1450, False, []),
+        ("resumed", 2100, [DropTurn(1)]),  # a 900 ms pause
+        ("words_scored", 1, 0.9, 2150, False, []),  # late: stale
+        ("paused", 3000, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("heard", 1, f"{EGG} to boil an egg?", "en", 3200, False, [ScoreWords(1, f"{EGG} to boil an egg?")]),
+        ("scored", 1, 0.95, 3210, False, []),
+        ("words_scored", 1, 0.3, 3250, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "words: finished words cap the doubting sound's wait at the longer stop": (WORDS, [
+        ("speech_started", 0, False, []),
+        ("paused", 1200, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.1, 1300, False, []),  # the sound alone: wait 2000 ms
+        ("heard", 1, "How far away is the moon?", "en", 1400, False, [ScoreWords(1, "How far away is the moon?")]),
+        ("words_scored", 1, 0.6, 1450, False, []),
+        ("tick", 2400, False, [Commit(1, end_utterance=True)]),  # 1200, not 2000
+    ]),
+    "words: unfinished words make a doubting sound wait at least the longer stop": (WORDS, [
+        ("speech_started", 0, False, []),
+        ("paused", 1200, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.85, 1300, False, []),  # the sound alone: ~600 ms
+        ("heard", 1, "Set a timer for", "en", 1400, False, [ScoreWords(1, "Set a timer for")]),
+        ("words_scored", 1, 0.0001, 1450, False, []),
+        ("tick", 2300, False, []),
+        ("tick", 2400, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "words: no score from the model: the sound decides": (WORDS, [
+        ("speech_started", 0, False, []),
+        ("paused", 1200, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.95, 1390, False, []),
+        ("heard", 1, EGG, "en", 1410, False, [ScoreWords(1, EGG)]),
+        ("words_scored", 1, None, 1450, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "words: a preposition last no longer caps the score; the words decide": (WORDS, [
+        ("speech_started", 0, False, []),
+        ("paused", 1200, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.95, 1390, False, []),
+        ("heard", 1, "What is this for", "en", 1410, False, [ScoreWords(1, "What is this for")]),
+        ("words_scored", 1, 0.4, 1450, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "words: a greeting alone still waits for the silence stop": (WORDS, [
+        ("speech_started", 0, False, []),
+        ("paused", 1200, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.95, 1390, False, []),
+        ("heard", 1, "Good morning.", "en", 1410, False, [ScoreWords(1, "Good morning.")]),
+        ("words_scored", 1, 0.3, 1450, False, []),
+        ("tick", 1690, False, []),
+        ("tick", 1701, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "words, early score: complete by the sound, not by the words: the longer stop, no second score": (WORDS_EARLY, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1, early=True)]),
+        ("scored", 1, 0.95, 1050, False, []),
+        ("heard", 1, EGG, "en", 1100, False, [ScoreWords(1, EGG)]),
+        ("tick", 1180, False, []),  # the words' score is still out
+        ("words_scored", 1, 0.001, 1200, False, []),
+        ("tick", 2199, False, []),
+        ("tick", 2200, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "words, early score: both complete: the turn ends at score_pause_ms": (WORDS_EARLY, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True), Score(1, early=True)]),
+        ("scored", 1, 0.95, 1050, False, []),
+        ("heard", 1, "Yes.", "en", 1100, False, [ScoreWords(1, "Yes.")]),
+        ("words_scored", 1, 0.1, 1150, False, []),
+        ("tick", 1180, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "mend: speech soon after a commit, over the reply, continues the turn": (SERVER_MEND, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True)]),
+        ("speech_ended", 1000, False, False, [Commit(1)]),
+        ("speech_started", 2400, True, []),  # 1400 ms after the first part's end
+        ("tick", 2660, True, [BargeIn()]),
+        ("paused", 3300, False, [Mend(1), StartTurn(2, speculative=True)]),
+        ("resumed", 3400, [DropTurn(2)]),
+        ("paused", 3800, False, [StartTurn(2, speculative=True)]),  # once
+        ("speech_ended", 3800, False, False, [Commit(2)]),
+    ]),
+    "mend: speech later than mend_ms after a commit is a turn of its own": (SERVER_MEND, [
+        ("speech_started", 0, False, []),
+        ("paused", 1000, False, [StartTurn(1, speculative=True)]),
+        ("speech_ended", 1000, False, False, [Commit(1)]),
+        ("speech_started", 2600, False, []),
+        ("paused", 3300, False, [StartTurn(2, speculative=True)]),
+    ]),
+    "mend: words over the paused reply right after a commit continue the turn": (SEMANTIC_MEND, [
+        ("speech_started", 0, False, []),
+        ("paused", 1200, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.95, 1300, False, []),
+        ("heard", 1, EGG, "en", 1350, False, [Commit(1, end_utterance=True)]),
+        ("speech_started", 2700, True, [PauseReply()]),  # the 1.5 s pause
+        ("paused", 3600, True, [Transcribe(2)]),
+        ("transcribed", 2, "to boil an egg?", [BargeIn(), Mend(1), StartTurn(2, speculative=True), Score(2)]),
+    ]),
+    "mend: a cough right after a commit resumes the reply and mends nothing": (SEMANTIC_MEND, [
+        ("speech_started", 0, False, []),
+        ("paused", 1200, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.95, 1300, False, []),
+        ("heard", 1, "What's the capital of France?", "en", 1350, False, [Commit(1, end_utterance=True)]),
+        ("speech_started", 2000, True, [PauseReply()]),
+        ("speech_ended", 2150, False, True, [ResumeReply(), Discard(2)]),
+    ]),
     "early ASR: server_vad ignores score_pause_ms": (
         Policy(silence_ms=500, barge_in_min_ms=250, score_pause_ms=180), [
             ("speech_started", 0, False, []),

@@ -1,0 +1,94 @@
+"""End of turn from the words: how likely the configured LLM thinks the user's sentence is over.
+
+    words = TextEndOfTurn.for_chat(engine)         # None: the GGUF's template gives no usable prompt
+    tokens = words.tokens("how long does it take", conversation)   # system prompt + history so far
+    engine.probe(Probe(tokens, words.targets, done, session))      # done(probability), engine thread
+
+The prompt is the chat template's rendering of the conversation as the reply reads it (system
+prompt, history: the last assistant turn is what the user answers) and a user turn holding the
+transcript *normalized* (lowercase, punctuation removed, so whisper's own full stop does not answer
+the question), cut right after the transcript: the model is asked what comes next. The score is the
+probability that the next token ends the sentence: the vocabulary's sentence-end tokens (``?``,
+``.``, ``!``, ``？``, ``。``, ``！`` and runs of them, newline forms) and its end-of-generation tokens
+(``<|im_end|>``, the template's end of turn). With SmolLM2-135M a head such as "how long does it
+take" scores under 0.01 (the model expects " to"), a finished sentence 0.03-0.9 (docs/protocol.md,
+"End of turn from words and sound").
+
+One prefill in the batch of replies (``BatchedChat.probe``), no decode: the conversation's cached
+tokens are shared, so it reads about the transcript's tokens only; nothing is kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+
+from base.errors import ModelError
+
+log = logging.getLogger(__name__)
+
+#: Pieces made only of these (and spaces) end a sentence.
+SENTENCE_END = frozenset("?.!？。！")
+_MARK = "\u2063voxloop\u2063"  # where the transcript goes in the rendered template
+_PUNCT = re.compile(r"[^\w\s']|_", re.UNICODE)
+
+
+def normalize(text: str) -> str:
+    """``text`` lowercased, punctuation removed (apostrophes kept: "what's"), spaces collapsed."""
+    return " ".join(_PUNCT.sub(" ", text.lower()).split())
+
+
+def sentence_end_tokens(llm) -> list[int]:  # noqa: ANN001 - a llama_cpp.Llama
+    """Token ids of ``llm``'s vocabulary that end a sentence (module doc)."""
+    import llama_cpp
+
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+    out = []
+    for token in range(llm.n_vocab()):
+        if llama_cpp.llama_vocab_is_eog(vocab, token):
+            out.append(token)
+            continue
+        piece = llm.detokenize([token], special=True).decode("utf-8", "ignore")
+        bare = piece.strip()
+        if (bare and set(bare) <= SENTENCE_END) or (piece and not bare and "\n" in piece):
+            out.append(token)
+    return out
+
+
+class TextEndOfTurn:
+    """Prompts and targets of the words' end-of-turn score for one GGUF (``llm.prompt.ChatPrompt``)."""
+
+    def __init__(self, prompt) -> None:  # noqa: ANN001 - llm.prompt.ChatPrompt
+        self._prompt = prompt
+        self.targets = sentence_end_tokens(prompt.llm)
+        if self._render((), "x") is None or not self.targets:
+            raise ModelError("the chat template gives no prompt to score a transcript with")
+
+    @classmethod
+    def for_chat(cls, chat) -> "TextEndOfTurn | None":  # noqa: ANN001 - llm.batched.BatchedChat
+        """For ``chat``'s model; None (said once in the log) when its template cannot be used."""
+        try:
+            return cls(chat.prompt)
+        except Exception as exc:  # noqa: BLE001 - templates raise what they like
+            log.warning("no end-of-turn score from the words (%s): the end of turn is the audio's alone", exc)
+            return None
+
+    def tokens(self, transcript: str, conversation: Sequence[dict] = ()) -> list[int]:
+        """Prompt tokens asking what follows ``transcript`` (normalized here) in ``conversation``
+        (chat messages: system prompt and history, as the reply's prompt has them)."""
+        words = normalize(transcript)
+        head = self._render(conversation, words)
+        if head is None:  # e.g. a template that refuses this history's roles: the words alone
+            head = self._render((), words)
+        assert head is not None  # checked at start
+        return self._prompt.llm.tokenize(head.encode("utf-8"), add_bos=False, special=True)
+
+    def _render(self, conversation: Sequence[dict], words: str) -> str | None:
+        """The template's text up to the user's words, or None when it cannot render the turn."""
+        try:
+            text = self._prompt.text([*conversation, {"role": "user", "content": _MARK}])
+        except Exception:  # noqa: BLE001 - e.g. "conversation roles must alternate user/assistant"
+            return None
+        at = text.find(_MARK)
+        return None if at < 0 else text[:at] + words
