@@ -126,7 +126,7 @@ class ToolFormat:
         key = self.arguments_key
         calls = [{"type": "object", "properties": {
                     "name": {"const": t["function"]["name"]},
-                    key: t["function"].get("parameters") or {"type": "object"}},
+                    key: closed(t["function"].get("parameters") or {})},
                   "required": ["name", key]} for t in tools]
         schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
         try:
@@ -136,6 +136,13 @@ class ToolFormat:
         prefix, suffix = {"mistral": ('"[TOOL_CALLS]["', '"]"'), "llama3": ('""', '""')}.get(
             self.family, (r'"<tool_call>\n"', r'"\n</tool_call>"'))
         return f"{body}\n{GRAMMAR_ROOT} ::= {prefix} root {suffix}\n"
+
+
+def closed(parameters: dict) -> dict:
+    """The arguments' schema for the grammar: only the declared parameters (``additionalProperties``
+    false unless the schema says otherwise), so a small model cannot fill a call with keys of its own."""
+    return {"type": "object", "properties": {}, **parameters,
+            "additionalProperties": parameters.get("additionalProperties", False)}
 
 
 def mistral_id(call_id: str) -> str:
@@ -168,8 +175,8 @@ class CallParser:
     Text before the first call marker passes through (a piece that may begin a marker is held back
     until the next one tells; ``at_start``: only a reply that opens with the marker is calls); from
     the marker on, the reply is calls: each ``end`` closes one, or the reply's end closes them all
-    (``end`` None). Text after the calls is dropped. A body that is no call (no JSON object with a
-    ``name``) is given back as text at the end, so nothing is lost.
+    (``end`` None). Text after the calls is dropped, and so is call markup that holds no complete
+    call (cut by the token limit: the response ends ``incomplete``): markup is never said.
     """
 
     def __init__(self, starts: tuple[str, ...], end: str | None, key: str, at_start: bool = False) -> None:
@@ -228,10 +235,7 @@ class CallParser:
         body, self._body = self._body, ""
         if self._ended:
             body = next((body.split(s, 1)[1] for s in self._starts if s in body), "")
-        if not body.strip():
-            return "", []
-        calls = self._decode(body)
-        return ("", calls) if calls else (body.strip(), [])
+        return "", self._decode(body) if body.strip() else []
 
     def _decode(self, body: str) -> list[ParsedCall]:
         """Calls in ``body``: one JSON object, a JSON array of them, or objects separated by ``;``."""

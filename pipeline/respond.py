@@ -200,6 +200,8 @@ class Responder:
                                        llm_batch=getattr(stats, "first_batch", 1))
                 if getattr(stats, "first_token_s", None) is not None:  # the engine's own, from its submit
                     turn.trace.info["llm_engine_first_token_ms"] = round(1000 * stats.first_token_s, 1)
+                if getattr(stats, "total_s", None) is not None:  # submit to its last token (bench.tool_calls)
+                    turn.trace.info["llm_engine_total_ms"] = round(1000 * stats.total_s, 1)
 
             tools = {"tools": req.tools.tools, "tool_choice": req.tools.tool_choice} if req.tools.tools else {}
             stream = self.engines.llm.stream(self.session_id, req.messages, req.max_tokens, turn.cancel,

@@ -10,6 +10,7 @@ output wherever that arrived, or by ``NO_RESULT`` while it has none.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,14 +77,15 @@ class ReplyCalls:
         return out
 
     def finish(self, status: str = "completed") -> list[Any]:
-        """Close every open call: ``completed``, or ``incomplete`` when the response was cut (those
-        calls are not run: they stay out of the history)."""
+        """Close every open call: ``completed``; when the response was cut (``incomplete``), a call whose
+        arguments are not a whole JSON value yet ends ``incomplete`` (not run: it stays out of the
+        history) and one whose arguments are whole ends ``completed``."""
         out: list[Any] = []
         for call in self.calls.values():
             if call.closed:
                 continue
-            call.done, call.closed = status == "completed", True
-            item = call.item(status)
+            call.done, call.closed = status == "completed" or _whole_json(call.arguments), True
+            item = call.item("completed" if call.done else "incomplete")
             out += [ev.ResponseFunctionCallArgumentsDone(
                         response_id=self.response_id, item_id=call.item_id, output_index=call.output_index,
                         call_id=call.call_id, name=call.name, arguments=call.arguments),
@@ -94,6 +96,14 @@ class ReplyCalls:
     def items(self) -> tuple[FunctionCallItem, ...]:
         """The final call items (``response.done``'s output after the message)."""
         return tuple(c.item("completed" if c.done else "incomplete") for c in self.calls.values())
+
+
+def _whole_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)

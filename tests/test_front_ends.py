@@ -219,6 +219,7 @@ async def test_the_engine_process_transcribes_and_answers_for_both_front_ends(vo
         assert re.search(r'^voxloop_llm_sequences\{state="held"\} 2\.0$', metrics, re.M), metrics
         utterances = re.search(r"^voxloop_asr_utterances_total (\S+)$", metrics, re.M)
         assert utterances and float(utterances.group(1)) >= 2  # warm-up not counted: both questions
+        await _call_round_trip(conns[0])  # function calls cross from the LLM process too
     finally:
         for ws in conns:
             await ws.close()
@@ -282,6 +283,27 @@ async def test_the_llm_process_scores_the_words_of_a_front_ends_turn(voice_serve
             if m["type"] == "x.turn.metrics":
                 break
     assert m["metrics"]["words_end_of_turn"] >= cfg.turn.words_threshold, m["metrics"]
+
+
+async def _call_round_trip(ws) -> None:  # noqa: ANN001
+    """A required call through the LLM process (its ``ToolCallDelta`` s ride the engine link), its
+    output back, and the answer."""
+    tool = {"type": "function", "name": "now", "description": "The time", "parameters": {"type": "object"}}
+    # a short call: this server's replies stop at 24 tokens
+    await ws.send(json.dumps({"type": "session.update", "session": {"tools": [tool], "output_modalities": ["text"]}}))
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What time is it?"}]}
+    await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
+    await ws.send(json.dumps({"type": "response.create", "response": {"tool_choice": "required"}}))
+    while (m := json.loads(await asyncio.wait_for(ws.recv(), scaled(120))))["type"] != "response.done":
+        assert m["type"] != "error", m
+    [call] = m["response"]["output"]
+    assert call["type"] == "function_call" and call["name"] == "now" and json.loads(call["arguments"]) == {}
+    output = {"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}
+    await ws.send(json.dumps({"type": "conversation.item.create", "item": output}))
+    await ws.send(json.dumps({"type": "response.create", "response": {"tool_choice": "none"}}))
+    while (m := json.loads(await asyncio.wait_for(ws.recv(), scaled(120))))["type"] != "response.done":
+        assert m["type"] != "error", m
+    assert m["response"]["status"] in ("completed", "incomplete") and m["response"]["output"][0]["type"] == "message"
 
 
 def test_serve_sets_blas_threads_before_numpy_loads():

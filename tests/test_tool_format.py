@@ -105,6 +105,13 @@ def test_plain_text_replies_pass_through_every_parser_unchanged():
         assert parse(ToolFormat(family), reply) == (reply, [])
 
 
+def test_a_call_cut_short_is_not_said():
+    """The token limit stops a reply inside its call: nothing of the markup becomes text to speak."""
+    for family, cut in (("hermes", 'Sure. <tool_call>\n{"name": "get_weather", "argu'),
+                        ("mistral", '[TOOL_CALLS][{"name": "get_wea'), ("llama3", '{"name": "get_weather", "par')):
+        assert parse(ToolFormat(family), cut) == ("Sure. " if family == "hermes" else "", [])
+
+
 def test_a_template_without_tools_gets_them_in_the_system_message():
     """SmolLM2's kind of template (ChatML, no ``tools``): the prompted family."""
     plain = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
