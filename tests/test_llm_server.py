@@ -285,3 +285,30 @@ async def test_a_function_call_round_trips_through_the_server(chat_server, tts_e
         assert {"role": "tool", "tool_call_id": call["call_id"], "content": output} in follow_up
     finally:
         await hub.stop()
+
+
+async def test_a_cancelled_reply_closes_its_stream_and_the_server_stops_writing_it(chat_server, tts_engines):
+    """``response.cancel`` in the middle of a long reply closes its HTTP stream: llama-cpp-python's
+    server, which answers one request at a time, then answers the next question at once instead of
+    writing the rest of the cancelled reply first (400 tokens: about 20 s on 2 cores)."""
+    _, base_url = chat_server
+    hub = await text_hub(tts_engines, base_url, "llm.max_tokens=400")
+    try:
+        async with websockets.connect(url(hub)) as ws:
+            await recv(ws)
+            for m in user_text("Tell me a very long story about a dragon."):
+                await ws.send(m)
+            await until(ws, "response.output_audio_transcript.delta", 60)
+            await ws.send(json.dumps({"type": "response.cancel"}))
+            done, _ = await until(ws, "response.done", 30)
+            assert done["response"]["status"] == "cancelled", done
+            assert await eventually(lambda: hub.engines.llm.pending() == 0, 5)
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": 8}}))
+            await ws.send(json.dumps({"type": "response.create"}))
+            done, _ = await until(ws, "response.done", 60)
+            assert done["response"]["status"] in ("completed", "incomplete"), done
+            assert loop.time() - t0 < scaled(8), loop.time() - t0
+    finally:
+        await hub.stop()
