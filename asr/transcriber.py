@@ -191,10 +191,12 @@ class Transcriber:
 
     # --- transcription -------------------------------------------------------
 
-    def transcribe(self, pcm: np.ndarray, language: str | None = None) -> Transcript:
+    def transcribe(self, pcm: np.ndarray, language: str | None = None, prompt: str | None = None) -> Transcript:
         """Transcribe mono 16 kHz PCM (int16 or float32 in [-1, 1]).
 
         ``language``: a code ("en", "zh"), "auto" to detect, or None for the default.
+        ``prompt``: text the speech is likely to follow or contain (names, terms): whisper's
+        initial prompt, read by the decoder before the audio's first token.
         """
         started = time.perf_counter()
         audio = _to_float32(pcm)
@@ -203,13 +205,15 @@ class Transcriber:
         if audio_s < MIN_AUDIO_S or _silent(audio):
             return Transcript("", lang, (), audio_s, time.perf_counter() - started)
         if audio_s <= FULL_WINDOW_S - WINDOW_PAD_S:
-            lang, raw = self._transcribe_window(audio, lang)
+            lang, raw = self._transcribe_window(audio, lang, prompt)
         else:
-            lang, raw = self._transcribe_long(audio, lang)
+            lang, raw = self._transcribe_long(audio, lang, prompt)
         return self._transcript(raw, lang, audio_s, started)
 
-    def transcribe_batch(self, pcms: Sequence[np.ndarray], language: str | None = None) -> list[Transcript]:
-        """Transcribe several utterances (e.g. of different sessions) like ``transcribe`` each.
+    def transcribe_batch(self, pcms: Sequence[np.ndarray], language: str | None = None,
+                         prompt: str | None = None) -> list[Transcript]:
+        """Transcribe several utterances (e.g. of different sessions) like ``transcribe`` each,
+        all with the same ``prompt``.
 
         Utterances whose short windows have the same length (every one under
         ``MIN_WINDOW_S - WINDOW_PAD_S`` = 5 s of audio) are encoded and decoded in one
@@ -225,17 +229,17 @@ class Transcriber:
             audio = _to_float32(pcm)
             audio_s = len(audio) / SAMPLE_RATE
             if lang is None or audio_s < MIN_AUDIO_S or audio_s > FULL_WINDOW_S - WINDOW_PAD_S or _silent(audio):
-                out[i] = self.transcribe(pcm, language)
+                out[i] = self.transcribe(pcm, language, prompt)
                 continue
             features = self._model.feature_extractor(audio)
             groups.setdefault(_window_frames(features), []).append((i, audio, features))
         for frames, items in groups.items():
             budgets = [int(TOKENS_PER_S * len(a) / SAMPLE_RATE) + TOKEN_MARGIN for _, a, _ in items]
-            decoded = self._decode_batch([f for _, _, f in items], frames, lang, budgets,
-                                         [len(a) / SAMPLE_RATE for _, a, _ in items])
+            decoded = self._generate(self._encode([f for _, _, f in items], frames), lang, budgets,
+                                     [len(a) / SAMPLE_RATE for _, a, _ in items], prompt)
             for (i, audio, _), (seg, looped) in zip(items, decoded):
                 if looped:  # as transcribe: the full window again (alone)
-                    out[i] = self.transcribe(pcms[i], language)
+                    out[i] = self.transcribe(pcms[i], language, prompt)
                 else:
                     out[i] = self._transcript([seg], lang, len(audio) / SAMPLE_RATE, started)
         return [t for t in out if t is not None]
@@ -254,26 +258,27 @@ class Transcriber:
         return TranscriptSegment(text, seg.start_s, seg.end_s, seg.avg_logprob, seg.no_speech_prob)
 
     def _transcribe_window(
-        self, audio: np.ndarray, lang: str | None
+        self, audio: np.ndarray, lang: str | None, prompt: str | None = None
     ) -> tuple[str, list[TranscriptSegment]]:
         """One short window (speech + padding); the full window again if it looks like a loop."""
         features = self._model.feature_extractor(audio)
         frames = _window_frames(features)
         audio_s = len(audio) / SAMPLE_RATE
         budget = int(TOKENS_PER_S * audio_s) + TOKEN_MARGIN
-        lang, seg, looped = self._decode(features, frames, lang, budget, audio_s)
+        lang, seg, looped = self._decode(features, frames, lang, budget, audio_s, prompt)
         if looped and frames < FULL_WINDOW_S * FRAMES_PER_S:
             lang, seg, _ = self._decode(
-                features, int(FULL_WINDOW_S * FRAMES_PER_S), lang, budget, audio_s)
+                features, int(FULL_WINDOW_S * FRAMES_PER_S), lang, budget, audio_s, prompt)
         return lang, [seg]
 
     def _decode(
-        self, features: np.ndarray, frames: int, lang: str | None, budget: int, audio_s: float
+        self, features: np.ndarray, frames: int, lang: str | None, budget: int, audio_s: float,
+        prompt: str | None = None,
     ) -> tuple[str, TranscriptSegment, bool]:
         encoded = self._encode([features], frames)
         if lang is None:
             lang = self._detect_language(encoded)
-        (seg, looped), = self._generate(encoded, lang, [budget], [audio_s])
+        (seg, looped), = self._generate(encoded, lang, [budget], [audio_s], prompt)
         return lang, seg, looped
 
     def _encode(self, features: Sequence[np.ndarray], frames: int):
@@ -285,18 +290,15 @@ class Transcriber:
             window[b, :, :n] = f[:, :n]
         return self._model.model.encode(get_ctranslate2_storage(window))
 
-    def _decode_batch(self, features: Sequence[np.ndarray], frames: int, lang: str, budgets: list[int],
-                      audio_s: list[float]) -> list[tuple[TranscriptSegment, bool]]:
-        """Greedy decode of utterances sharing one window length in one call: (segment, looks looped) each.
-
-        The batch runs to the largest budget; an utterance that reaches its own budget counts
-        as looped, as it would alone.
-        """
-        return self._generate(self._encode(features, frames), lang, budgets, audio_s)
-
-    def _generate(self, encoded, lang: str, budgets: list[int], audio_s: list[float]) -> list[tuple[TranscriptSegment, bool]]:
+    def _generate(self, encoded, lang: str, budgets: list[int], audio_s: list[float],
+                  text_prompt: str | None = None) -> list[tuple[TranscriptSegment, bool]]:
+        """Greedy decode of utterances sharing one window length in one call: (segment, looks looped)
+        each. The batch runs to the largest budget; an utterance that reaches its own budget counts
+        as looped, as it would alone. ``text_prompt``: whisper's initial prompt (faster-whisper's
+        ``get_prompt``: previous-text tokens before the start sequence)."""
         tok, suppress = self._tokenizer(lang)
-        prompt = [*tok.sot_sequence, tok.no_timestamps]
+        previous = tok.encode(" " + text_prompt.strip()) if text_prompt and text_prompt.strip() else None
+        prompt = self._model.get_prompt(tok, previous, without_timestamps=True)
         budgets = [min(b, self._model.max_length - len(prompt)) for b in budgets]
         results = self._model.model.generate(
             encoded, [prompt] * len(budgets), beam_size=self.beam_size, max_length=len(prompt) + max(budgets),
@@ -315,11 +317,11 @@ class Transcriber:
         return out
 
     def _transcribe_long(
-        self, audio: np.ndarray, lang: str | None
+        self, audio: np.ndarray, lang: str | None, prompt: str | None = None
     ) -> tuple[str, list[TranscriptSegment]]:
         segments, info = self._model.transcribe(
             # Timestamps let each window end at a segment boundary instead of mid-word.
-            audio, language=lang, beam_size=self.beam_size, temperature=0.0,
+            audio, language=lang, initial_prompt=prompt or None, beam_size=self.beam_size, temperature=0.0,
             without_timestamps=False, condition_on_previous_text=False, vad_filter=False,
             no_speech_threshold=NO_SPEECH_PROB, log_prob_threshold=MIN_AVG_LOGPROB,
         )

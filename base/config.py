@@ -64,11 +64,12 @@ class ServerConfig:
     allowed_origins: tuple[str, ...] = ()
     #: Directory served at ``/``; None means the bundled ``web_client/``.
     web_root: str | None = None
-    #: Model stages this server loads and runs, any of "asr", "llm", "tts". "tts" is required;
-    #: "asr" needs "llm" (a voice turn is answered by the LLM). ``["tts"]`` is a TTS-only server:
-    #: ``x.tts.speak`` works, faster-whisper and llama.cpp are never imported, and events that need a
-    #: missing stage (audio input needs asr + llm, ``response.create`` needs llm) get an
-    #: ``unsupported_event_type`` error. ``["llm", "tts"]`` is a text chat server (no ASR).
+    #: Model stages this server loads and runs, any of "asr", "llm", "tts"; "llm" needs "tts" (replies
+    #: are spoken). ``["tts"]`` is a TTS-only server: ``x.tts.speak`` works, faster-whisper and
+    #: llama.cpp are never imported, and events that need a missing stage (audio input needs asr + llm,
+    #: ``response.create`` needs llm, ``x.tts.speak`` tts) get an ``unsupported_event_type`` error.
+    #: ``["llm", "tts"]`` is a text chat server (no ASR); ``["asr"]`` (or ``["asr", "tts"]``) a
+    #: transcription server: transcription sessions work, no LLM is loaded.
     stages: tuple[str, ...] = ("asr", "llm", "tts")
     #: Longest audio delta sent, ms of audio (``response.output_audio.delta`` / ``x.tts.audio.delta``).
     #: Fewer, larger deltas cost the server less per second of audio (one serialization and one
@@ -128,10 +129,10 @@ class ServerConfig:
         unknown = sorted(set(self.stages) - set(STAGES))
         if unknown:
             raise ConfigError(f"server.stages: unknown stage(s) {unknown}; known: {', '.join(STAGES)}")
-        if "tts" not in self.stages:
-            raise ConfigError(f"server.stages must include 'tts', got {list(self.stages)}")
-        if "asr" in self.stages and "llm" not in self.stages:
-            raise ConfigError("server.stages: 'asr' needs 'llm' (a voice turn is answered by the LLM)")
+        if not self.stages:
+            raise ConfigError("server.stages: at least one of 'asr', 'llm', 'tts'")
+        if "llm" in self.stages and "tts" not in self.stages:
+            raise ConfigError("server.stages: 'llm' needs 'tts' (replies are spoken)")
 
 
 @dataclass(frozen=True)
@@ -374,6 +375,33 @@ class LlmConfig:
 
 
 @dataclass(frozen=True)
+class VoiceSpec:
+    """One named voice of ``tts.voices``: a Piper voice file and the settings it speaks with."""
+
+    #: The name clients choose it by (``audio.output.voice``, ``x.tts.speak``'s ``voice``).
+    name: str
+    #: Piper voice ONNX file (its JSON config beside it); None: the server's voice (``tts.voice_path``).
+    path: str | None = None
+    #: Speaker of a multi-speaker voice; None: the server's ``tts.speaker_id``.
+    speaker_id: int | None = None
+    #: Length scale (>1 slower); None: the server's ``tts.length_scale``, else the voice's own.
+    length_scale: float | None = None
+    #: Noise scale; None: the server's ``tts.noise_scale``, else the voice's own.
+    noise_scale: float | None = None
+    #: Noise width (duration noise); None: the server's ``tts.noise_w``, else the voice's own.
+    noise_w: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name or self.name == DEFAULT_VOICE:
+            raise ConfigError(f"tts.voices: each voice needs a name other than {DEFAULT_VOICE!r} "
+                              f"(the server's own voice), got {self.name!r}")
+
+
+#: The name of the server's own voice (``tts.voice_path``, else the bundled one).
+DEFAULT_VOICE = "default"
+
+
+@dataclass(frozen=True)
 class TtsConfig:
     #: Piper voice ONNX file; None resolves the bundled en_US-joe-medium.
     voice_path: str | None = None
@@ -490,6 +518,12 @@ class TtsConfig:
     noise_w: float | None = None
     #: Speaker id for multi-speaker voices; None is speaker 0.
     speaker_id: int | None = None
+    #: More voices clients may choose (``audio.output.voice``, ``x.tts.speak``'s ``voice``) besides
+    #: ``"default"`` (this section's voice): ``[{name = "calm", length_scale = 1.2}, {name = "anna",
+    #: path = "VOICE.onnx", speaker_id = 3}]``. A voice of the server's own file shares its engine; a
+    #: voice of another file gets its own CPU engine (onnxruntime), loaded at start, also on a GPU server
+    #: (the GPU speaks the default voice only: docs/deploy.md).
+    voices: tuple[VoiceSpec, ...] = ()
     #: Shortest first clause, characters (speech starts sooner).
     first_clause_min_chars: int = 8
     #: A first clause with no punctuation within this many words is cut after them, at a space (not
@@ -504,6 +538,9 @@ class TtsConfig:
     zh_lexicon_path: str | None = None
 
     def __post_init__(self) -> None:
+        names = [v.name for v in self.voices]
+        if len(names) != len(set(names)):
+            raise ConfigError(f"tts.voices: names must differ, got {names}")
         if not self.phoneme_buckets or any(b < 1 for b in self.phoneme_buckets) or \
                 list(self.phoneme_buckets) != sorted(set(self.phoneme_buckets)) or self.phoneme_buckets[-1] > 4096:
             raise ConfigError("tts.phoneme_buckets must be ascending positive lengths up to 4096 (the encoder's attention "
@@ -646,6 +683,14 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if not isinstance(value, str):
             raise ConfigError(f"{where}: expected a string, got {value!r}")
         return value
+    if dataclasses.is_dataclass(tp):  # a table (TOML inline table or [[array of tables]])
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: expected a table, got {value!r}")
+        fields = _field_types(tp)
+        unknown = sorted(set(value) - set(fields))
+        if unknown:
+            raise ConfigError(f"{where}: unknown key(s) {unknown}; known: {', '.join(sorted(fields))}")
+        return tp(**{k: _coerce(v, fields[k], f"{where}.{k}") for k, v in value.items()})
     raise ConfigError(f"{where}: unsupported type {tp!r}")
 
 

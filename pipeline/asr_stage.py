@@ -44,10 +44,11 @@ class _Request:
     language: str | None = field(compare=False, default=None)
     cancel: threading.Event | None = field(compare=False, default=None)
     done: Done | None = field(compare=False, default=None)
+    prompt: str | None = field(compare=False, default=None)
 
 
 class BatchingAsr:
-    """A ``Transcriber`` on one thread, transcribing waiting requests of one language together."""
+    """A ``Transcriber`` on one thread, transcribing waiting requests of one language (and prompt) together."""
 
     def __init__(self, transcriber: Any, max_batch: int = 1, queue_size: int = 64) -> None:
         if max_batch < 1:
@@ -67,15 +68,16 @@ class BatchingAsr:
 
     # ------------------------------------------------------------------ callers
     def submit(self, audio: np.ndarray, language: str | None, done: Done, priority: int = NORMAL,
-               cancel: threading.Event | None = None) -> None:
-        """Queue ``audio`` (16 kHz mono); ``done`` gets the ``Transcript`` or an exception, on the ASR thread."""
+               cancel: threading.Event | None = None, prompt: str | None = None) -> None:
+        """Queue ``audio`` (16 kHz mono); ``done`` gets the ``Transcript`` or an exception, on the ASR thread.
+        ``prompt``: whisper's initial prompt (the session's ``transcription.prompt``)."""
         try:
-            self._queue.put_nowait(_Request(priority, next(self._seq), audio, language, cancel, done))
+            self._queue.put_nowait(_Request(priority, next(self._seq), audio, language, cancel, done, prompt))
         except queue.Full:
             raise Overloaded(f"asr queue is full ({self.queue_size} utterances)") from None
 
     async def transcribe(self, audio: np.ndarray, language: str | None, priority: int = NORMAL,
-                         cancel: threading.Event | None = None) -> Any:
+                         cancel: threading.Event | None = None, prompt: str | None = None) -> Any:
         """The ``Transcript`` of ``audio``; raises what the model raised, or ``Cancelled``."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future = loop.create_future()
@@ -88,7 +90,7 @@ class BatchingAsr:
             else:
                 fut.set_result(result)
 
-        self.submit(audio, language, lambda r: loop.call_soon_threadsafe(settle, r), priority, cancel)
+        self.submit(audio, language, lambda r: loop.call_soon_threadsafe(settle, r), priority, cancel, prompt)
         return await fut
 
     def pending(self) -> int:
@@ -134,22 +136,23 @@ class BatchingAsr:
                     _finish(r, Cancelled("cancelled before transcription"))
                 else:
                     live.append(r)
-            by_language: dict[str | None, list[_Request]] = {}
+            by_language: dict[tuple[str | None, str | None], list[_Request]] = {}
             for r in live:
-                by_language.setdefault(r.language, []).append(r)
+                by_language.setdefault((r.language, r.prompt), []).append(r)
             with self._lock:
                 self._running = len(live)
-            for language, group in by_language.items():
-                self._transcribe(language, group)
+            for (language, prompt), group in by_language.items():
+                self._transcribe(language, group, prompt)
             with self._lock:
                 self._running = 0
 
-    def _transcribe(self, language: str | None, group: list[_Request]) -> None:
+    def _transcribe(self, language: str | None, group: list[_Request], prompt: str | None = None) -> None:
+        extra = {"prompt": prompt} if prompt else {}  # engines without prompts (test fakes) never get one
         try:
             if len(group) == 1:
-                results: list[Any] = [self.engine.transcribe(group[0].audio, language)]
+                results: list[Any] = [self.engine.transcribe(group[0].audio, language, **extra)]
             else:
-                results = self.engine.transcribe_batch([r.audio for r in group], language)
+                results = self.engine.transcribe_batch([r.audio for r in group], language, **extra)
         except Exception as exc:  # noqa: BLE001 - every request of the call gets the error
             results = [exc] * len(group)
         self.calls += 1

@@ -10,7 +10,6 @@ performed by ``pipeline/voice_input.py``).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -18,14 +17,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.engines import Engines
-from pipeline.history import History
-from pipeline.respond import ReplyRequest, Responder, close_output, response_done
-from pipeline.tool_calls import ToolRequest, tool_request
+from pipeline.history import History, Message
+from pipeline.respond import ReplyRequest, Responder, ResponseSettings, close_output, response_done
+from pipeline.tool_calls import ToolRequest, chat_messages, tool_request
 from pipeline.trace import Metrics, TraceSink, TurnTrace
 from pipeline.turn import Turn, TurnControl
 from realtime import events as ev
 from realtime.items import ContentPart, ErrorInfo, MessageItem
-from realtime.tools import FunctionCallItem, FunctionCallOutputItem
+from realtime.tools import FunctionCallOutputItem
 from realtime.wire import ErrorCode, new_id
 from base.config import Config
 from base.errors import InvalidInput, ProtocolError, VoxloopError
@@ -99,30 +98,39 @@ class Conversation:
         if turn.user_added or not turn.user_text or turn.user_item_id is None:
             return  # an empty transcript says nothing to the LLM
         turn.user_added = True
-        self.history.add("user", turn.user_text, turn.user_item_id)
+        self.history.add("user", turn.user_text, turn.user_item_id, content_type="input_audio")
 
     # ------------------------------------------------------------------ replies
-    async def reply(self, turn: Turn, pending_user: str | None = None, instructions: str | None = None,
-                    audio: bool | None = None, add_to_history: bool = True, tools: ToolRequest | None = None) -> None:
-        """``tools``: the functions the model may call (default: the session's)."""
+    async def reply(self, turn: Turn, pending_user: str | None = None,
+                    opts: ev.ResponseOptions | None = None, tools: ToolRequest | None = None) -> None:
+        """Answer in ``turn``: the conversation so far (plus ``pending_user``, a speculative turn's
+        words), or ``opts.input`` in its place; ``opts`` (``response.create``) over the session;
+        ``tools``: the functions the model may call (default: the session's)."""
         session = self._settings()
-        system = instructions or session.instructions or self.cfg.llm.system_prompt
-        messages = self.history.messages(system, pending_user)
+        system = (opts.instructions if opts else None) or session.instructions or self.cfg.llm.system_prompt
+        if opts is not None and opts.input is not None:
+            messages = [{"role": "system", "content": system}, *self.input_messages(opts.input)]
+        else:
+            messages = self.history.messages(system, pending_user)
         dropped = self.history.dropped
+        settings = self.response_settings(opts)
+        turn.options = settings
         max_tokens = self.cfg.llm.max_tokens
-        if session.max_output_tokens != "inf":
-            max_tokens = min(max_tokens, int(session.max_output_tokens))
-        wants_audio = session.output_modalities == ("audio",) if audio is None else audio
-        req = ReplyRequest(messages, max_tokens, session.output_rate, audio=wants_audio,
-                           tools=tool_request(session) if tools is None else tools)
+        if settings.max_output_tokens != "inf":
+            max_tokens = min(max_tokens, int(settings.max_output_tokens))
+        output = session.audio.output
+        req = ReplyRequest(messages, max_tokens, output.format.rate, audio=settings.output_modalities == ("audio",),
+                           tools=tool_request(session) if tools is None else tools,
+                           speed=output.speed, voice=output.voice)
         text = await self.responder.run(turn, req)
         # A speculative turn may finish before the user has; history changes wait for the commit.
         await turn.released.wait()
         if pending_user is not None:
             self.add_user_message(turn)
-        if add_to_history and text:
-            turn.history_index = self.history.add("assistant", text, turn.item_id)
-        if add_to_history:
+        if settings.conversation != "none" and text:
+            turn.history_index = self.history.add("assistant", text, turn.item_id,
+                                                  content_type="output_audio" if req.audio else "output_text")
+        if settings.conversation != "none":
             self.add_calls(turn)
         if self.history.dropped != dropped:
             # The history was cut: every token the LLM holds after the cut moved, and the next turn's
@@ -130,6 +138,32 @@ class Conversation:
             self.responder.engines.llm.prefill(self.id, self.history.messages(system))
         self.finish(turn, "incomplete" if getattr(turn.generation, "finish_reason", None) == "length"
                     else "completed")
+
+    def response_settings(self, opts: ev.ResponseOptions | None) -> ResponseSettings:
+        """What a response is asked to be: ``response.create``'s options over the session's."""
+        session = self._settings()
+        modalities = (opts.output_modalities if opts else None) or session.output_modalities
+        limit = session.max_output_tokens
+        if opts is not None and opts.max_output_tokens is not None:
+            limit = opts.max_output_tokens
+        return ResponseSettings(
+            output_modalities=modalities, max_output_tokens=limit, metadata=opts.metadata if opts else None,
+            conversation=(opts.conversation if opts else None) or "auto",
+            audio_output=session.audio.output if modalities == ("audio",) else None)
+
+    def input_messages(self, items: tuple) -> list[dict]:
+        """LLM messages of ``response.create``'s ``input``: messages as given, references to
+        conversation items as the history holds them. Raises ``item_not_found`` for an unknown reference."""
+        entries = []
+        for item in items:
+            if item.type == "item_reference":
+                message = self.history.find(item.id)
+                if message is None:
+                    raise InvalidInput(f"input: no item {item.id} in the conversation", code=ErrorCode.ITEM_NOT_FOUND)
+                entries.append(message)
+            else:
+                entries.append(Message(item.role, " ".join(p.content_text for p in item.content).strip(), item.id or ""))
+        return chat_messages([m for m in entries if m.content or m.call_id is not None])
 
     async def guarded_reply(self, turn: Turn, **kwargs: Any) -> None:
         try:
@@ -213,9 +247,12 @@ class Conversation:
         turn.played_ms = turn.heard_ms()  # frozen: the client stops playback on speech_started
         turn.stopped = True  # speech after this is no speech over a reply (it was answered late)
         heard = turn.heard_text()
-        if heard:
-            turn.history_index = self.history.add("assistant", heard, turn.item_id)
-        self.add_calls(turn)  # calls whose arguments were complete: the client may be running them
+        in_conversation = turn.options is None or turn.options.conversation != "none"
+        if heard and in_conversation:
+            turn.history_index = self.history.add("assistant", heard, turn.item_id,
+                                                  content_type="output_audio" if turn.spoken else "output_text")
+        if in_conversation:
+            self.add_calls(turn)  # calls whose arguments were complete: the client may be running them
         if turn.response_started:  # its events are dropped from now on: these go out directly
             events, items = close_output(turn, "incomplete")
             for event in events:
@@ -264,33 +301,19 @@ class Conversation:
                             "conversation", param="item.call_id")
 
     # ------------------------------------------------------------------ client events
-    def item_create(self, event: ev.ConversationItemCreate) -> None:
+    def call_item_create(self, event: ev.ConversationItemCreate, item_id: str, after: str | None) -> None:
+        """A function call's output (or a call the client adds itself) enters the history as ``item_id``,
+        after item ``after`` (``pipeline.items.ConversationItems.create`` checked and announces it)."""
         item = event.item
-        if isinstance(item, FunctionCallItem | FunctionCallOutputItem):
-            self._call_item_create(event)
-            return
-        text = " ".join(p.content_text for p in item.content).strip()
-        item_id = item.id or new_id("item")
-        self.history.add(item.role, text, item_id)
-        done = dataclasses.replace(item, id=item_id, status="completed", object="realtime.item")
-        self._send(ev.ConversationItemAdded(item=done, previous_item_id=event.previous_item_id))
-        self._send(ev.ConversationItemDone(item=done, previous_item_id=event.previous_item_id))
-
-    def _call_item_create(self, event: ev.ConversationItemCreate) -> None:
-        """A function call's output (or a call the client adds itself) enters the history."""
-        item = event.item
-        item_id = item.id or new_id("item")
         if isinstance(item, FunctionCallOutputItem):
             self._check_output(item)
-            self.history.add("function_call_output", item.output, item_id, call_id=item.call_id)
+            self.history.add("function_call_output", item.output, item_id, call_id=item.call_id, after=after)
         else:
             if self.history.has("function_call", item.call_id):
                 raise ProtocolError(ErrorCode.INVALID_VALUE, f"item.call_id: a call {item.call_id} is already in "
                                     "the conversation", param="item.call_id")
-            self.history.add("function_call", item.arguments, item_id, call_id=item.call_id, name=item.name)
-        done = dataclasses.replace(item, id=item_id, status="completed", object="realtime.item")
-        self._send(ev.ConversationItemAdded(item=done, previous_item_id=event.previous_item_id))
-        self._send(ev.ConversationItemDone(item=done, previous_item_id=event.previous_item_id))
+            self.history.add("function_call", item.arguments, item_id, call_id=item.call_id, name=item.name,
+                             after=after)
 
     def response_create(self, event: ev.ResponseCreate) -> None:
         current = self.turns.running
@@ -315,13 +338,12 @@ class Conversation:
                                code=ErrorCode.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE)
         opts = event.response
         tools = tool_request(self._settings(), opts)  # a bad tool_choice is refused before anything stops
+        if opts is not None and opts.input is not None:
+            self.input_messages(opts.input)  # item_not_found before anything changes
         self.interrupt("turn_detected", by_voice=False)  # drops a speculative turn, if any
         turn = self.new_turn("text", committed=True)
         turn.trace.mark("vad_end")
-        audio = None if opts is None or opts.output_modalities is None else opts.output_modalities == ("audio",)
-        self.spawn(turn, self.guarded_reply(
-            turn, instructions=opts.instructions if opts else None, audio=audio,
-            add_to_history=not (opts is not None and opts.conversation == "none"), tools=tools))
+        self.spawn(turn, self.guarded_reply(turn, opts=opts, tools=tools))
 
     def silence_reply(self, item_id: str, silence_ms: float, mode: str) -> None:
         """The user said nothing for ``silence_ms`` after the last response (``idle_timeout_ms``):
@@ -363,7 +385,19 @@ class Conversation:
     def playback(self, event: ev.XPlayback) -> None:
         turn = self.find_turn(event.item_id)
         if turn is None:
+            if not self.history.has_item(event.item_id):
+                raise InvalidInput(f"no assistant item {event.item_id}", code=ErrorCode.ITEM_NOT_FOUND)
             return  # a late report about an old reply: nothing left to update
         if turn.played_ms is None and event.audio_end_ms > 0:
             turn.trace.mark("playback_start", time.monotonic() - event.audio_end_ms / 1000)
         turn.played_ms = max(turn.played_ms or 0.0, float(event.audio_end_ms))
+
+    def clear_audio(self, event: ev.OutputAudioBufferClear) -> None:
+        """``output_audio_buffer.clear``: the current reply's audio stops (a reply still being made is
+        cancelled, ``client_cancelled``); the history keeps what the user heard of it."""
+        turn = self.reply_turn()
+        if turn is None:
+            return
+        if self.turns.is_current(turn) or turn.still_audible():
+            self.interrupt("client_cancelled")
+        self._send(ev.OutputAudioBufferCleared(response_id=turn.response_id))

@@ -16,7 +16,7 @@ front end -> engine
   ``("speak", key, sentences, options)``: phoneme ids of each sentence (the front end runs the text
   front end), ``SynthesisOptions`` without the rate (resampling happens in the front end);
   ``("cancel", key)``;
-  ``("asr", key, pcm_bytes, dtype, language, priority)`` / ``("asr_cancel", key)``;
+  ``("asr", key, pcm_bytes, dtype, language, priority, prompt)`` / ``("asr_cancel", key)``;
   ``("llm", key, session, messages, max_tokens, priority, tools, tool_choice)`` / ``("llm_cancel", key)`` /
   ``("llm_release", session)``; ``("llm_words", key, session, transcript, messages)`` (the end-of-turn
   score of the words, ``BatchedLlm.end_of_turn``).
@@ -340,7 +340,8 @@ class _FrontEndLink:
                 self._keys.pop(r, None)
                 r.cancel()
 
-    def _on_asr(self, key: int, raw: bytes, dtype: str, language: str | None, priority: int) -> None:
+    def _on_asr(self, key: int, raw: bytes, dtype: str, language: str | None, priority: int,
+                prompt: str | None = None) -> None:
         if self.host.asr is None:
             self._out.put(("asr", key, ModelError("the engine process runs no ASR")))
             return
@@ -354,7 +355,7 @@ class _FrontEndLink:
         with self._lock:
             self._asr[key] = cancel
         try:
-            self.host.asr.submit(np.frombuffer(raw, dtype=np.dtype(dtype)), language, done, priority, cancel)
+            self.host.asr.submit(np.frombuffer(raw, dtype=np.dtype(dtype)), language, done, priority, cancel, prompt)
         except Exception as exc:  # noqa: BLE001 - Overloaded goes back to the session
             done(exc)
 
@@ -615,14 +616,14 @@ class RemoteAsr:
         link.on_lost.append(self._lost)
 
     async def transcribe(self, audio: np.ndarray, language: str | None, priority: int = NORMAL,
-                         cancel: threading.Event | None = None) -> Any:
+                         cancel: threading.Event | None = None, prompt: str | None = None) -> Any:
         if cancel is not None and cancel.is_set():
             raise Cancelled("cancelled before transcription")
         key = next(self._keys)
         fut = asyncio.get_running_loop().create_future()
         self._futures[key] = fut
         try:
-            self.link.send(("asr", key, audio.tobytes(), audio.dtype.str, language, priority))
+            self.link.send(("asr", key, audio.tobytes(), audio.dtype.str, language, priority, prompt))
             return await fut
         except asyncio.CancelledError:
             if self.link.connected:

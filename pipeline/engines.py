@@ -18,8 +18,9 @@ from typing import Any
 from pipeline.asr_stage import BatchingAsr
 from pipeline.llm_worker import BatchedLlm, SerialLlm
 from pipeline.speech import BatchedSpeech, SpeechStage, ThreadedSpeech
+from pipeline.voices import Voice, load_voices
 from pipeline.workers import ModelWorker
-from base.config import Config
+from base.config import DEFAULT_VOICE, Config
 from base.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,8 @@ class Engines:
     turn: ModelWorker | None = None
     #: How sessions get audio (``pipeline.speech``): batched hand-off for engines that batch.
     speech: SpeechStage | None = None
+    #: The voices clients may choose, by name (``"default"``: ``speech``; ``tts.voices``).
+    voices: dict[str, Voice] = field(default_factory=dict)
     load_s: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -82,14 +85,15 @@ class Engines:
         t0 = time.monotonic()
         from tts_engine.factory import create_engines
 
-        tts = create_engines(cfg)
+        tts = create_engines(cfg) if "tts" in self.stages else []
         for engine in {id(e): e for e in tts}.values():
             for _ in engine.synthesize("Warm up."):
                 pass
         self.load_s["tts"] = time.monotonic() - t0
         self._set_turn(self.load_turn_model() if "asr" in self.stages else None)
         self._set_asr_llm(*self._load_asr_llm())
-        self._set_tts(tts)
+        if tts:
+            self._set_tts(tts)
         log.info("models loaded: %s", {k: round(v, 2) for k, v in self.load_s.items()})
 
     async def load_front_end(self, engine_socket: str, llm_socket: str | None = None) -> None:
@@ -126,6 +130,7 @@ class Engines:
         self.asr = remote_asr or self.asr
         self.llm = remote_llm or self.llm
         await self.start_llm()
+        self.voices = await asyncio.get_running_loop().run_in_executor(None, load_voices, self.cfg, speech)
         self.tts, self.speech = worker, speech  # last: ``loaded`` turns True
         log.info("front end ready (engine process runs %s): %s", ", ".join(("tts", *remote)),
                  {k: round(v, 2) for k, v in self.load_s.items()})
@@ -228,7 +233,7 @@ class Engines:
         await self.start_llm()
 
     def close(self) -> None:
-        for w in (self.asr, self.turn, self.llm, self.tts):
+        for w in (self.asr, self.turn, self.llm, self.tts, *(v.worker for v in self.voices.values())):
             if w is not None:
                 w.close()
 
@@ -245,16 +250,23 @@ class Engines:
         e._set_turn(turn)
         if llm is not None:
             e.llm = e._llm_stage(llm)
-        e._set_tts(tts)
+        if tts:
+            e._set_tts(tts)
         return e
 
     def _set_tts(self, engines: list[Any]) -> None:
-        """The TTS worker and speech stage. A batching engine (one object, ``submit_sentences``) gets
-        one text front-end thread and bulk hand-off; others one worker thread per engine instance."""
+        """The TTS worker, speech stage and voices. A batching engine (one object, ``submit_sentences``)
+        gets one text front-end thread and bulk hand-off; others one worker thread per engine instance."""
         batching = len({id(e) for e in engines}) == 1 and hasattr(engines[0], "submit_sentences")
         if batching:
-            self.tts = ModelWorker("tts-text", engines[:1], queue_size=self.cfg.tts.queue_size)
-            self.speech = BatchedSpeech(engines[0], self.tts, self.cfg.tts.inline_text_chars)
+            worker = ModelWorker("tts-text", engines[:1], queue_size=self.cfg.tts.queue_size)
+            speech: SpeechStage = BatchedSpeech(engines[0], worker, self.cfg.tts.inline_text_chars)
         else:
-            self.tts = ModelWorker("tts", engines, queue_size=self.cfg.tts.queue_size)
-            self.speech = ThreadedSpeech(self.tts)
+            worker = ModelWorker("tts", engines, queue_size=self.cfg.tts.queue_size)
+            speech = ThreadedSpeech(worker)
+        self.voices = load_voices(self.cfg, speech)
+        self.speech, self.tts = speech, worker  # last: ``loaded`` turns True
+
+    def voice(self, name: str | None) -> Voice:
+        """The voice called ``name`` (None: the default); the protocol refused other names already."""
+        return self.voices[name or DEFAULT_VOICE]

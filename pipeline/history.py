@@ -14,6 +14,9 @@ class Message:
     item_id: str
     call_id: str | None = None  # function calls and their outputs
     name: str | None = None  # function calls: the function
+    #: A message item's content type: ``input_text`` | ``input_audio`` (with its transcript) |
+    #: ``output_text`` | ``output_audio`` (with its transcript).
+    content_type: str = "input_text"
 
 
 class History:
@@ -24,8 +27,9 @@ class History:
     message per turn, keeps the start of the prompt the same over the following turns, so
     the LLM's cached KV of the conversation stays valid and a turn evaluates only the new
     messages (one message dropped per turn would change the prefix at every turn and
-    re-read the whole history each time). Indices returned by ``add`` stay valid as
-    long as the message exists (they are positions from the start of the session).
+    re-read the whole history each time). Items are found by their id (``truncate``,
+    ``delete``, ``find``), so items inserted after a given one (``previous_item_id``) or deleted
+    move nothing else.
     """
 
     def __init__(self, max_chars: int) -> None:
@@ -36,9 +40,17 @@ class History:
     def __len__(self) -> int:
         return len(self._messages)
 
-    def add(self, role: str, content: str, item_id: str, call_id: str | None = None, name: str | None = None) -> int:
-        self._messages.append(Message(role, content, item_id, call_id, name))
-        index = self._dropped + len(self._messages) - 1
+    def add(self, role: str, content: str, item_id: str, call_id: str | None = None, name: str | None = None,
+            *, content_type: str = "input_text", after: str | None = None) -> int:
+        """Append a message (or insert it after item ``after``; ``"root"``: first); its index."""
+        message = Message(role, content, item_id, call_id, name, content_type)
+        if after is None:
+            self._messages.append(message)
+            position = len(self._messages) - 1
+        else:
+            position = 0 if after == "root" else self._position(after) + 1
+            self._messages.insert(position, message)
+        index = self._dropped + position
         if self._chars() > self.max_chars:
             while len(self._messages) > 1 and self._chars() > self.max_chars // 2:
                 self._messages.pop(0)
@@ -63,13 +75,31 @@ class History:
         """True when a ``function_call`` (or ``function_call_output``) of ``call_id`` is in the history."""
         return any(m.role == role and m.call_id == call_id for m in self._messages)
 
+    def find(self, item_id: str) -> Message | None:
+        """The message of item ``item_id``, if the history still holds it."""
+        for m in self._messages:
+            if m.item_id == item_id:
+                return m
+        return None
+
+    def _position(self, item_id: str) -> int:
+        return next((i for i, m in enumerate(self._messages) if m.item_id == item_id), -1)
+
+    def delete(self, item_id: str) -> bool:
+        """Remove item ``item_id``; False when the history does not hold it."""
+        i = self._position(item_id)
+        if i < 0:
+            return False
+        del self._messages[i]
+        return True
+
     def truncate(self, index: int, item_id: str, content: str) -> None:
-        """Replace message ``index`` (if it still exists and is ``item_id``) by what was heard."""
-        i = index - self._dropped
-        if 0 <= i < len(self._messages) and self._messages[i].item_id == item_id:
+        """Replace item ``item_id``'s text (message ``index`` when added) by what was heard."""
+        i = self._position(item_id)
+        if i >= 0:
             if content:
                 self._messages[i].content = content
-            else:  # nothing was heard: the reply leaves history (callers only cut the newest reply)
+            else:  # nothing was heard: the reply leaves history
                 del self._messages[i]
 
     def remove(self, item_id: str) -> bool:

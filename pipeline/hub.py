@@ -45,6 +45,8 @@ from pipeline.conversation import AfterSent
 from pipeline.session import Session
 from pipeline.trace import Metrics, TraceSink
 from realtime.protocol import BINARY_AUDIO_EVENTS, RealtimeProtocol
+from realtime.session_schema import connect_options
+from realtime.wire import ProtocolError
 from base.config import Config
 
 log = logging.getLogger(__name__)
@@ -265,6 +267,10 @@ class Hub:
                                       or (offered is not None and hmac.compare_digest(offered, token))):
             self.metrics.rejected.labels(reason="auth").inc()
             return _text(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+        try:
+            connect_options(parse_qs(query))
+        except ProtocolError as exc:
+            return _text(400, str(exc))
         origin = refused_origin(request.headers, self.cfg.server)
         if origin is not None:
             self.metrics.rejected.labels(reason="origin").inc()
@@ -307,7 +313,7 @@ class Hub:
                                      name=f"{session_id}-writer")
         lifetime = self.cfg.limits.max_session_minutes * 60
         try:
-            session.start(protocol)
+            session.start(protocol, connect_options(parse_qs(ws.request.path.partition("?")[2])))
             async with asyncio.timeout(lifetime):
                 async for message in ws:
                     events = (protocol.receive_bytes(message) if isinstance(message, bytes)

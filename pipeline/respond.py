@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +24,7 @@ from realtime.items import (
     ContentPart,
     ErrorInfo,
     MessageItem,
+    ResponseAudio,
     ResponseObject,
     ResponseStatusDetails,
     ResponseUsage,
@@ -41,6 +43,22 @@ class ReplyRequest:
     audio: bool = True  # False: text-only reply (no TTS)
     priority: int = NORMAL
     tools: ToolRequest = ToolRequest()  # functions the model may call (none by default)
+    speed: float = 1.0  # the session's audio.output.speed (divides the TTS length scale)
+    voice: str | None = None  # a name of tts.voices; None: the default voice
+
+
+@dataclass(frozen=True)
+class ResponseSettings:
+    """What one response was asked to be (``response.create`` over the session), as
+    ``response.created`` and ``response.done`` report it."""
+
+    output_modalities: tuple[str, ...] = ("audio",)
+    max_output_tokens: int | str = "inf"
+    metadata: dict[str, str] | None = None
+    #: ``"none"``: out of band, not added to the conversation.
+    conversation: str = "auto"
+    #: The voice and output format of an audio response (``realtime.session_schema.AudioOutput``).
+    audio_output: Any = None
 
 
 def response_object(turn: Turn, status: str = "in_progress", reason: str | None = None,
@@ -49,8 +67,12 @@ def response_object(turn: Turn, status: str = "in_progress", reason: str | None 
     details = None
     if status != "in_progress":
         details = ResponseStatusDetails(type=status, reason=reason, error=error)  # type: ignore[arg-type]
+    settings = turn.options or ResponseSettings()
+    audio = ResponseAudio(output=settings.audio_output) if settings.audio_output is not None else None
     return ResponseObject(id=turn.response_id, status=status, status_details=details,  # type: ignore[arg-type]
-                          output=items, usage=usage)  # type: ignore[arg-type]
+                          output=items, usage=usage, output_modalities=settings.output_modalities,  # type: ignore[arg-type]
+                          max_output_tokens=settings.max_output_tokens,  # type: ignore[arg-type]
+                          metadata=settings.metadata, audio=audio)
 
 
 def assistant_item(turn: Turn, text: str, status: str, audio: bool = True) -> MessageItem:
@@ -106,11 +128,15 @@ def close_item(turn: Turn, status: str) -> tuple[list[object], MessageItem]:
 
 def response_done(turn: Turn, status: str, reason: str | None = None, items: tuple[object, ...] = (),
                   error: ErrorInfo | None = None) -> ev.ResponseDone:
-    """``response.done`` with the final items and, once the LLM reported them, its token counts."""
+    """``response.done`` with the final items and the token counts: the LLM's own once it reported
+    them; for a reply stopped before (cancelled, failed) the output tokens streamed so far (the
+    prompt's count comes with the LLM's figures only: 0 then)."""
     stats = turn.generation
-    usage = None if stats is None or not getattr(stats, "usage_reported", True) else ResponseUsage(
-        input_tokens=stats.prompt_tokens, output_tokens=stats.completion_tokens,
-        total_tokens=stats.prompt_tokens + stats.completion_tokens)
+    if stats is not None and getattr(stats, "usage_reported", True):
+        usage = ResponseUsage(input_tokens=stats.prompt_tokens, output_tokens=stats.completion_tokens,
+                              total_tokens=stats.prompt_tokens + stats.completion_tokens)
+    else:  # stopped before the LLM reported, or an LLM server that reports no usage
+        usage = ResponseUsage(output_tokens=turn.output_tokens, total_tokens=turn.output_tokens)
     return ev.ResponseDone(response=response_object(turn, status, reason, items, error, usage))
 
 
@@ -208,6 +234,7 @@ class Responder:
                                              priority=req.priority, on_done=done, **tools)
             async for token in stream:
                 turn.trace.mark("llm_first_token")
+                turn.output_tokens += 1  # one delta a decoding step (llm.batched); the stats correct it
                 if not isinstance(token, str):  # a piece of a function call: after the text cut so far
                     if req.audio:
                         for clause in segmenter.flush():
@@ -241,7 +268,8 @@ class Responder:
                 turn.text_sent += token
 
     async def _speak(self, turn: Turn, req: ReplyRequest, clauses: asyncio.Queue, ids: dict) -> None:
-        options = SynthesisOptions(sample_rate=req.output_rate)
+        voice = self.engines.voice(req.voice)
+        options = voice.request(SynthesisOptions(sample_rate=req.output_rate, speed=None if req.speed == 1.0 else req.speed))
         index = 0
         while (clause := await clauses.get()) is not None:
             if not isinstance(clause, str):
@@ -254,7 +282,7 @@ class Responder:
             if self._emit(turn, ev.ResponseOutputAudioTranscriptDelta(**ids, delta=delta)):
                 turn.text_sent += delta
             priority = URGENT if index == 0 else NORMAL
-            async for chunk in self.engines.speech.stream(clause, options, turn.cancel, priority):
+            async for chunk in voice.speech.stream(clause, options, turn.cancel, priority):
                 turn.trace.mark("tts_first_audio")
                 for piece in split_pcm(chunk.pcm, chunk.sample_rate, self.cfg.server.audio_delta_ms):
                     if self._room is not None and turn.committed and not await self._room():

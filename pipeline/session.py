@@ -21,12 +21,13 @@ from typing import Any
 
 from pipeline.conversation import Conversation
 from pipeline.engines import Engines
+from pipeline.items import ConversationItems
 from pipeline.stages import missing_stage_error
 from pipeline.trace import Metrics, TraceSink
 from pipeline.tts_requests import TtsRequests
 from pipeline.voice_input import VoiceInput
 from realtime import events as ev
-from realtime.session_schema import default_session
+from realtime.session_schema import ConnectOptions, default_session
 from realtime.wire import ErrorCode
 from base.config import Config
 from base.errors import InvalidInput, VoxloopError
@@ -53,6 +54,7 @@ class Session:
         self.conversation = Conversation(session_id, cfg, engines, self._send, metrics, traces, self._settings,
                                          room=self.audio_room)
         self.history = self.conversation.history
+        self.items = ConversationItems(self.history, self._send, self.conversation.call_item_create)
         self.voice = VoiceInput(cfg, engines, self.conversation, self._send, self._error, self._settings)
         self.tts_requests = TtsRequests(engines, self._send, metrics, room=self.audio_room)
         # Audio of a cancelled response or x.tts request still in the outbox is not sent: a client
@@ -61,9 +63,12 @@ class Session:
         self.conversation.on_audio_stopped = self.tts_requests.on_audio_stopped = self._stop_audio
 
     # ------------------------------------------------------------------ plumbing
-    def start(self, protocol: Any) -> None:
+    def start(self, protocol: Any, options: ConnectOptions | None = None) -> None:
+        """Begin with the server's session as the URL's ``options`` ask (``?intent=``, ``?x_events=``)."""
         self.protocol = protocol
-        protocol.session = default_session(self.cfg, self.id)
+        protocol.session = default_session(self.cfg, self.id, options)
+        if self.engines.voices:  # a server without TTS has none to choose
+            protocol.voices = tuple(self.engines.voices)
         self.voice.configure()
         self._send(ev.SessionCreated(session=protocol.session))
 
@@ -72,8 +77,8 @@ class Session:
         return self.protocol.session
 
     def _send(self, event: Any) -> None:
-        if self.closed:
-            return
+        if self.closed or (isinstance(event, ev.OPT_IN_EVENTS) and not self.protocol.session.x_events):
+            return  # a client that did not ask for x.* events never sees one (strict OpenAI clients)
         if isinstance(event, ev.ErrorEvent):
             self.metrics.errors.labels(code=event.error.code).inc()
         try:
@@ -149,7 +154,8 @@ class Session:
             self._send(event)
             return
         handler = _HANDLERS.get(type(event))
-        refused = missing_stage_error(event, self.engines.stages)  # e.g. audio on a TTS-only server
+        refused = missing_stage_error(event, self.engines.stages,  # e.g. audio on a TTS-only server
+                                      transcription=self.protocol.session.type == "transcription")
         if handler is None or refused is not None:
             self._error(refused or InvalidInput(f"{event.type} is not supported",
                                                 code=ErrorCode.UNSUPPORTED_EVENT_TYPE), event.event_id)
@@ -161,11 +167,15 @@ class Session:
 
     def _on_session_update(self, event: ev.SessionUpdate) -> None:
         self.voice.configure()
-        self._send(ev.SessionUpdated(session=self.protocol.session))
+        if isinstance(event, ev.TranscriptionSessionUpdate):
+            self._send(ev.TranscriptionSessionUpdated(session=self.protocol.session))
+        else:
+            self._send(ev.SessionUpdated(session=self.protocol.session))
 
     def _on_tts_speak(self, event: ev.XTtsSpeak) -> None:
         try:
-            self.tts_requests.start(event, self.protocol.session.output_rate)
+            output = self.protocol.session.audio.output
+            self.tts_requests.start(event, output.format.rate, output.speed)
         except VoxloopError as exc:  # every request ends with x.tts.done, refused ones too
             self._error(exc, event.event_id)
             self._send(ev.XTtsDone(request_id=event.request_id, status="failed", error=ev.error_info(exc)))
@@ -176,10 +186,14 @@ class Session:
 
 _HANDLERS: dict[type, Callable[[Session, Any], None]] = {
     ev.SessionUpdate: Session._on_session_update,
+    ev.TranscriptionSessionUpdate: Session._on_session_update,
     ev.InputAudioBufferAppend: lambda s, e: s.voice.append(e),
     ev.InputAudioBufferCommit: lambda s, e: s.voice.commit(e),
     ev.InputAudioBufferClear: lambda s, e: s.voice.clear(e),
-    ev.ConversationItemCreate: lambda s, e: s.conversation.item_create(e),
+    ev.ConversationItemCreate: lambda s, e: s.items.create(e),
+    ev.ConversationItemDelete: lambda s, e: s.items.delete(e),
+    ev.ConversationItemRetrieve: lambda s, e: s.items.retrieve(e),
+    ev.OutputAudioBufferClear: lambda s, e: s.conversation.clear_audio(e),
     ev.ConversationItemTruncate: lambda s, e: s.conversation.truncate(e),
     ev.ResponseCreate: lambda s, e: s.conversation.response_create(e),
     ev.ResponseCancel: lambda s, e: s.conversation.response_cancel(e),

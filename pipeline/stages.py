@@ -20,18 +20,31 @@ NEEDED_STAGES: dict[type, tuple[str, ...]] = {
     ev.InputAudioBufferAppend: ("asr", "llm"),
     ev.InputAudioBufferCommit: ("asr", "llm"),
     ev.ResponseCreate: ("llm",),
+    ev.XTtsSpeak: ("tts",),
+}
+#: The same in a transcription session (``session.type: "transcription"``): audio is only transcribed.
+TRANSCRIPTION_STAGES: dict[type, tuple[str, ...]] = {
+    ev.InputAudioBufferAppend: ("asr",),
+    ev.InputAudioBufferCommit: ("asr",),
 }
 
-_STAGE_NAMES = {"asr": "speech recognition (asr)", "llm": "the language model (llm)"}
+_STAGE_NAMES = {"asr": "speech recognition (asr)", "llm": "the language model (llm)", "tts": "speech (tts)"}
 
 
-def missing_stage_error(event: Any, stages: tuple[str, ...]) -> InvalidInput | None:
-    """The error for ``event`` when it needs a stage not in ``stages``, else None."""
-    missing = [s for s in NEEDED_STAGES.get(type(event), ()) if s not in stages]
+def missing_stage_error(event: Any, stages: tuple[str, ...], transcription: bool = False) -> InvalidInput | None:
+    """The error for ``event`` when it needs a stage not in ``stages``, else None; ``transcription``:
+    the session is a transcription session (it makes no responses)."""
+    if transcription and isinstance(event, ev.ResponseCreate):
+        return InvalidInput("response.create: a transcription session makes no responses (session.type is "
+                            "'transcription')", code=ErrorCode.UNSUPPORTED_EVENT_TYPE)
+    needed = (TRANSCRIPTION_STAGES if transcription else NEEDED_STAGES).get(type(event), NEEDED_STAGES.get(type(event), ()))
+    missing = [s for s in needed if s not in stages]
     if not missing:
         return None
     needs = " and ".join(_STAGE_NAMES[s] for s in missing)
     served = "; x.tts.speak works" if stages == ("tts",) else ""
+    if "asr" in stages and "llm" not in stages:
+        served = "; transcription sessions work (session.type 'transcription' or ?intent=transcription)"
     return InvalidInput(
         f"{event.type} needs {needs}, which this server does not run "
         f"(server.stages = {list(stages)}){served}",

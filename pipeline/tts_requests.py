@@ -26,11 +26,12 @@ from base.errors import InvalidInput, Overloaded, VoxloopError
 MAX_CONCURRENT = 8
 
 
-def synthesis_options(event: ev.XTtsSpeak, sample_rate: int | None = None) -> SynthesisOptions:
-    """The engine settings of an ``x.tts.speak``; ``sample_rate`` (Hz) is the session output rate."""
+def synthesis_options(event: ev.XTtsSpeak, sample_rate: int | None = None, speed: float = 1.0) -> SynthesisOptions:
+    """The engine settings of an ``x.tts.speak``; ``sample_rate`` (Hz) is the session output rate,
+    ``speed`` the session's ``audio.output.speed`` (it divides the length scale)."""
     return SynthesisOptions(
         length_scale=event.length_scale, noise_scale=event.noise_scale, noise_w=event.noise_w,
-        speaker_id=event.speaker_id, sample_rate=sample_rate,
+        speaker_id=event.speaker_id, sample_rate=sample_rate, speed=None if speed == 1.0 else speed,
     )
 
 
@@ -47,24 +48,28 @@ class TtsRequests:
         #: Called with a request id whose audio not yet on the socket must not be sent.
         self.on_audio_stopped: Callable[[str], None] = lambda request_id: None
 
-    def start(self, event: ev.XTtsSpeak, output_rate: int) -> None:
+    def start(self, event: ev.XTtsSpeak, output_rate: int, speed: float = 1.0) -> None:
+        """Speak ``event`` at ``output_rate`` Hz and the session's ``speed``."""
         if event.request_id in self._active:
             raise InvalidInput(f"request {event.request_id} is already in progress", code=ErrorCode.DUPLICATE_REQUEST_ID)
         if len(self._active) >= MAX_CONCURRENT:
             raise Overloaded(f"at most {MAX_CONCURRENT} x.tts.speak requests per session at once")
         cancel = threading.Event()
-        task = asyncio.create_task(self._run(event, output_rate, cancel))
+        voice = self.engines.voice(event.voice)
+        task = asyncio.create_task(self._run(event, voice, voice.request(synthesis_options(event, output_rate, speed)),
+                                             cancel))
         self._active[event.request_id] = (cancel, task)
         self.metrics.tts_requests.inc()
 
-    async def _run(self, event: ev.XTtsSpeak, rate: int, cancel: threading.Event) -> None:
+    async def _run(self, event: ev.XTtsSpeak, voice: Any, options: SynthesisOptions, cancel: threading.Event) -> None:
+        """Speak ``event`` in ``voice`` (``pipeline.voices.Voice``) with ``options``."""
         rid = event.request_id
-        options = synthesis_options(event, rate)
+        rate = options.sample_rate or 24000
         sent, start, first_ms = 0, time.monotonic(), None
         status, error = "completed", None
         timing = FirstAudioTiming()
         try:
-            async for chunk in self.engines.speech.stream(event.text, options, cancel, NORMAL, timing):
+            async for chunk in voice.speech.stream(event.text, options, cancel, NORMAL, timing):
                 for piece in split_pcm(chunk.pcm, chunk.sample_rate, self.engines.cfg.server.audio_delta_ms):
                     if self._room is not None and not await self._room():
                         return  # the client stopped reading: the session is closing

@@ -93,6 +93,11 @@ class Turn:
     message_item: Any = None
     #: The response's function calls (``pipeline.tool_calls.ReplyCalls``); None before the reply starts.
     calls: Any = None
+    #: LLM text deltas received so far (``response.done`` usage of a reply stopped before the LLM
+    #: reported its figures).
+    output_tokens: int = 0
+    #: ``response.create`` options of this response (``response_object`` reports them); None: the session's.
+    options: Any = None
 
     def heard_ms(self, now: float | None = None) -> float:
         """How much of the reply the user has heard: reported, else estimated from wall time."""

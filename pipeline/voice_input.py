@@ -312,7 +312,7 @@ class VoiceInput:
         """Words of speech over the paused reply (a cough has none)."""
         language = self._language()
         try:
-            result = await self.engines.asr.transcribe(audio, language, priority=URGENT)
+            result = await self.engines.asr.transcribe(audio, language, priority=URGENT, prompt=self._prompt())
             text = result.text.strip()
         except VoxloopError:
             text = "?"  # unknown words: an interruption (the reply is cancelled, as without pausing)
@@ -373,7 +373,7 @@ class VoiceInput:
     def _maybe_partial(self) -> None:
         vad = self._vad
         interval = self.cfg.asr.partial_interval_ms
-        if (interval <= 0 or vad is None or not vad.in_speech or vad.stream_ms < self._next_partial_ms
+        if (interval <= 0 or self._settings().audio.input.transcription is None or vad is None or not vad.in_speech or vad.stream_ms < self._next_partial_ms
                 or self._partial_task is not None or not self.engines.asr.idle()):
             return  # partials are opportunistic: never queue behind real work
         audio = vad.utterance_so_far()
@@ -385,7 +385,7 @@ class VoiceInput:
     async def _partial(self, audio: np.ndarray, utterance: int, item: str | None) -> None:
         try:
             language = self._language()
-            result = await self.engines.asr.transcribe(audio, language, priority=PARTIAL)
+            result = await self.engines.asr.transcribe(audio, language, priority=PARTIAL, prompt=self._prompt())
             text = result.text.strip()
             if utterance == self._utterance and item and text.startswith(self._partial_text) and text != self._partial_text:
                 delta = text[len(self._partial_text):]
@@ -395,6 +395,11 @@ class VoiceInput:
             pass  # a partial is a courtesy; the final transcript reports real errors
         finally:
             self._partial_task = None
+
+    def _prompt(self) -> str | None:
+        """The session's ``transcription.prompt`` (whisper's initial prompt), if any."""
+        transcription = self._settings().audio.input.transcription
+        return transcription.prompt if transcription is not None and transcription.prompt else None
 
     def _language(self) -> str | None:
         """The session's transcription language, else the server's ``asr.language``."""
@@ -430,7 +435,7 @@ class VoiceInput:
         if vad_end_at is not None:
             turn.trace.mark("vad_end", vad_end_at)
         turn.user_item_id = item or new_id("item")
-        turn.transcribe_only = td is not None and not td.create_response
+        turn.transcribe_only = (td is not None and not td.create_response) or self._settings().type == "transcription"
         turn.trace.info["audio_ms"] = round(1000 * len(audio) / ASR_RATE)
         if self._mended is not None and queued is None:
             turn.trace.info["mended"] = True
@@ -453,13 +458,17 @@ class VoiceInput:
             turn.trace.mark("asr_start")
             language = self._language()
             priority = NORMAL if turn.committed else BACKGROUND
-            result = await self.engines.asr.transcribe(audio, language, priority=priority, cancel=turn.cancel)
+            result = await self.engines.asr.transcribe(audio, language, priority=priority, cancel=turn.cancel,
+                                                       prompt=self._prompt())
             turn.trace.mark("asr_final")
             text = result.text.strip()
             turn.user_text = text
-            conv.turns.emit(turn, ev.InputAudioTranscriptionCompleted(
-                item_id=item, transcript=text, usage=ev.TranscriptionUsage(seconds=len(audio) / ASR_RATE)))
-            conv.turns.emit(turn, ev.ConversationItemDone(item=conv.user_message(item, "completed", text),
+            # transcription null: no transcript events and none in the item (the LLM still reads the words)
+            shown = text if self._settings().audio.input.transcription is not None else None
+            if shown is not None:
+                conv.turns.emit(turn, ev.InputAudioTranscriptionCompleted(
+                    item_id=item, transcript=text, usage=ev.TranscriptionUsage(seconds=len(audio) / ASR_RATE)))
+            conv.turns.emit(turn, ev.ConversationItemDone(item=conv.user_message(item, "completed", shown),
                                                           previous_item_id=previous))
             if turn.committed:
                 conv.add_user_message(turn)

@@ -13,14 +13,16 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from realtime.audio_formats import bytes_to_pcm
 from realtime.items import CLIENT_CONTENT_TYPES, Item, MessageItem, ResponseOptions
-from realtime.session_schema import validate_session_update
+from realtime.session_schema import G711_FORMATS, validate_session_update
 from realtime.wire import (
     ErrorCode,
     PcmEquality,
     ProtocolError,
     WireObject,
     check,
+    decode_base64,
     decode_value,
     wire_name,
 )
@@ -52,6 +54,47 @@ class SessionUpdate(ClientEvent):
         return cls(session=update, ignored=ignored, event_id=event_id)
 
 
+#: ``transcription_session.update``'s (beta) audio format names -> the GA format objects.
+BETA_AUDIO_FORMATS: Mapping[str, dict[str, Any]] = {
+    "pcm16": {"type": "audio/pcm", "rate": 24000},
+    "g711_ulaw": {"type": "audio/pcmu"},
+    "g711_alaw": {"type": "audio/pcma"},
+}
+#: Its keys that have a GA place in the session (the others are ignored, as unknown keys are).
+_BETA_KEYS = {"input_audio_format": "format", "input_audio_transcription": "transcription",
+              "turn_detection": "turn_detection"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TranscriptionSessionUpdate(SessionUpdate):
+    """The beta API's ``transcription_session.update``: the same as a ``session.update`` with
+    ``session.type: "transcription"`` and the beta keys moved to their GA places
+    (``input_audio_format`` -> ``audio.input.format``, ``input_audio_transcription`` ->
+    ``audio.input.transcription``, ``turn_detection`` -> ``audio.input.turn_detection``)."""
+
+    type: ClassVar[str] = "transcription_session.update"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], path: str = "") -> TranscriptionSessionUpdate:
+        if "session" not in data:
+            raise ProtocolError(ErrorCode.MISSING_FIELD, "missing field session", param="session")
+        beta = data["session"]
+        if not isinstance(beta, dict):
+            raise ProtocolError(ErrorCode.INVALID_VALUE, "session: expected an object", param="session")
+        audio_input: dict[str, Any] = {ga: beta[key] for key, ga in _BETA_KEYS.items() if key in beta}
+        if "format" in audio_input:
+            fmt = audio_input["format"]
+            if not isinstance(fmt, str) or fmt not in BETA_AUDIO_FORMATS:
+                raise ProtocolError(ErrorCode.UNSUPPORTED_AUDIO_FORMAT,
+                                    f"session.input_audio_format: one of {', '.join(BETA_AUDIO_FORMATS)}, got {fmt!r}",
+                                    param="session.input_audio_format")
+            audio_input["format"] = dict(BETA_AUDIO_FORMATS[fmt])
+        event_id = decode_value(data.get("event_id"), str | None, "event_id")
+        update, ignored = validate_session_update({"type": "transcription", "audio": {"input": audio_input}})
+        ignored += tuple(f"session.{k}" for k in beta if k not in _BETA_KEYS)
+        return cls(session=update, ignored=ignored, event_id=event_id)
+
+
 @dataclass(frozen=True, kw_only=True, eq=False)
 class InputAudioBufferAppend(PcmEquality, ClientEvent):
     """Append user audio: ``pcm`` int16 mono at ``sample_rate`` Hz (the session input rate)."""
@@ -62,7 +105,13 @@ class InputAudioBufferAppend(PcmEquality, ClientEvent):
     sample_rate: int = field(default=24000, metadata={"wire": False})
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], path: str = "", sample_rate: int = 24000) -> InputAudioBufferAppend:
+    def from_dict(cls, data: Mapping[str, Any], path: str = "", sample_rate: int = 24000,
+                  audio_format: str = "audio/pcm") -> InputAudioBufferAppend:
+        """``audio_format``: the session's input format (``audio/pcmu`` / ``audio/pcma``: G.711 bytes)."""
+        if audio_format in G711_FORMATS and isinstance(data.get("audio"), str):
+            event_id = decode_value(data.get("event_id"), str | None, "event_id")
+            pcm = bytes_to_pcm(decode_base64(data["audio"], "audio"), audio_format)
+            return cls(pcm=pcm, sample_rate=sample_rate, event_id=event_id)
         event = super().from_dict(data, path)
         return dataclasses.replace(event, sample_rate=sample_rate)
 
@@ -124,6 +173,30 @@ class ConversationItemTruncate(ClientEvent):
     def __post_init__(self) -> None:
         check(self.content_index >= 0, "content_index", "must be >= 0")
         check(self.audio_end_ms >= 0, "audio_end_ms", "must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConversationItemDelete(ClientEvent):
+    """Remove an item from the conversation (answered by ``conversation.item.deleted``)."""
+
+    type: ClassVar[str] = "conversation.item.delete"
+    item_id: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConversationItemRetrieve(ClientEvent):
+    """Ask for an item of the conversation (answered by ``conversation.item.retrieved``)."""
+
+    type: ClassVar[str] = "conversation.item.retrieve"
+    item_id: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutputAudioBufferClear(ClientEvent):
+    """Stop the audio of the current reply: its unsent audio is dropped, a reply still being made
+    is cancelled, the history keeps what was heard (answered by ``output_audio_buffer.cleared``)."""
+
+    type: ClassVar[str] = "output_audio_buffer.clear"
 
 
 @dataclass(frozen=True, kw_only=True)

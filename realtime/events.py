@@ -21,13 +21,17 @@ from typing import Any
 from realtime.client_events import (
     ClientEvent,
     ConversationItemCreate,
+    ConversationItemDelete,
+    ConversationItemRetrieve,
     ConversationItemTruncate,
     InputAudioBufferAppend,
     InputAudioBufferClear,
     InputAudioBufferCommit,
+    OutputAudioBufferClear,
     ResponseCancel,
     ResponseCreate,
     SessionUpdate,
+    TranscriptionSessionUpdate,
     XPlayback,
     XTtsCancel,
     XTtsSpeak,
@@ -35,6 +39,7 @@ from realtime.client_events import (
 from realtime.items import (
     ContentPart,
     ErrorInfo,
+    InputItem,
     Item,
     MessageItem,
     ResponseAudio,
@@ -45,8 +50,9 @@ from realtime.items import (
 )
 from realtime.server_events import (
     ConversationItemAdded,
-    ConversationItemDone,
     ConversationItemDeleted,
+    ConversationItemDone,
+    ConversationItemRetrieved,
     ConversationItemTruncated,
     ErrorDetail,
     ErrorEvent,
@@ -58,6 +64,7 @@ from realtime.server_events import (
     InputAudioTranscriptionCompleted,
     InputAudioTranscriptionDelta,
     InputAudioTranscriptionFailed,
+    OutputAudioBufferCleared,
     ResponseContentPartAdded,
     ResponseContentPartDone,
     ResponseCreated,
@@ -75,6 +82,7 @@ from realtime.server_events import (
     ServerEvent,
     SessionCreated,
     SessionUpdated,
+    TranscriptionSessionUpdated,
     TranscriptionUsage,
     XOutputAudioBufferCleared,
     XOutputAudioBufferPaused,
@@ -91,17 +99,19 @@ from realtime.wire import ErrorCode, ProtocolError, event_id_of
 ProtocolErrorEvent = ErrorEvent
 
 __all__ = [
-    "CLIENT_EVENTS", "SERVER_EVENTS", "UNSUPPORTED_CLIENT_EVENTS",
+    "CLIENT_EVENTS", "SERVER_EVENTS", "UNSUPPORTED_CLIENT_EVENTS", "OPT_IN_EVENTS",
     "ClientEvent", "ServerEvent", "ErrorCode", "ProtocolError", "ProtocolErrorEvent",
     "error_info", "parse_client_event", "parse_server_event", "serialize",
     # client events
     "SessionUpdate", "InputAudioBufferAppend", "InputAudioBufferCommit", "InputAudioBufferClear",
     "ResponseCreate", "ResponseCancel", "ConversationItemCreate", "ConversationItemTruncate",
+    "ConversationItemDelete", "ConversationItemRetrieve", "OutputAudioBufferClear", "TranscriptionSessionUpdate",
     "XPlayback", "XTtsSpeak", "XTtsCancel",
     # server events
     "SessionCreated", "SessionUpdated", "InputAudioBufferSpeechStarted", "InputAudioBufferSpeechStopped",
     "InputAudioBufferCommitted", "InputAudioBufferCleared", "InputAudioBufferTimeoutTriggered", "ConversationItemAdded", "ConversationItemDone",
-    "ConversationItemDeleted", "ConversationItemTruncated", "InputAudioTranscriptionDelta", "InputAudioTranscriptionCompleted",
+    "ConversationItemTruncated", "ConversationItemDeleted", "ConversationItemRetrieved",
+    "OutputAudioBufferCleared", "TranscriptionSessionUpdated", "InputAudioTranscriptionDelta", "InputAudioTranscriptionCompleted",
     "InputAudioTranscriptionFailed", "ResponseCreated", "ResponseDone", "ResponseOutputItemAdded",
     "ResponseOutputItemDone", "ResponseContentPartAdded", "ResponseContentPartDone",
     "ResponseOutputAudioDelta", "ResponseOutputAudioDone", "ResponseOutputAudioTranscriptDelta",
@@ -110,8 +120,8 @@ __all__ = [
     "XOutputAudioBufferResumed", "XOutputAudioBufferCleared",
     "ResponseFunctionCallArgumentsDelta", "ResponseFunctionCallArgumentsDone",
     # nested objects
-    "ContentPart", "ErrorDetail", "ErrorInfo", "Item", "MessageItem", "FunctionCallItem", "FunctionCallOutputItem",
-    "FunctionTool", "ToolChoiceFunction", "ResponseAudio", "ResponseObject",
+    "ContentPart", "ErrorDetail", "ErrorInfo", "InputItem", "Item", "MessageItem", "FunctionCallItem",
+    "FunctionCallOutputItem", "FunctionTool", "ToolChoiceFunction", "ResponseAudio", "ResponseObject",
     "ResponseOptions", "ResponseStatusDetails", "ResponseUsage", "TranscriptionUsage",
 ]
 
@@ -131,11 +141,11 @@ def _registry(base: type) -> dict[str, type]:
 CLIENT_EVENTS: Mapping[str, type[ClientEvent]] = _registry(ClientEvent)
 #: Every server event type, by wire ``type``.
 SERVER_EVENTS: Mapping[str, type[ServerEvent]] = _registry(ServerEvent)
+#: Extension server events sent only to clients that ask (``session.x_events`` / ``?x_events=true``);
+#: ``x.tts.*`` events answer a client's own ``x.tts.speak`` and are always sent.
+OPT_IN_EVENTS = (XTurnMetrics, XOutputAudioBufferPaused, XOutputAudioBufferResumed, XOutputAudioBufferCleared)
 #: GA client event types we recognise but do not implement (error ``unsupported_event_type``).
-UNSUPPORTED_CLIENT_EVENTS = frozenset({
-    "conversation.item.delete", "conversation.item.retrieve", "output_audio_buffer.clear",
-    "transcription_session.update",
-})
+UNSUPPORTED_CLIENT_EVENTS: frozenset[str] = frozenset()
 
 
 def _event_type(data: Any, known: Mapping[str, type], unsupported: frozenset[str]) -> type:
@@ -155,17 +165,20 @@ def _event_type(data: Any, known: Mapping[str, type], unsupported: frozenset[str
 
 
 def parse_client_event(
-    data: Any, *, input_rate: int = 24000, max_text_chars: int | None = None
+    data: Any, *, input_rate: int = 24000, max_text_chars: int | None = None,
+    input_format: str = "audio/pcm",
 ) -> ClientEvent:
     """Validate one decoded JSON message from a client.
 
-    ``input_rate`` (Hz) labels decoded audio; ``max_text_chars`` bounds text inputs.
+    ``input_rate`` (Hz) labels decoded audio, ``input_format`` says how its bytes are coded
+    (PCM16 or G.711); ``max_text_chars`` bounds text inputs.
     Raises :class:`ProtocolError` (with the client's ``event_id`` when readable).
     """
     try:
         cls = _event_type(data, CLIENT_EVENTS, UNSUPPORTED_CLIENT_EVENTS)
         if cls is InputAudioBufferAppend:
-            event: ClientEvent = InputAudioBufferAppend.from_dict(data, sample_rate=input_rate)
+            event: ClientEvent = InputAudioBufferAppend.from_dict(data, sample_rate=input_rate,
+                                                                  audio_format=input_format)
         else:
             event = cls.from_dict(data)
         if max_text_chars is not None:

@@ -118,17 +118,41 @@ class ResponseObject(WireObject):
 
 
 @dataclass(frozen=True, kw_only=True)
+class InputItem(WireObject):
+    """An item of ``response.create``'s ``input``: a message (as in ``conversation.item.create``) or
+    ``{"type": "item_reference", "id": "item_…"}``, an item of the conversation."""
+
+    type: Literal["message", "item_reference"]
+    id: str | None = None
+    role: Role | None = None
+    content: tuple[ContentPart, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.type == "item_reference":
+            check(bool(self.id), "id", "is required for an item_reference")
+            return
+        check(self.role is not None, "role", "is required for a message")
+        allowed = CLIENT_CONTENT_TYPES.get(self.role or "user", frozenset())
+        for i, part in enumerate(self.content):
+            check(part.type in allowed, f"content[{i}].type",
+                  f"{self.role} messages accept {', '.join(sorted(allowed))}, not {part.type!r}")
+            check(part.text is not None, f"content[{i}].text", "is required")
+
+
+@dataclass(frozen=True, kw_only=True)
 class ResponseOptions(WireObject):
     """The optional ``response`` of ``response.create``: per-response overrides.
 
-    ``conversation: "none"`` makes an out-of-band response (not added to history).
-    ``tools`` / ``tool_choice`` replace the session's for this response. Other GA keys (audio,
-    input, prompt…) are ignored.
+    ``conversation: "none"`` makes an out-of-band response (not added to history); ``input``
+    replaces the conversation as what the model reads for this response (``[]``: nothing but
+    the instructions). ``tools`` / ``tool_choice`` replace the session's for this response. Other
+    GA keys (audio, prompt…) are ignored.
     """
 
     instructions: str | None = None
     output_modalities: tuple[Literal["audio", "text"], ...] | None = None
-    conversation: str | None = None
+    conversation: Literal["auto", "none"] | None = None
+    input: tuple[InputItem, ...] | None = None
     max_output_tokens: int | Literal["inf"] | None = None
     metadata: dict[str, str] | None = None
     tools: tuple[FunctionTool, ...] | None = None
@@ -141,3 +165,4 @@ class ResponseOptions(WireObject):
         check(modalities is None or len(modalities) == 1, "output_modalities", 'must be ["audio"] or ["text"]')
         tokens = self.max_output_tokens
         check(tokens in (None, "inf") or 1 <= tokens <= 4096, "max_output_tokens", 'must be 1–4096 or "inf"')
+        check(self.metadata is None or len(self.metadata) <= 16, "metadata", "at most 16 keys")

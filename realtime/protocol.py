@@ -27,6 +27,7 @@ from functools import cache
 from typing import Any
 
 import orjson
+import pybase64
 
 from realtime.events import (
     ClientEvent,
@@ -36,12 +37,14 @@ from realtime.events import (
     ServerEvent,
     SessionUpdate,
     XTtsAudioDelta,
+    XTtsSpeak,
     parse_client_event,
     parse_server_event,
     serialize,
 )
+from realtime.audio_formats import bytes_to_pcm, pcm_to_bytes
 from realtime.session_schema import SessionConfig, apply_session_update
-from realtime.wire import ErrorCode, ProtocolError, encode_pcm16, pcm16_bytes, pcm16_from_bytes
+from realtime.wire import ErrorCode, ProtocolError, encode_pcm16
 from base.config import LimitsConfig
 
 __all__ = [
@@ -81,6 +84,8 @@ class RealtimeProtocol:
         self._defaults = session or SessionConfig()
         self._session = self._defaults
         self._updated = False  # any session.update applied yet
+        #: The voice names a client may choose (``audio.output.voice``, ``x.tts.speak``); None: any.
+        self.voices: tuple[str, ...] | None = None
 
     @classmethod
     def from_limits(cls, limits: LimitsConfig, session: SessionConfig | None = None) -> RealtimeProtocol:
@@ -125,8 +130,9 @@ class RealtimeProtocol:
                 data = json.loads(text, parse_constant=_reject_constant)
             except (ValueError, RecursionError) as exc:
                 raise ProtocolError(ErrorCode.INVALID_JSON, f"malformed JSON: {exc}") from None
-            event = parse_client_event(data, input_rate=self.input_rate,
-                                       max_text_chars=self.max_text_chars)
+            event = parse_client_event(data, input_rate=self.input_rate, max_text_chars=self.max_text_chars,
+                                       input_format=self._session.audio.input.format.type)
+            self._check_voice(event)
             if isinstance(event, SessionUpdate):
                 self._session = apply_session_update(self._session, event.session, self._defaults)
                 self._updated = True
@@ -144,10 +150,23 @@ class RealtimeProtocol:
                     "input_audio_buffer.append events instead",
                 )
             self._check_size(len(data))
-            pcm = pcm16_from_bytes(bytes(data))
+            pcm = bytes_to_pcm(bytes(data), self._session.audio.input.format.type)
         except ProtocolError as exc:
             return [ErrorEvent.from_exception(exc)]
         return [InputAudioBufferAppend(pcm=pcm, sample_rate=self.input_rate)]
+
+    def _check_voice(self, event: ClientEvent) -> None:
+        """``invalid_value`` (listing the names) for a voice the server does not have."""
+        if isinstance(event, SessionUpdate):
+            name, param = event.session.get("audio", {}).get("output", {}).get("voice"), "session.audio.output.voice"
+        elif isinstance(event, XTtsSpeak):
+            name, param = event.voice, "voice"
+        else:
+            return
+        if name is not None and self.voices is not None and name not in self.voices:
+            raise ProtocolError(ErrorCode.INVALID_VALUE,
+                                f"{param}: no voice {name!r} on this server; voices: {', '.join(self.voices)}",
+                                param=param, event_id=event.event_id)
 
     def _check_size(self, size: int) -> None:
         if size > self.max_message_bytes:
@@ -158,9 +177,11 @@ class RealtimeProtocol:
 
     # ------------------------------------------------------------------ send
     def send(self, event: ServerEvent) -> str | bytes:
-        """The frame for ``event``: bytes for audio deltas on the fast path, else JSON text."""
+        """The frame for ``event``: bytes for audio deltas on the fast path, else JSON text; audio in
+        the session's output format (PCM16, or G.711 bytes for ``audio/pcmu`` / ``audio/pcma``)."""
         if isinstance(event, BINARY_AUDIO_EVENTS):
-            return encode_audio_frame(event) if self.binary_audio else encode_audio_json(event)
+            fmt = self._session.audio.output.format.type
+            return encode_audio_frame(event, fmt) if self.binary_audio else encode_audio_json(event, fmt)
         return serialize(event)
 
 
@@ -180,22 +201,23 @@ def _audio_header(event: ResponseOutputAudioDelta | XTtsAudioDelta) -> bytes:
     return orjson.dumps({"type": event.type, **{name: getattr(event, name) for name in _header_fields(type(event))}})
 
 
-def encode_audio_json(event: ResponseOutputAudioDelta | XTtsAudioDelta) -> str:
-    """The JSON text of an audio delta (same wire form as ``serialize``, built without the codec)."""
-    audio = encode_pcm16(event.pcm)
+def encode_audio_json(event: ResponseOutputAudioDelta | XTtsAudioDelta, fmt: str = "audio/pcm") -> str:
+    """The JSON text of an audio delta (same wire form as ``serialize``, built without the codec);
+    ``fmt``: the wire audio format (G.711 formats: base64 of its bytes)."""
+    audio = encode_pcm16(event.pcm) if fmt == "audio/pcm" else pybase64.b64encode(pcm_to_bytes(event.pcm, fmt)).decode()
     return f'{_audio_header(event)[:-1].decode()},"delta":"{audio}"}}'
 
 
-def encode_audio_frame(event: ResponseOutputAudioDelta | XTtsAudioDelta) -> bytes:
-    """``[u16 LE n][n bytes JSON header][PCM16 LE]``; the audio starts at an even offset."""
+def encode_audio_frame(event: ResponseOutputAudioDelta | XTtsAudioDelta, fmt: str = "audio/pcm") -> bytes:
+    """``[u16 LE n][n bytes JSON header][audio]`` (PCM16 LE, or G.711 bytes); the audio starts at an even offset."""
     head = _audio_header(event)
     if len(head) % 2:  # 2 + n even, so an Int16Array view of the audio is aligned
         head += b" "
-    return _HEADER_LEN.pack(len(head)) + head + pcm16_bytes(event.pcm)
+    return _HEADER_LEN.pack(len(head)) + head + pcm_to_bytes(event.pcm, fmt)
 
 
-def decode_audio_frame(frame: bytes) -> ResponseOutputAudioDelta | XTtsAudioDelta:
-    """Client side: the audio event carried by a binary frame from the server."""
+def decode_audio_frame(frame: bytes, fmt: str = "audio/pcm") -> ResponseOutputAudioDelta | XTtsAudioDelta:
+    """Client side: the audio event carried by a binary frame from the server (audio in ``fmt``)."""
     if len(frame) < _HEADER_LEN.size:
         raise ProtocolError(ErrorCode.INVALID_VALUE, "binary frame shorter than its header")
     (n,) = _HEADER_LEN.unpack_from(frame)
@@ -208,7 +230,7 @@ def decode_audio_frame(frame: bytes) -> ResponseOutputAudioDelta | XTtsAudioDelt
         raise ProtocolError(ErrorCode.INVALID_VALUE, "binary frame header is not an audio delta")
     cls = ResponseOutputAudioDelta if header["type"] == ResponseOutputAudioDelta.type else XTtsAudioDelta
     event = cls.from_dict({**header, "delta": ""})  # validates the header fields
-    return dataclasses.replace(event, pcm=pcm16_from_bytes(frame[end:]))
+    return dataclasses.replace(event, pcm=bytes_to_pcm(frame[end:], fmt))
 
 
 def parse_server_frame(frame: str | bytes) -> ServerEvent:

@@ -45,6 +45,14 @@ class SessionUpdated(ServerEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
+class TranscriptionSessionUpdated(ServerEvent):
+    """Answers the beta ``transcription_session.update``; ``session`` is the GA session object."""
+
+    type: ClassVar[str] = "transcription_session.updated"
+    session: SessionConfig
+
+
+@dataclass(frozen=True, kw_only=True)
 class InputAudioBufferSpeechStarted(ServerEvent):
     """Server VAD heard speech; ``audio_start_ms`` counts from the session's first input audio."""
 
@@ -103,7 +111,8 @@ class ConversationItemDone(ServerEvent):
 
 @dataclass(frozen=True, kw_only=True)
 class ConversationItemDeleted(ServerEvent):
-    """An item left the conversation (the first part of a mended turn, and the reply it got)."""
+    """An item left the conversation (``conversation.item.delete``, or the first part of a mended turn
+    and the reply it got)."""
 
     type: ClassVar[str] = "conversation.item.deleted"
     item_id: str
@@ -115,6 +124,22 @@ class ConversationItemTruncated(ServerEvent):
     item_id: str
     content_index: int
     audio_end_ms: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConversationItemRetrieved(ServerEvent):
+    """An item as the conversation holds it (speech items: their transcript; audio is not kept)."""
+
+    type: ClassVar[str] = "conversation.item.retrieved"
+    item: Item
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutputAudioBufferCleared(ServerEvent):
+    """The audio of response ``response_id`` stopped (``output_audio_buffer.clear``)."""
+
+    type: ClassVar[str] = "output_audio_buffer.cleared"
+    response_id: str
 
 
 @dataclass(frozen=True, kw_only=True)

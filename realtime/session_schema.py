@@ -36,16 +36,29 @@ if typing.TYPE_CHECKING:
 INPUT_RATES = (16000, 24000)
 #: Sample rates accepted for ``audio/pcm`` output (Hz); TTS audio is resampled to it.
 OUTPUT_RATES = (16000, 22050, 24000, 48000)
+#: G.711 formats (8-bit μ-law and A-law, 8 kHz, as telephony bridges send them), both directions.
+G711_FORMATS = ("audio/pcmu", "audio/pcma")
+#: Sample rate of G.711 audio (Hz): the only one it has.
+G711_RATE = 8000
 #: Session keys a client may send but cannot change.
 READ_ONLY_KEYS = frozenset({"id", "object", "model"})
 
 
 @dataclass(frozen=True, kw_only=True)
 class AudioFormat(WireObject):
-    """``{"type": "audio/pcm", "rate": 24000}``: mono PCM16 little-endian at ``rate`` Hz."""
+    """``{"type": "audio/pcm", "rate": 24000}``: mono PCM16 little-endian at ``rate`` Hz; or
+    ``{"type": "audio/pcmu"}`` / ``{"type": "audio/pcma"}``: G.711 μ-law / A-law at 8000 Hz."""
 
     type: str = "audio/pcm"
     rate: int = 24000
+
+    def __post_init__(self) -> None:
+        check(not self.g711 or self.rate == G711_RATE, "rate", f"{self.type} is {G711_RATE} Hz")
+
+    @property
+    def g711(self) -> bool:
+        """True for μ-law or A-law (one byte a sample at 8 kHz)."""
+        return self.type in G711_FORMATS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,7 +118,7 @@ class AudioInput(WireObject):
 @dataclass(frozen=True, kw_only=True)
 class AudioOutput(WireObject):
     format: AudioFormat = field(default_factory=AudioFormat)
-    #: Voice name; any string is accepted, the session maps unknown names to its voice.
+    #: Voice name: one of the server's ``tts.voices`` (``"default"``: the server's own voice).
     voice: str = "default"
     #: Speaking rate multiple, 0.25–1.5 (TTS length_scale = 1 / speed).
     speed: float = 1.0
@@ -124,7 +137,8 @@ class AudioConfig(WireObject):
 class SessionConfig(WireObject):
     """The effective session, as in ``session.created`` / ``session.updated``."""
 
-    type: Literal["realtime"] = "realtime"
+    #: ``"realtime"``: a conversation; ``"transcription"``: VAD and transcripts only (no LLM, no TTS).
+    type: Literal["realtime", "transcription"] = "realtime"
     object: str = "realtime.session"
     id: str = "sess_local"
     model: str = "voxloop"
@@ -139,6 +153,9 @@ class SessionConfig(WireObject):
     tool_choice: ToolChoice = "auto"
     #: Extension: binary WebSocket frames carry audio both ways (see docs/protocol.md).
     x_binary_audio: bool = False
+    #: Extension: send the ``x.*`` server events (turn metrics, paused/resumed/cleared playback);
+    #: off, a client sees only OpenAI events (``x.tts.*`` answer ``x.tts.speak`` either way).
+    x_events: bool = False
 
     def __post_init__(self) -> None:
         check(len(self.output_modalities) == 1, "output_modalities", 'must be ["audio"] or ["text"]')
@@ -156,11 +173,16 @@ class SessionConfig(WireObject):
         return self.audio.output.format.rate
 
 
-def default_session(cfg: Config, session_id: str = "sess_local") -> SessionConfig:
-    """The session a new connection starts with, from the server config (24 kHz both ways)."""
+def default_session(cfg: Config, session_id: str = "sess_local",
+                    options: ConnectOptions | None = None) -> SessionConfig:
+    """The session a new connection starts with, from the server config (24 kHz both ways) and
+    what its URL asked (``?intent=transcription``, ``?x_events=true``)."""
     vad = cfg.vad
+    options = options or ConnectOptions()
     return SessionConfig(
         id=session_id,
+        type=options.kind,  # type: ignore[arg-type]
+        x_events=options.x_events,
         instructions=cfg.llm.system_prompt,
         audio=AudioConfig(
             input=AudioInput(
@@ -176,6 +198,34 @@ def default_session(cfg: Config, session_id: str = "sess_local") -> SessionConfi
     )
 
 
+# --------------------------------------------------------------------------- URL parameters
+#: Values of a URL parameter that turn an extension on (``?x_events=true``).
+_TRUE = ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class ConnectOptions:
+    """What the WebSocket URL's query asks of the session it opens."""
+
+    #: ``"realtime"``, or ``"transcription"`` for ``?intent=transcription`` (as the OpenAI API).
+    kind: str = "realtime"
+    #: ``?x_events=true``: send the ``x.*`` server events from the first one on.
+    x_events: bool = False
+
+
+def connect_options(query: Mapping[str, list[str]]) -> ConnectOptions:
+    """The session options of a parsed URL query (``urllib.parse.parse_qs``); other parameters
+    (``model``, ``token``) are not the session's. Raises ``ProtocolError`` for a bad value."""
+    intent = query.get("intent", ["realtime"])[-1]
+    if intent not in ("realtime", "transcription"):
+        raise ProtocolError(ErrorCode.INVALID_VALUE,
+                            f"intent: 'realtime' or 'transcription', got {intent!r}", param="intent")
+    flag = query.get("x_events", ["false"])[-1].lower()
+    if flag not in (*_TRUE, "0", "false", "no", "off"):
+        raise ProtocolError(ErrorCode.INVALID_VALUE, f"x_events: true or false, got {flag!r}", param="x_events")
+    return ConnectOptions(kind=intent, x_events=flag in _TRUE)
+
+
 # --------------------------------------------------------------------------- updates
 def validate_session_update(raw: Any, path: str = "session") -> tuple[dict[str, Any], tuple[str, ...]]:
     """Check a partial session from ``session.update``.
@@ -186,10 +236,10 @@ def validate_session_update(raw: Any, path: str = "session") -> tuple[dict[str, 
     """
     if not isinstance(raw, dict):
         raise ProtocolError(ErrorCode.INVALID_VALUE, f"{path}: expected an object", param=path)
-    if raw.get("type", "realtime") != "realtime":
+    if raw.get("type", "realtime") not in ("realtime", "transcription"):
         raise ProtocolError(
             ErrorCode.INVALID_VALUE,
-            f"{path}.type: only 'realtime' sessions are supported, got {raw.get('type')!r}",
+            f"{path}.type: 'realtime' or 'transcription', got {raw.get('type')!r}",
             param=f"{path}.type",
         )
     ignored: list[str] = []
@@ -242,12 +292,17 @@ def _check_formats(update: Mapping[str, Any], path: str) -> None:
         if fmt is None:
             continue
         where = f"{path}.audio.{direction}.format"
-        if "type" in fmt and fmt["type"] != "audio/pcm":
+        if fmt.get("type", "audio/pcm") not in ("audio/pcm", *G711_FORMATS):
             raise ProtocolError(
                 ErrorCode.UNSUPPORTED_AUDIO_FORMAT,
-                f"{where}.type: only 'audio/pcm' (PCM16 LE mono) is supported, got {fmt['type']!r}",
-                param=f"{where}.type",
-            )
+                f"{where}.type: 'audio/pcm' (PCM16 LE mono), 'audio/pcmu' or 'audio/pcma' (G.711 at 8 kHz), "
+                f"got {fmt['type']!r}", param=f"{where}.type")
+        if fmt.get("type") in G711_FORMATS:
+            if fmt.setdefault("rate", G711_RATE) != G711_RATE:
+                raise ProtocolError(
+                    ErrorCode.UNSUPPORTED_AUDIO_FORMAT,
+                    f"{where}.rate: {fmt['type']} is {G711_RATE} Hz, got {fmt['rate']}", param=f"{where}.rate")
+            continue
         if "rate" in fmt and fmt["rate"] not in rates:
             raise ProtocolError(
                 ErrorCode.UNSUPPORTED_AUDIO_FORMAT,
@@ -296,6 +351,8 @@ def _merge(obj: WireObject, update: Mapping[str, Any], defaults: WireObject | No
         changes[key] = _merge(base, value, default_sub, sub)
     if isinstance(obj, TurnDetection):
         _normalize_aggressiveness(changes)
+    if isinstance(obj, AudioFormat) and obj.g711 and changes.get("type") == "audio/pcm" and "rate" not in changes:
+        changes["rate"] = AudioFormat().rate  # back from G.711 (8 kHz only) to PCM: its default rate
     try:
         return dataclasses.replace(obj, **changes)
     except ProtocolError as exc:

@@ -38,6 +38,7 @@ __all__ = [
     "PcmEquality",
     "ProtocolError",
     "WireObject",
+    "decode_base64",
     "decode_pcm16",
     "encode_pcm16",
     "event_id_of",
@@ -160,15 +161,19 @@ def pcm16_from_bytes(raw: bytes, param: str | None = None) -> np.ndarray:
     return np.frombuffer(raw, dtype="<i2").astype(np.int16, copy=False)
 
 
-def decode_pcm16(text: str, param: str | None = None) -> np.ndarray:
-    """Int16 samples from base64 PCM16 (strict alphabet, padding required, no padding beyond it)."""
+def decode_base64(text: str, param: str | None = None) -> bytes:
+    """Bytes of strict base64 (standard alphabet, padding required, no padding beyond it)."""
     try:
-        raw = pybase64.b64decode(text, validate=True)
+        return pybase64.b64decode(text, validate=True)
     except (ValueError, TypeError):  # binascii.Error is a ValueError
         raise ProtocolError(
             ErrorCode.INVALID_BASE64, "audio is not valid base64", param=param
         ) from None
-    return pcm16_from_bytes(raw, param)
+
+
+def decode_pcm16(text: str, param: str | None = None) -> np.ndarray:
+    """Int16 samples from base64 PCM16 (strict alphabet, padding required, no padding beyond it)."""
+    return pcm16_from_bytes(decode_base64(text, param), param)
 
 
 # --------------------------------------------------------------------------- codec

@@ -15,8 +15,9 @@ import numpy as np
 from conftest import scaled
 
 
-def url(hub, path: str = "/v1/realtime") -> str:
-    return f"ws://127.0.0.1:{hub.port}{path}"
+def url(hub, path: str = "/v1/realtime", x_events: bool = True) -> str:
+    """The WebSocket URL of ``hub``; ``x_events``: ask for the ``x.*`` events (these tests read them)."""
+    return f"ws://127.0.0.1:{hub.port}{path}" + (("&" if "?" in path else "?") + "x_events=true" if x_events else "")
 
 
 def free_port() -> int:

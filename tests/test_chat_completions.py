@@ -97,7 +97,7 @@ def test_llama_cpp_pythons_repeated_ids_and_names_give_one_first_piece_per_call(
     assert "".join(p.arguments for p in pieces) == '{"city": "Paris"}' and len(pieces) == 5  # no empty piece
     stats = reader.stats(1.0, 0.1)
     assert stats.prompt_tokens == 0 and stats.completion_tokens == 5  # no usage: the streamed pieces
-    assert not stats.usage_reported  # so response.done leaves usage out
+    assert not stats.usage_reported  # so response.done counts the streamed tokens instead
 
 
 def test_calls_without_ids_or_indexes_get_them_in_order_and_reasoning_is_not_spoken():

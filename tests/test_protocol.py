@@ -79,12 +79,24 @@ CLIENT_SAMPLES: dict[str, dict[str, Any]] = {
         "type": "message", "role": "user", "content": [{"type": "input_text", "text": "What time is it?"}]}},
     "conversation.item.truncate": {"type": "conversation.item.truncate", "item_id": "item_2",
                                    "content_index": 0, "audio_end_ms": 1500},
+    "conversation.item.delete": {"type": "conversation.item.delete", "event_id": "c4", "item_id": "item_2"},
+    "conversation.item.retrieve": {"type": "conversation.item.retrieve", "event_id": "c5", "item_id": "item_2"},
+    "output_audio_buffer.clear": {"type": "output_audio_buffer.clear", "event_id": "c6"},
+    "transcription_session.update": {"type": "transcription_session.update", "event_id": "c7", "session": {
+        "input_audio_format": "g711_ulaw", "input_audio_transcription": {"language": "en", "prompt": "Voxloop"},
+        "turn_detection": None}},
     "x.playback": {"type": "x.playback", "item_id": "item_2", "response_id": "resp_1",
                    "audio_end_ms": 2400, "finished": True},
     "x.tts.speak": {"type": "x.tts.speak", "request_id": "tts_1", "text": "Hello world.", "voice": "default",
                     "length_scale": 1.2, "noise_scale": 0.5, "noise_w": 0.6, "speaker_id": 0},
     "x.tts.cancel": {"type": "x.tts.cancel", "request_id": "tts_1"},
 }
+
+#: Client events whose wire form is the beta API's: the GA form they are read as.
+GA_FORMS = {"transcription_session.update": {"type": "transcription_session.update", "event_id": "c7", "session": {
+    "type": "transcription", "audio": {"input": {"format": {"type": "audio/pcmu", "rate": 8000},
+                                                 "transcription": {"language": "en", "prompt": "Voxloop"},
+                                                 "turn_detection": None}}}}}
 
 SERVER_SAMPLES: dict[str, dict[str, Any]] = {
     "session.created": {"type": "session.created", "event_id": "event_1", "session": SESSION},
@@ -107,7 +119,12 @@ SERVER_SAMPLES: dict[str, dict[str, Any]] = {
                                "previous_item_id": None},
     "conversation.item.truncated": {"type": "conversation.item.truncated", "event_id": "event_9",
                                     "item_id": "item_2", "content_index": 0, "audio_end_ms": 1500},
-    "conversation.item.deleted": {"type": "conversation.item.deleted", "event_id": "event_9d", "item_id": "item_2"},
+    "conversation.item.deleted": {"type": "conversation.item.deleted", "event_id": "event_9b", "item_id": "item_2"},
+    "conversation.item.retrieved": {"type": "conversation.item.retrieved", "event_id": "event_9c", "item": USER_ITEM},
+    "output_audio_buffer.cleared": {"type": "output_audio_buffer.cleared", "event_id": "event_9d",
+                                    "response_id": "resp_1"},
+    "transcription_session.updated": {"type": "transcription_session.updated", "event_id": "event_9e",
+                                      "session": {**SESSION, "type": "transcription"}},
     "conversation.item.input_audio_transcription.delta": {
         "type": "conversation.item.input_audio_transcription.delta", "event_id": "event_10",
         "item_id": "item_1", "content_index": 0, "delta": "hello"},
@@ -179,8 +196,9 @@ def test_client_event_round_trip(kind):
     wire = CLIENT_SAMPLES[kind]
     event = parse_client_event(wire)
     assert type(event) is CLIENT_EVENTS[kind]
-    assert event.to_dict() == wire
-    assert parse_client_event(json.loads(serialize(event))) == event  # dataclass -> text -> dataclass
+    assert event.to_dict() == GA_FORMS.get(kind, wire)
+    if kind not in GA_FORMS:  # a beta event is read into its GA form: no way back
+        assert parse_client_event(json.loads(serialize(event))) == event  # dataclass -> text -> dataclass
 
 
 @pytest.mark.parametrize("kind", sorted(SERVER_SAMPLES))
@@ -232,7 +250,9 @@ BAD_MESSAGES = [
     ('{"event_id": "c1"}', ErrorCode.MISSING_FIELD, "type"),
     ('{"type": 7}', ErrorCode.INVALID_VALUE, "type"),
     ('{"type": "response.explode"}', ErrorCode.UNKNOWN_EVENT_TYPE, "type"),
-    ('{"type": "conversation.item.delete", "item_id": "i"}', ErrorCode.UNSUPPORTED_EVENT_TYPE, "type"),
+    ('{"type": "transcription_session.update", "session": {"input_audio_format": "opus"}}',
+     ErrorCode.UNSUPPORTED_AUDIO_FORMAT, "session.input_audio_format"),
+    ('{"type": "conversation.item.delete"}', ErrorCode.MISSING_FIELD, "item_id"),
     ('{"type": "input_audio_buffer.append"}', ErrorCode.MISSING_FIELD, "audio"),
     ('{"type": "input_audio_buffer.append", "audio": 5}', ErrorCode.INVALID_VALUE, "audio"),
     ('{"type": "input_audio_buffer.append", "audio": "AAA"}', ErrorCode.INVALID_BASE64, "audio"),
@@ -246,9 +266,15 @@ BAD_MESSAGES = [
     ('{"type": "input_audio_buffer.append", "audio": "AAAA"}', ErrorCode.INVALID_AUDIO_LENGTH, "audio"),
     ('{"type": "session.update"}', ErrorCode.MISSING_FIELD, "session"),
     ('{"type": "session.update", "session": []}', ErrorCode.INVALID_VALUE, "session"),
-    ('{"type": "session.update", "session": {"type": "transcription"}}', ErrorCode.INVALID_VALUE, "session.type"),
-    ('{"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcmu"}}}}}',
+    ('{"type": "session.update", "session": {"type": "translation"}}', ErrorCode.INVALID_VALUE, "session.type"),
+    ('{"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/opus"}}}}}',
      ErrorCode.UNSUPPORTED_AUDIO_FORMAT, f"{AUDIO_FMT}.type"),
+    ('{"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcmu", "rate": 16000}}}}}',
+     ErrorCode.UNSUPPORTED_AUDIO_FORMAT, f"{AUDIO_FMT}.rate"),
+    ('{"type": "response.create", "response": {"conversation": "other"}}', ErrorCode.INVALID_VALUE,
+     "response.conversation"),
+    ('{"type": "response.create", "response": {"input": [{"type": "item_reference"}]}}', ErrorCode.INVALID_VALUE,
+     "response.input[0].id"),
     ('{"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 44100}}}}}',
      ErrorCode.UNSUPPORTED_AUDIO_FORMAT, f"{AUDIO_FMT}.rate"),
     ('{"type": "session.update", "session": {"audio": {"input": {"format": {"rate": "fast"}}}}}',
@@ -493,7 +519,12 @@ def _sdk_server_adapter():
     return TypeAdapter(RealtimeServerEvent)
 
 
-@pytest.mark.parametrize("kind", sorted(k for k in SERVER_SAMPLES if not k.startswith("x.")))
+#: Server events the GA SDK has no model of: the beta API's answer to its ``transcription_session.update``
+#: (its beta session requires an OpenAI ``client_secret``; voxloop sends the GA session object).
+NOT_GA = {"transcription_session.updated"}
+
+
+@pytest.mark.parametrize("kind", sorted(k for k in SERVER_SAMPLES if not k.startswith("x.") and k not in NOT_GA))
 def test_server_events_validate_as_sdk_models(kind):
     wire = json.loads(serialize(parse_server_event(SERVER_SAMPLES[kind])))
     if kind.startswith("session."):  # the SDK types PCM rate as Literal[24000]; ours defaults to it
@@ -615,7 +646,15 @@ def test_docs_list_every_event_and_error_code():
     assert sorted(reachable - set(DOCUMENTED_CODES)) == []  # sent but not documented
     assert sorted(set(DOCUMENTED_CODES) - reachable) == []  # documented but never sent
     assert sorted({v for k, v in vars(ErrorCode).items() if k.isupper()} - set(DOCUMENTED_CODES)) == []
-    assert [t for t in [*CLIENT_EVENTS, *SERVER_EVENTS] if f"`{t}`" not in PROTOCOL_DOC] == []
+    assert documented_events("Client → server") == set(CLIENT_EVENTS)
+    assert documented_events("Server → client") == set(SERVER_EVENTS)
+
+
+def documented_events(section: str) -> set[str]:
+    """The event types in the first column of the table under ``## {section}`` of docs/protocol.md."""
+    text = PROTOCOL_DOC.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| ([^|]+) \|", text, re.M)
+    return {t for row in rows for t in re.findall(r"`([a-z_.]+)`", row)}
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 4800, 4801])

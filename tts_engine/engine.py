@@ -28,6 +28,9 @@ class SynthesisOptions:
     speaker_id: int | None = None
     #: Output rate, Hz; None is the voice's native rate (resampled with soxr otherwise).
     sample_rate: int | None = None
+    #: Speaking rate multiple (a session's ``audio.output.speed``): the length scale, this request's
+    #: or the defaults', is divided by it. None is 1.
+    speed: float | None = None
 
     @classmethod
     def from_config(cls, tts) -> SynthesisOptions:  # noqa: ANN001 - base.config.TtsConfig
@@ -118,7 +121,7 @@ def resolve_options(options: SynthesisOptions | None, defaults: SynthesisOptions
         return float(voice_value)
 
     noise_scale = pick("noise_scale", cfg.noise_scale)
-    length_scale = pick("length_scale", cfg.length_scale)
+    length_scale = pick("length_scale", cfg.length_scale) / float(req.speed or 1.0)
     noise_w = pick("noise_w", cfg.noise_w)
     if not all(math.isfinite(v) for v in (noise_scale, length_scale, noise_w)):
         raise InvalidInput(f"synthesis scales must be finite numbers, got {noise_scale}, {length_scale}, {noise_w}")

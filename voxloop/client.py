@@ -79,13 +79,15 @@ class RealtimeClient:
         session: Mapping[str, Any] | None = None,
         binary_audio: bool = False,
         tools: Toolbox | list[Any] | None = None,
+        x_events: bool = True,
         retry: RetryPolicy | None = None,
         open_timeout_s: float = 10.0,
         max_pending_events: int = 4096,
     ) -> None:
         """``session``: partial session applied at connect (``session.update``);
         ``binary_audio``: negotiate the binary fast path; ``tools``: functions the model may call
-        (``collect_turn`` runs them); ``retry``: connect/overload policy."""
+        (``collect_turn`` runs them); ``x_events``: ask for the ``x.*`` server events (turn metrics,
+        paused/resumed/cleared playback); ``retry``: connect/overload policy."""
         self.url = url
         self.token = token
         self.retry = retry or RetryPolicy()
@@ -96,6 +98,8 @@ class RealtimeClient:
         self.toolbox = tools if isinstance(tools, Toolbox) else Toolbox(list(tools or []))
         if self.toolbox.tools:
             self._settings["tools"] = self.toolbox.session_tools()
+        if x_events:
+            self._settings.setdefault("x_events", True)
         self._max_pending = max_pending_events
         #: The effective session (from the latest ``session.created`` / ``session.updated``).
         self.session: SessionConfig = SessionConfig()

@@ -29,7 +29,8 @@ export class RealtimeConnection {
   constructor(url, handlers) {
     this.url = url;
     this.handlers = handlers;
-    this.settings = { type: "realtime", x_binary_audio: true };
+    // x_events: the paused/resumed/cleared playback events and the turn metrics this page shows.
+    this.settings = { type: "realtime", x_binary_audio: true, x_events: true };
     this.ws = null;
     this.ready = false; // our settings were applied: binary audio may flow
     this.failures = 0;
