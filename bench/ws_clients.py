@@ -72,7 +72,7 @@ def load_texts() -> list[str]:
 
 
 async def _session(url: str, index: int, texts: list[str], fmt: str, rate: int, t_measure: float, t_end: float,
-                   records: list, decoder: str = CLIENT_DECODER) -> None:
+                   records: list, decoder: str = CLIENT_DECODER, voice: str | None = None) -> None:
     import websockets
 
     decode = DECODERS[decoder]
@@ -81,6 +81,8 @@ async def _session(url: str, index: int, texts: list[str], fmt: str, rate: int, 
         created = json.loads(await ws.recv())
         assert created["type"] == "session.created", created
         session: dict = {"audio": {"output": {"format": {"type": "audio/pcm", "rate": rate}}}}
+        if voice is not None:  # x.tts.speak speaks in the session's voice
+            session["audio"]["output"]["voice"] = voice
         if fmt == "binary":
             session["x_binary_audio"] = True
         await ws.send(json.dumps({"type": "session.update", "session": session}))
@@ -121,12 +123,13 @@ async def _session(url: str, index: int, texts: list[str], fmt: str, rate: int, 
 
 
 def _process(url: str, indices: list[int], fmt: str, rate: int, t_measure: float, t_end: float, out,
-             decoder: str) -> None:
+             decoder: str, voice: str | None = None) -> None:
     texts = load_texts()
     records: list = []
 
     async def main() -> None:
-        await asyncio.gather(*(_session(url, i, texts, fmt, rate, t_measure, t_end, records, decoder) for i in indices))
+        await asyncio.gather(*(_session(url, i, texts, fmt, rate, t_measure, t_end, records, decoder, voice)
+                               for i in indices))
 
     try:
         asyncio.run(main())
@@ -137,10 +140,11 @@ def _process(url: str, indices: list[int], fmt: str, rate: int, t_measure: float
 
 def run_load(url: str, clients: int, duration_s: float, warmup_s: float, fmt: str = "json", rate: int = 24000,
              processes: int | None = None, connect_s: float = 10.0, decoder: str = CLIENT_DECODER,
-             on_window: Callable[[float, float], None] | None = None) -> dict:
+             on_window: Callable[[float, float], None] | None = None, voice: str | None = None) -> dict:
     """Run the load; returns a row of figures (ms, QPS) with ``client_processes``, ``audio_format`` and
     ``client_decoder`` (``DECODERS``). ``on_window(t_measure, t_end)`` (``time.time()`` seconds) is
-    called once the client processes are started, before the measured window opens."""
+    called once the client processes are started, before the measured window opens. ``voice``: a
+    name of the server's ``tts.voices`` (None: its default voice)."""
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
     processes = processes or max(1, -(-clients // SESSIONS_PER_PROCESS))
@@ -150,7 +154,8 @@ def run_load(url: str, clients: int, duration_s: float, warmup_s: float, fmt: st
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = [ctx.Process(target=_process, args=(url, list(range(p, clients, processes)), fmt, rate,
-                                                t_measure, t_end, out, decoder), daemon=True) for p in range(processes)]
+                                                t_measure, t_end, out, decoder, voice), daemon=True)
+             for p in range(processes)]
     for p in procs:
         p.start()
     if on_window is not None:
@@ -164,7 +169,8 @@ def run_load(url: str, clients: int, duration_s: float, warmup_s: float, fmt: st
     row = summarize(records, t_measure, t_end)
     row.update({"mode": "ws", "audio_format": f"{fmt}/{'base64' if fmt == 'json' else 'pcm16'}@{rate}",
                 "permessage_deflate_offered": True, "concurrency": clients, "client_processes": processes,
-                "client_decoder": decoder, "errors": len(errors), "error_examples": errors[:3]})
+                "client_decoder": decoder, "voice": voice or "default", "errors": len(errors),
+                "error_examples": errors[:3]})
     return row
 
 
@@ -279,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=float, default=3.0, help="seconds before measuring")
     ap.add_argument("--format", choices=("json", "binary"), default="json", help="audio as JSON/base64 or binary")
     ap.add_argument("--rate", type=int, default=24000, help="output sample rate asked for, Hz")
+    ap.add_argument("--voice", help="a voice of the server's tts.voices (default: its own voice)")
     ap.add_argument("--decoder", nargs="+", choices=tuple(DECODERS), default=[CLIENT_DECODER],
                     help="how clients parse JSON deltas (several: --instant-server only)")
     ap.add_argument("--repeats", type=int, default=2, help="--instant-server: runs per decoder")
@@ -294,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.url or len(args.decoder) > 1:
         ap.error("--url (or --instant-server) is required; one --decoder with --url")
     row = run_load(args.url, args.clients, args.duration, args.warmup, args.format, args.rate, args.processes,
-                   decoder=args.decoder[0])  # fmt: skip
+                   decoder=args.decoder[0], voice=args.voice)  # fmt: skip
     json.dump(row, sys.stdout, indent=1)
     print()
     return 1 if row["errors"] else 0

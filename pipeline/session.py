@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -175,6 +176,8 @@ class Session:
     def _on_tts_speak(self, event: ev.XTtsSpeak) -> None:
         try:
             output = self.protocol.session.audio.output
+            if event.voice is None:  # the session's voice
+                event = dataclasses.replace(event, voice=output.voice)
             self.tts_requests.start(event, output.format.rate, output.speed)
         except VoxloopError as exc:  # every request ends with x.tts.done, refused ones too
             self._error(exc, event.event_id)
