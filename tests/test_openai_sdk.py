@@ -47,7 +47,7 @@ async def test_openai_sdk_conversation(tts_engines):  # noqa: F811
                 "type": "realtime", "instructions": "Be brief.", "output_modalities": ["audio"],
                 "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000}, "turn_detection": None,
                                     "transcription": {"model": "whisper-1"}},
-                          "output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": "alloy"}}})
+                          "output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": "default"}}})
             # Text turn.
             await conn.conversation.item.create(item={
                 "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]})
