@@ -28,7 +28,7 @@ class History:
     the LLM's cached KV of the conversation stays valid and a turn evaluates only the new
     messages (one message dropped per turn would change the prefix at every turn and
     re-read the whole history each time). Items are found by their id (``truncate``,
-    ``delete``, ``find``), so items inserted after a given one (``previous_item_id``) or deleted
+    ``remove``, ``find``), so items inserted after a given one (``previous_item_id``) or deleted
     move nothing else.
     """
 
@@ -85,14 +85,6 @@ class History:
     def _position(self, item_id: str) -> int:
         return next((i for i, m in enumerate(self._messages) if m.item_id == item_id), -1)
 
-    def delete(self, item_id: str) -> bool:
-        """Remove item ``item_id``; False when the history does not hold it."""
-        i = self._position(item_id)
-        if i < 0:
-            return False
-        del self._messages[i]
-        return True
-
     def truncate(self, index: int, item_id: str, content: str) -> None:
         """Replace item ``item_id``'s text (message ``index`` when added) by what was heard."""
         i = self._position(item_id)
@@ -104,11 +96,11 @@ class History:
 
     def remove(self, item_id: str) -> bool:
         """Drop the message of ``item_id``; False if it is not in the history."""
-        for i, m in enumerate(self._messages):
-            if m.item_id == item_id:
-                del self._messages[i]
-                return True
-        return False
+        i = self._position(item_id)
+        if i < 0:
+            return False
+        del self._messages[i]
+        return True
 
     def messages(self, system: str, pending_user: str | None = None) -> list[dict]:
         """Chat messages for the LLM: system prompt, history (function calls as ``tool_calls``, each followed

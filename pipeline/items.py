@@ -76,7 +76,7 @@ class ConversationItems:
 
     def delete(self, event: ev.ConversationItemDelete) -> None:
         self._known(event.item_id, "item_id")
-        self.history.delete(event.item_id)
+        self.history.remove(event.item_id)
         self._send(ev.ConversationItemDeleted(item_id=event.item_id))
 
     def retrieve(self, event: ev.ConversationItemRetrieve) -> None:
