@@ -99,6 +99,8 @@ RULES: list[tuple[str, str, str]] = [
     (r"(dist/kit|gpu-kit)/install\.sh|/opt/voxloop/bin/voxloop|tar -xf gpu-kit", "skip",
      "on the target host, from a built kit (tests/test_wheelhouse.py installs one)"),
     (r"python -m venv VENV", "skip", "a step of install.sh (tests/test_wheelhouse.py runs it)"),
+    (r"haproxy -f docker/haproxy-host\.cfg", "skip",
+     "a balancer in front of running replicas (tests/test_scaleout.py starts it with this file)"),
     (r"docker |kubectl ", "skip",
      "needs a container engine or a cluster (tests/test_docker_image.py, tests/test_deploy.py)"),
 ]
