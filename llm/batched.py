@@ -74,6 +74,7 @@ from pathlib import Path
 
 from llm.prompt import ChatPrompt, Cut, check_messages, common_prefix
 from llm.replies import ChatOptions, GenerationStats, Reply, ReplyEvent, ReplyOptions, ToolCallDelta
+from llm.constrained import GrammarSampler
 from llm.tool_format import GRAMMAR_ROOT
 from base.config import Config
 from base.errors import InvalidInput, ModelError, VoxloopError
@@ -497,7 +498,8 @@ class BatchedChat:
 
     def _sampler(self, options: ReplyOptions, tools: Sequence[dict] = ()):
         """The reply's sampler chain; with ``tool_choice`` ``required`` or a named function, a grammar
-        first makes the reply one call with valid arguments (llm/tool_format.py)."""
+        makes the reply one call with valid arguments (llm/tool_format.py), checked after the chain's
+        pick (``llm.constrained.GrammarSampler``)."""
         ll = self._ll
         temp = self.options.temperature if options.temperature is None else options.temperature
         seed = options.seed if options.seed is not None else self.options.seed
@@ -510,8 +512,6 @@ class BatchedChat:
             if not grammar:
                 raise InvalidInput("tools: llama.cpp cannot use the grammar made from the functions' parameters")
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
-        if grammar is not None:
-            ll.llama_sampler_chain_add(chain, grammar)
         if temp <= 0:
             ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_greedy())
         else:
@@ -519,6 +519,8 @@ class BatchedChat:
                       ll.llama_sampler_init_min_p(MIN_P, 1), ll.llama_sampler_init_temp(temp),
                       ll.llama_sampler_init_dist(seed)):
                 ll.llama_sampler_chain_add(chain, s)
+        if grammar is not None:
+            return GrammarSampler(ll, chain, grammar, ll.llama_vocab_n_tokens(self._vocab))
         return chain
 
     def _cache_prefix(self, system_prompt: str) -> None:
@@ -589,7 +591,9 @@ class BatchedChat:
             self._finish(r, "prefilled", events)
         now = time.perf_counter()
         for r, index in sampled:
-            self._take_token(r, self._ll.llama_sampler_sample(r._sampler, self._ctx, index), now, events)
+            token = r._sampler.sample(self._ctx, index) if isinstance(r._sampler, GrammarSampler) else \
+                self._ll.llama_sampler_sample(r._sampler, self._ctx, index)
+            self._take_token(r, token, now, events)
 
     def _take_token(self, r: Reply, token: int, now: float, events: list[ReplyEvent]) -> None:
         if self._ll.llama_vocab_is_eog(self._vocab, token):
@@ -713,7 +717,10 @@ class BatchedChat:
         if r._slot is not None:
             r._slot.reply, r._slot.used = None, time.perf_counter()
         if r._sampler is not None:
-            self._ll.llama_sampler_free(r._sampler)
+            if isinstance(r._sampler, GrammarSampler):
+                r._sampler.free()
+            else:
+                self._ll.llama_sampler_free(r._sampler)
             r._sampler = None
         r._next, r._pending = None, []
         r.stats = GenerationStats(
