@@ -69,6 +69,8 @@ class ToolFormat:
             if m["role"] == "tool" and self.family == "mistral":
                 m["tool_call_id"] = mistral_id(m["tool_call_id"])
             if not m.get("tool_calls"):
+                if self.family == "mistral" and m["role"] == "user" and out and out[-1]["role"] == "tool":
+                    out.append({"role": "assistant", "content": ""})  # its template wants turns to alternate
                 out.append(m)
                 continue
             calls = [self._call_for_template(c) for c in m["tool_calls"]]

@@ -97,6 +97,10 @@ def test_a_family_template_takes_several_calls_and_an_unanswered_one(name):
     template = formatter(name)
     prompt = render(template, ToolFormat.for_template(template.template), conversation, (WEATHER, TIME))
     assert prompt.count("get_time") >= 2 and "(no result)" in prompt
+    # The user speaks right after the results (a barge-in before the answer): still a valid prompt.
+    interrupted = render(template, ToolFormat.for_template(template.template), conversation[:5] + conversation[6:],
+                         (WEATHER, TIME))
+    assert "Thanks." in interrupted  # Mistral's template refuses a user turn right after results
 
 
 def test_plain_text_replies_pass_through_every_parser_unchanged():
