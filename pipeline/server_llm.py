@@ -37,6 +37,9 @@ READY_CHECK_S = 5.0
 class ServerLlm:
     """Streams replies from an OpenAI-compatible server to asyncio callers."""
 
+    #: No end-of-turn score from the words (``end_of_turn``): ``semantic_vad`` decides by the sound.
+    scores_words = False
+
     def __init__(self, server: ChatServer) -> None:
         self.server = server
         self._replies = 0
@@ -92,6 +95,11 @@ class ServerLlm:
             raise
         finally:
             self._replies -= 1
+
+    async def end_of_turn(self, session: Hashable, transcript: str, conversation: list[dict]) -> float | None:
+        """None: scoring the words would take a request per pause and the next token's probabilities,
+        which not every server gives."""
+        return None
 
     def prefill(self, session: Hashable, messages: list[dict]) -> None:
         pass  # the server caches prompts itself, if at all

@@ -172,3 +172,22 @@ def test_front_ends_stream_from_the_server_themselves():
     cfg = cfg.replace("server", engine_stages=("asr", "llm"))
     with pytest.raises(ConfigError, match='Remove "llm" from server.engine_stages'):
         engine_stages(cfg)
+
+
+def test_the_server_stage_has_the_batched_stages_interface():
+    """Sessions use ``engines.llm`` the same way whichever backend: every public member of
+    ``BatchedLlm`` but its thread's own has the same parameters on ``ServerLlm``."""
+    import inspect
+
+    from pipeline.llm_worker import BatchedLlm
+    from pipeline.server_llm import ServerLlm
+
+    own = {"stop", "probe_words"}  # the batching thread's, and the LLM process's hand-off
+    for name, member in inspect.getmembers(BatchedLlm):
+        if name.startswith("_") or name in own:
+            continue
+        theirs = getattr(ServerLlm, name)
+        if callable(member):
+            assert inspect.signature(theirs).parameters.keys() == inspect.signature(member).parameters.keys(), name
+            assert inspect.iscoroutinefunction(theirs) == inspect.iscoroutinefunction(member), name
+            assert inspect.isasyncgenfunction(theirs) == inspect.isasyncgenfunction(member), name

@@ -104,7 +104,8 @@ async def test_a_typed_turn_is_answered_by_the_server_and_ready_says_so(chat_ser
 
 async def test_a_spoken_question_is_answered_through_the_server(chat_server):
     """Every real model on voxloop's side: the bundled voice says the question, whisper hears it,
-    the server answers, the voice speaks the answer."""
+    ``semantic_vad`` ends the turn (by the sound: a chat server gives no score of the words), the
+    server answers, the voice speaks the answer."""
     _, base_url = chat_server
     cfg = served_config(base_url, "server.stages=asr,llm,tts", "tts.noise_scale=0", "tts.noise_w=0")
     engines = Engines(cfg)
@@ -121,6 +122,9 @@ async def test_a_spoken_question_is_answered_through_the_server(chat_server):
         speech = np.concatenate([silence, question, silence, silence, silence])
         async with websockets.connect(url(hub)) as ws:
             await recv(ws)
+            await ws.send(json.dumps({"type": "session.update", "session": {
+                "type": "realtime", "audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}}))
+            await until(ws, "session.updated")
             step = RATE // 50
             for i in range(0, len(speech), step):  # 20 ms frames, twice real time
                 await ws.send(append(speech[i:i + step]))
