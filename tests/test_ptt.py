@@ -292,3 +292,43 @@ async def test_wav_mode_runs_the_tools_of_a_file_and_prints_calls(tts_engines, t
     assert "assistant: The kitchen is lit." in lines
     assert [t["function"]["name"] for t in llm.seen[0]["tools"]] == ["lights"]
     assert report.reply.audio_s > 0.5
+
+
+async def test_live_mode_prints_a_call_runs_it_and_plays_the_answer(tts_engines):
+    """Live push-to-talk with tools: the reply's call is printed, run, its output sent, and the answer
+    that follows is printed and played (stand-in audio devices, scripted LLM)."""
+    from llm.replies import ToolCallDelta
+    from test_tool_calls import ScriptedLLM
+    from voxloop.client_tools import Toolbox
+
+    def lights(room: str) -> str:
+        """Turn on the lights of a room."""
+        return f"lights on in the {room}"
+
+    llm = ScriptedLLM([ToolCallDelta(0, '{"room": "hall"}', "call_9", "lights")], answer="Done, the hall is lit.")
+    hub = await start_hub(tts_engines, asr=FakeASR("lights in the hall"), llm=llm)
+    lines: list[str] = []
+    audio = FakeAudio()
+    try:
+        async with RealtimeClient.connect(ws_url(hub), session=PTT, binary_audio=True,
+                                          tools=Toolbox([lights])) as client:
+            live = LiveConversation(client, audio, write=lines.append)
+
+            async def keys():
+                yield "start"
+                await asyncio.sleep(1.0)
+                yield "stop"
+                deadline = time.monotonic() + scaled(30)
+                while "Done, the hall is lit." not in "".join(lines) or not live.playback.position()[3]:
+                    assert time.monotonic() < deadline, "".join(lines)
+                    await asyncio.sleep(0.05)
+                yield "quit"
+
+            await live.run(keys())
+    finally:
+        await hub.stop()
+    text = "".join(lines)
+    assert 'call:      lights({"room": "hall"})\n' in text
+    assert 'call:      lights({"room": "hall"}) -> lights on in the hall\n' in text
+    assert llm.seen[1]["messages"][-1] == {"role": "tool", "tool_call_id": "call_9", "content": "lights on in the hall"}
+    assert np.abs(np.concatenate(audio.speaker.blocks)).max() > 1000  # the answer was played
