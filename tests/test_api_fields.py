@@ -322,8 +322,16 @@ async def test_voices_are_chosen_by_name_and_unknown_names_are_refused(tts_engin
     from pipeline.engines import Engines
     from pipeline.hub import Hub
 
+    import shutil
+
+    from base.models import resolve_voice
+
+    own = resolve_voice(load_config(None, [], environ={})).path
+    copy = tmp_path / "copy.onnx"  # another voice file (the same voice): its own CPU engine
+    shutil.copy(own, copy)
+    shutil.copy(f"{own}.json", f"{copy}.json")
     path = tmp_path / "voices.toml"
-    path.write_text(VOICES_TOML)
+    path.write_text(VOICES_TOML.rstrip()[:-1] + f', {{name = "other", path = "{copy}"}}]\n')
     cfg = load_config(str(path), ["server.port=0", "trace.path=none"], environ={})
     hub = Hub(cfg, Engines.from_parts(cfg, FakeASR(), FakeLLM("It is sunny today."), tts_engines))
     await hub.start()
@@ -331,7 +339,8 @@ async def test_voices_are_chosen_by_name_and_unknown_names_are_refused(tts_engin
         ws = await session(hub)
         err = await error_of(ws, {"type": "session.update", "session": {"audio": {"output": {"voice": "ash"}}}})
         assert (err["code"], err["param"]) == ("invalid_value", "session.audio.output.voice")
-        assert "default, slow, steady" in err["message"]
+        assert "default, slow, steady, other" in err["message"]
+        assert hub.engines.voices["other"].worker is not None and hub.engines.voices["slow"].worker is None
         err = await error_of(ws, {"type": "x.tts.speak", "request_id": "r0", "text": "Hi.", "voice": "nope"})
         assert (err["code"], err["param"]) == ("invalid_value", "voice")
 
@@ -346,6 +355,8 @@ async def test_voices_are_chosen_by_name_and_unknown_names_are_refused(tts_engin
         (default_ms, d1), (_, d2) = await speak(None, "a"), await speak("default", "b")
         (slow_ms, _), ((_, s1), (_, s2)) = await speak("slow", "c"), (await speak("steady", "d"), await speak("steady", "e"))
         assert slow_ms > 1.3 * default_ms and d1 != d2 and s1 == s2
+        other_ms, _ = await speak("other", "f")
+        assert 0.7 * default_ms < other_ms < 1.3 * default_ms  # the same voice, spoken by its own engine
         # The session's voice speaks its replies and is reported in response.created.
         await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"output": {"voice": "steady"}}}}))
         await until(ws, "session.updated")

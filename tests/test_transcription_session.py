@@ -68,8 +68,9 @@ async def test_openai_sdk_transcription_session_gets_the_words(transcriber):
                                     "turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}}})
             speech = np.concatenate([np.zeros(12000, np.int16), recording("Front_Center", 24000),
                                      np.zeros(36000, np.int16)])
-            for i in range(0, len(speech), 4800):
-                await conn.input_audio_buffer.append(audio=base64.b64encode(speech[i:i + 4800].tobytes()).decode())
+            for i in range(0, len(speech), 2400):  # at real time, as a microphone: partials while it speaks
+                await conn.input_audio_buffer.append(audio=base64.b64encode(speech[i:i + 2400].tobytes()).decode())
+                await asyncio.sleep(0.1)
             seen: list[str] = []
             async for event in conn:
                 seen.append(event.type)
@@ -80,7 +81,7 @@ async def test_openai_sdk_transcription_session_gets_the_words(transcriber):
             assert "front" in words and "center" in words, words
             assert seen[0] == "session.created"
             assert {"input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
-                    "input_audio_buffer.committed"} <= set(seen)
+                    "input_audio_buffer.committed", "conversation.item.input_audio_transcription.delta"} <= set(seen)
             assert not [t for t in seen if t.startswith("response.")]
             await conn.response.create()  # a transcription session makes no responses
             async for event in conn:
