@@ -65,7 +65,7 @@ async def _trial(url: str, question: str) -> dict:
     async with websockets.connect(url, max_size=None, compression="deflate", open_timeout=60) as ws:
         await _until(ws, "session.created")
         await ws.send(json.dumps({"type": "session.update", "session": {
-            "instructions": SYSTEM, "tools": [TOOL], "tool_choice": "none",
+            "instructions": SYSTEM, "tools": [TOOL], "tool_choice": "none", "x_events": True,  # x.turn.metrics
             "audio": {"input": {"turn_detection": None}, "output": {"format": {"type": "audio/pcm", "rate": 24000}}}}}))
         await _until(ws, "session.updated")
         item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": question}]}

@@ -272,7 +272,7 @@ async def test_the_llm_process_scores_the_words_of_a_front_ends_turn(voice_serve
     pcm = np.concatenate((soxr.resample(question, RATE, 24000), np.zeros(24000 * 3))).astype("int16")
     async with websockets.connect(f"ws://127.0.0.1:{port}/v1/realtime") as ws:
         await ws.send(json.dumps({"type": "session.update", "session": {
-            "type": "realtime", "audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}}))
+            "type": "realtime", "x_events": True, "audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}}))
         for i in range(0, len(pcm), 480):  # real time, 20 ms frames
             await ws.send(json.dumps({"type": "input_audio_buffer.append",
                                       "audio": base64.b64encode(pcm[i:i + 480].tobytes()).decode()}))
