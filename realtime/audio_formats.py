@@ -3,8 +3,9 @@
 Inside the server audio is always int16 mono (``np.ndarray``); only the wire bytes differ:
 PCM16 is two little-endian bytes a sample at the session's rate, G.711 one byte a sample at
 8 kHz (what telephony bridges send). The G.711 codec is libsndfile's (``soundfile``, its RAW
-container with the ``ULAW`` / ``ALAW`` subtypes): byte for byte the ITU tables the standard
-library's deprecated ``audioop`` uses, ~30 µs to decode and ~45 µs to encode 100 ms.
+container with the ``ULAW`` / ``ALAW`` subtypes): it decodes with the same tables as the standard
+library's deprecated ``audioop``, and encodes the same bytes but for samples on a level boundary
+(under 1 %, the neighbouring code, no larger error); ~30 µs to decode and ~45 µs to encode 100 ms.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -471,6 +472,48 @@ def test_binary_input_is_an_audio_append():
     assert proto.receive_bytes(bytes(202))[0].error.code == ErrorCode.MESSAGE_TOO_LARGE
     # base64 appends keep working on the fast path
     assert isinstance(proto.receive_text(serialize(InputAudioBufferAppend(pcm=PCM)))[0], InputAudioBufferAppend)
+
+
+@pytest.mark.parametrize("fmt", ["audio/pcmu", "audio/pcma"])
+def test_g711_audio_in_and_out_json_and_binary(fmt):
+    """G.711 sessions: appends (base64 and binary) carry one byte a sample at 8 kHz, decoded to int16;
+    audio deltas go out as G.711 bytes; the codec agrees with the standard library's audioop."""
+    from realtime.audio_formats import bytes_to_pcm, pcm_to_bytes
+
+    tone = (9000 * np.sin(np.arange(800) / 3)).astype(np.int16)
+    wire = pcm_to_bytes(tone, fmt)
+    assert len(wire) == 800
+    decoded = bytes_to_pcm(wire, fmt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        audioop = pytest.importorskip("audioop")  # the standard library's (to 3.12): the ITU tables
+    encode, decode = {"audio/pcmu": (audioop.lin2ulaw, audioop.ulaw2lin),
+                      "audio/pcma": (audioop.lin2alaw, audioop.alaw2lin)}[fmt]
+    np.testing.assert_array_equal(decoded, np.frombuffer(decode(wire, 2), "<i2"))  # the same decoding table
+    # Encoding: a sample at a level boundary may take the neighbouring code (<1 % of them), never a worse one.
+    ours = np.abs(decoded.astype(int) - tone)
+    theirs = np.abs(np.frombuffer(decode(encode(tone.astype("<i2").tobytes(), 2), 2), "<i2").astype(int) - tone)
+    assert np.mean(np.frombuffer(wire, np.uint8) != np.frombuffer(encode(tone.astype("<i2").tobytes(), 2), np.uint8)) < 0.01
+    assert ours.max() <= theirs.max()
+    assert np.abs(decoded.astype(int) - tone).max() <= 9000 // 16  # 8-bit companding: within 1/16 of the peak
+    proto = RealtimeProtocol()
+    _update(proto, {"x_binary_audio": True, "audio": {"input": {"format": {"type": fmt}},
+                                                      "output": {"format": {"type": fmt}}}})
+    assert proto.input_rate == 8000 and proto.session.audio.output.format.rate == 8000
+    [binary] = proto.receive_bytes(wire[:101])  # odd lengths are whole samples here
+    [text] = proto.receive_text(json.dumps({"type": "input_audio_buffer.append",
+                                            "audio": base64.b64encode(wire).decode()}))
+    assert binary.sample_rate == text.sample_rate == 8000
+    np.testing.assert_array_equal(text.pcm, decoded)
+    np.testing.assert_array_equal(binary.pcm, decoded[:101])
+    delta = ResponseOutputAudioDelta(response_id="resp_1", item_id="item_1", pcm=decoded)
+    frame = proto.send(delta)
+    np.testing.assert_array_equal(decode_audio_frame(frame, fmt).pcm, decoded)
+    _update(proto, {"x_binary_audio": False})
+    sent = json.loads(proto.send(delta))
+    assert base64.b64decode(sent["delta"]) == pcm_to_bytes(decoded, fmt)
+    _update(proto, {"audio": {"input": {"format": {"type": "audio/pcm"}}}})  # back to PCM: its default rate
+    assert proto.input_rate == 24000
 
 
 @pytest.mark.parametrize("kind", ["response.output_audio.delta", "x.tts.audio.delta"])
