@@ -34,8 +34,11 @@ GRAMMAR_ROOT = "tool-call"
 PROMPTED_SYSTEM = (
     "You can call functions. Their signatures are within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\n"
     "To call one, reply with a JSON object with the function name and arguments within <tool_call></tool_call> "
-    'XML tags:\n<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>\n'
-    "Results come back within <tool_response></tool_response> XML tags.")
+    'XML tags:\n<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>')
+#: A result as the ``prompted`` family shows it (a user turn). The bundled SmolLM2 answered a weather
+#: result in words 3 times of 3 with this wording (``auto``, seeds 0-2), 1 of 3 with the result inside
+#: ``<tool_response>`` tags: it echoed the tags and the JSON, which would then be spoken.
+PROMPTED_RESULT = "The result of {name} is {content}. Please answer my question using it, in plain words."
 
 
 @dataclass(frozen=True)
@@ -92,9 +95,11 @@ class ToolFormat:
 
     def _prompted(self, messages: Sequence[dict], tools: Sequence[dict]) -> list[dict]:
         out: list[dict] = []
+        names = {c["id"]: c["function"]["name"] for m in messages for c in m.get("tool_calls") or ()}
         for m in messages:
             if m["role"] == "tool":
-                out.append({"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"})
+                name = names.get(m["tool_call_id"], "the function")
+                out.append({"role": "user", "content": PROMPTED_RESULT.format(name=name, content=m["content"])})
             elif m.get("tool_calls"):
                 calls = "\n".join(f"<tool_call>\n{json.dumps(call_json(c, 'arguments'), ensure_ascii=False)}\n"
                                   "</tool_call>" for c in m["tool_calls"])

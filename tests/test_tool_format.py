@@ -127,7 +127,7 @@ def test_a_template_without_tools_gets_them_in_the_system_message():
     assert prompt.startswith("<|im_start|>system\nYou are a voice assistant.\n\nYou can call functions.")
     assert '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' \
         in prompt
-    assert '<|im_start|>user\n<tool_response>\n{"sky": "sunny", "celsius": 21}\n</tool_response>' in prompt
+    assert '<|im_start|>user\nThe result of get_weather is {"sky": "sunny", "celsius": 21}.' in prompt
 
 
 def test_a_grammar_is_one_call_of_the_named_tool():
