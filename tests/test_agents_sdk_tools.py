@@ -50,8 +50,7 @@ async def test_a_realtime_agent_calls_a_tool_and_speaks_the_answer(tts_engines, 
     agent = RealtimeAgent(name="Assistant", instructions="You are a brief voice assistant.", tools=[get_weather])
     # "none" for the responses the SDK asks for itself (after the tool's output): the answer is spoken.
     runner = RealtimeRunner(agent, config={"model_settings": {"tool_choice": "none"}})
-    # x.turn.metrics off: the SDK's parser refuses event types it does not know
-    hub = await start_hub(tts_engines, "trace.send_to_client=false", llm=bundled_llm)
+    hub = await start_hub(tts_engines, llm=bundled_llm)  # no x.* events: the SDK did not ask for them
     try:
         # A voice this server has: the SDK's default ("ash") is refused like any unknown voice.
         session = await runner.run(model_config={"url": f"ws://127.0.0.1:{hub.port}/v1/realtime",
