@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=float, default=3.0, help="seconds before measuring")
     ap.add_argument("--format", choices=("json", "binary"), default="json", help="audio as JSON/base64 or binary")
     ap.add_argument("--rate", type=int, default=24000, help="output sample rate asked for, Hz")
-    ap.add_argument("--voice", help="a voice of the server's tts.voices (default: its own voice)")
+    ap.add_argument("--voice-name", help="a voice of the server's tts.voices (default: its own voice)")
     ap.add_argument("--decoder", nargs="+", choices=tuple(DECODERS), default=[CLIENT_DECODER],
                     help="how clients parse JSON deltas (several: --instant-server only)")
     ap.add_argument("--repeats", type=int, default=2, help="--instant-server: runs per decoder")
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.url or len(args.decoder) > 1:
         ap.error("--url (or --instant-server) is required; one --decoder with --url")
     row = run_load(args.url, args.clients, args.duration, args.warmup, args.format, args.rate, args.processes,
-                   decoder=args.decoder[0], voice=args.voice)  # fmt: skip
+                   decoder=args.decoder[0], voice=args.voice_name)  # fmt: skip
     json.dump(row, sys.stdout, indent=1)
     print()
     return 1 if row["errors"] else 0
