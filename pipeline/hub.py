@@ -44,6 +44,7 @@ from pipeline.outbox import Outbox
 from pipeline.conversation import AfterSent
 from pipeline.session import Session
 from pipeline.trace import Metrics, TraceSink
+from pipeline.voices import VoicesCollector
 from realtime.protocol import BINARY_AUDIO_EVENTS, RealtimeProtocol
 from realtime.session_schema import connect_options
 from realtime.wire import ProtocolError
@@ -103,6 +104,8 @@ class Hub:
         self.metrics.watch_tts_memory(self.tts_memory_report)
         self.metrics.watch_llm(self.llm_report)
         self.metrics.watch_asr(self.asr_report)
+        on_gpu = cfg.tts.backend == "cuda" and cfg.tts.device != "cpu"
+        self.metrics.register(VoicesCollector(lambda: self.engines.voices, "gpu" if on_gpu else "cpu"))
         self.traces.gpu_report = self.tts_memory_report
         self.sessions: dict[str, Session] = {}
         self.metrics.watch_process()

@@ -11,9 +11,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from pipeline.speech import SpeechStage, ThreadedSpeech
 from pipeline.workers import ModelWorker
@@ -76,3 +80,22 @@ def cpu_engines(cfg: Config, path: str) -> list[Any]:
     for _ in engines[0].synthesize("Warm up."):
         pass
     return engines
+
+
+class VoicesCollector(Collector):
+    """``voxloop_tts_voice{voice, device, own_engine} 1`` for each voice (``/metrics``): where it is
+    spoken (``gpu``: the GPU engine's default voice; ``cpu``) and whether it has an engine of its own."""
+
+    def __init__(self, voices: Callable[[], dict[str, Voice]], default_device: str) -> None:
+        """``default_device``: where the default voice's engine runs (``"gpu"`` or ``"cpu"``)."""
+        self.voices = voices
+        self.default_device = default_device
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily("voxloop_tts_voice", "Voices clients may choose (1 each): the device that "
+                                   "speaks it, and whether it has an engine of its own (another voice file)",
+                                   labels=["voice", "device", "own_engine"])
+        for name, voice in self.voices().items():
+            own = voice.worker is not None
+            family.add_metric([name, "cpu" if own else self.default_device, str(own).lower()], 1)
+        yield family

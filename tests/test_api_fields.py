@@ -9,6 +9,7 @@ ASR and LLM are fakes that record what they were given (this is orchestration).
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import numpy as np
@@ -341,6 +342,11 @@ async def test_voices_are_chosen_by_name_and_unknown_names_are_refused(tts_engin
         assert (err["code"], err["param"]) == ("invalid_value", "session.audio.output.voice")
         assert "default, slow, steady, other" in err["message"]
         assert hub.engines.voices["other"].worker is not None and hub.engines.voices["slow"].worker is None
+        from rt import http_get
+
+        _, metrics, _ = await asyncio.to_thread(http_get, hub, "/metrics")
+        assert 'voxloop_tts_voice{device="cpu",own_engine="true",voice="other"} 1.0' in metrics
+        assert 'voxloop_tts_voice{device="cpu",own_engine="false",voice="slow"} 1.0' in metrics
         err = await error_of(ws, {"type": "x.tts.speak", "request_id": "r0", "text": "Hi.", "voice": "nope"})
         assert (err["code"], err["param"]) == ("invalid_value", "voice")
 
