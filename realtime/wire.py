@@ -230,7 +230,7 @@ def decode_value(value: Any, tp: Any, path: str) -> Any:
             return decode_value(value, options[0], path)
         tagged = _tagged(tuple(options))
         if tagged and isinstance(value, dict) and "type" in value:  # e.g. an item, by its type
-            if value["type"] in tagged:
+            if isinstance(value["type"], str) and value["type"] in tagged:
                 return tagged[value["type"]].from_dict(value, path)
             if len(tagged) == len(options):
                 raise _invalid(_join(path, "type"), "one of " + ", ".join(map(repr, tagged)), value["type"])

@@ -264,7 +264,7 @@ SESSION_ERRORS: dict[type, str | None] = {
     ev.ConversationItemTruncate: ErrorCode.ITEM_NOT_FOUND,  # no item was ever created
     ev.ResponseCancel: ErrorCode.RESPONSE_CANCEL_NOT_ACTIVE,
     ev.XTtsCancel: "request_not_found",
-    ev.XPlayback: None,
+    ev.XPlayback: ErrorCode.ITEM_NOT_FOUND,  # no item was ever created
 }
 #: Events that start a turn or a request: left out of the hostile stream (timing-dependent answers).
 STARTS_WORK = (ev.InputAudioBufferCommit, ev.ConversationItemCreate, ev.ResponseCreate, ev.XTtsSpeak)

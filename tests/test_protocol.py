@@ -299,6 +299,8 @@ BAD_MESSAGES = [
      ErrorCode.INVALID_VALUE, "item.role"),
     ('{"type": "conversation.item.create", "item": {"type": "mcp_call", "role": "user"}}',
      ErrorCode.INVALID_VALUE, "item.type"),
+    ('{"type": "conversation.item.create", "item": {"type": {"type": null}, "role": "user"}}',
+     ErrorCode.INVALID_VALUE, "item.type"),
     ('{"type": "conversation.item.create", "item": {"type": "function_call_output", "output": "{}"}}',
      ErrorCode.MISSING_FIELD, "item.call_id"),
     ('{"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": "c", "output": "'
