@@ -103,7 +103,8 @@ class EndOfTurnModel:
             log.info("end-of-turn model: no VNNI on this CPU, its int8 products would saturate; running them "
                      "in float32 (slower)")  # fmt: skip
         self._session = ort.InferenceSession(str(path), sess_options=so, providers=["CPUExecutionProvider"])
-        self._features = LogMel()
+        #: The model's input features: 16 kHz audio -> Whisper log-mel frames of one window (``LogMel``).
+        self.features = LogMel()
 
     @classmethod
     def from_config(cls, cfg: Config) -> "EndOfTurnModel":
@@ -113,7 +114,7 @@ class EndOfTurnModel:
 
     def score(self, pcm16k: np.ndarray) -> float:
         """Probability (0..1) that the turn is complete, from the utterance ending now."""
-        features = self._features(window(pcm16k))[np.newaxis]
+        features = self.features(window(pcm16k))[np.newaxis]
         out = self._session.run(None, {"input_features": features})[0]
         return float(np.asarray(out).reshape(-1)[0])
 

@@ -177,6 +177,12 @@ class Transcriber:
                    beam_size=a.beam_size, language=a.language, cpu_threads=a.cpu_threads,
                    postprocess=postprocess)
 
+    @property
+    def whisper_model(self):  # noqa: ANN201 - faster_whisper.WhisperModel, imported lazily
+        """The faster-whisper model this transcriber drives (its own ``transcribe`` decodes the whole
+        30 s window: what ``bench.engines`` compares the short-window encoding with)."""
+        return self._model
+
     def warmup(self, batch: int = 1) -> None:
         """Run the model once on 1 s of a tone so the first real call is not slower; with
         ``batch`` > 1 also one batched call of that many 4 s tones (what a full batch of

@@ -39,7 +39,7 @@ PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 MAX_FAST_LANES = 4
 #: ``tts.text_encoder_products`` values: the text encoder's feed-forward products through cuBLAS (bit for
 #: bit) or as Triton convolutions skipping padding, in ``tl.dot``'s precisions
-#: (``tts_engine.torch_vits.fused_ffn.PRODUCTS``; a copy, so that the config loads no torch).
+#: (``tts_engine.torch_vits.kernels.fused_ffn.PRODUCTS``; a copy, so that the config loads no torch).
 TEXT_ENCODER_PRODUCTS = ("cublas", "ieee", "tf32x3", "tf32", "fp16x3")
 
 #: What ``server.allowed_origins`` entries look like (besides ``*``): no path, query or user.

@@ -19,7 +19,7 @@ import argparse
 import torch
 
 from bench.gpu_steps import dims, form_bench, time_forms
-from tts_engine.torch_vits.fused_attention import parse_tile
+from tts_engine.torch_vits.kernels.fused_attention import parse_tile
 
 CHANNELS, HEADS, WINDOW = 192, 2, 4
 
@@ -39,7 +39,7 @@ def label(row: dict) -> str:
 
 
 def attention_rows(windows: list[tuple[int, int]], forms: list[str], precision: str) -> list[dict]:
-    from tts_engine.torch_vits import fused_attention as fa
+    from tts_engine.torch_vits.kernels import fused_attention as fa
 
     torch.manual_seed(0)
     d = CHANNELS // HEADS

@@ -90,7 +90,7 @@ def bench_asr(cfg, say, reps: int) -> list[dict]:
             hyp = tr.transcribe(pcm).text
             ours.append(time.perf_counter() - t)
             t = time.perf_counter()
-            segments, _ = tr._model.transcribe(
+            segments, _ = tr.whisper_model.transcribe(
                 audio, language="en", beam_size=1, temperature=0.0, without_timestamps=True,
                 condition_on_previous_text=False, vad_filter=False)
             full_text = " ".join(s.text.strip() for s in segments)
@@ -192,7 +192,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=7)
     add_output_arguments(ap)
     args = ap.parse_args()
-    from tests.piper_speech import PiperSpeech
+    from bench.piper_speech import PiperSpeech
 
     from base.config import load_config
 

@@ -155,7 +155,7 @@ def graph_times(runner: StepRunner, sentences: list[list[int]], batches: tuple[i
     dev = runner.device
     for t, group in sorted(by_bucket.items()):
         for b in batches:
-            step = runner._encode_steps.get((b, t, lane))
+            step = runner.encode_steps.get((b, t, lane))
             if step is None or step.graph is None:
                 continue
             ids, lengths, scales, slots, sids = step.inputs
@@ -173,7 +173,7 @@ def graph_times(runner: StepRunner, sentences: list[list[int]], batches: tuple[i
         if opts.flow_once:  # chunks decoded ahead keep their flow windows: graphs of their own
             keys.append((opts.chunk_sizes[-1], b, "ahead", "decode"))
         for chunk, bb, key_lane, name in keys:
-            step = runner._decode_steps.get((chunk, bb, key_lane))
+            step = runner.decode_steps.get((chunk, bb, key_lane))
             if step is None or step.graph is None:
                 continue
             slots, starts, active = step.inputs
@@ -181,7 +181,7 @@ def graph_times(runner: StepRunner, sentences: list[list[int]], batches: tuple[i
             starts.fill_(0 if name == "first" else opts.chunk_frames)
             active.fill_(1)
             out[f"{name} {bb} x {chunk}"] = round(timed(step.graph.replay, reps), 3)
-    for frames, step in sorted(runner._flow_steps.items()):
+    for frames, step in sorted(runner.flow_steps.items()):
         if step.graph is not None:  # the flow over all of a launch's positions (the inputs it was captured with)
             out[f"flow 1 x {frames}"] = round(timed(step.graph.replay, reps), 3)
     return out

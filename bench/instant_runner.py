@@ -35,7 +35,7 @@ class GpuTimes:
     """Milliseconds of one launch of each CUDA graph as measured on a GPU (``bench.tts_load
     --graph-times``: a result row's ``graph_ms``, keys ``encode <rows> x <phoneme bucket>``,
     ``first <rows> x <frames>`` (a fast lane's first chunks), ``decode <rows> x <frames>`` (the
-    main lane's chunks); with ``tts.flow_once``, ``flowed <rows> x <frames>`` (its main-lane chunks,
+    main lane's chunks); with ``RunnerOptions.flow_once``, ``flowed <rows> x <frames>`` (its main-lane chunks,
     the decoder alone) and ``flow 1 x <frames>`` (its packed flow launches)), for any padded batch: piecewise linear in rows between the rows
     measured, the last piece extended beyond them. A phoneme bucket or chunk size not measured
     between two measured sizes: the line between their times (a chunk of 96 frames half-way between
@@ -181,7 +181,7 @@ class SharedGpu:
 
 @dataclass(frozen=True)
 class FlowCost:
-    """How a decoder graph's time splits between the flow and the decoder, for ``tts.flow_once``
+    """How a decoder graph's time splits between the flow and the decoder, for ``RunnerOptions.flow_once``
     (whose main-lane graphs run the decoder alone and whose packed flow launches were not measured):
     the flow's GPU time per frame is ``ratio`` x the decoder's, so a graph of flow window ``W_f`` and
     decoder window ``W_d`` frames spends ``ratio W_f / (ratio W_f + W_d)`` of its time in the flow.

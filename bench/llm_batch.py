@@ -35,30 +35,15 @@ def run_level(engine, system: str, n: int, tokens: int) -> dict:
     replies = [engine.submit(f"n{n}-{i}", [{"role": "system", "content": system},
                                            {"role": "user", "content": f"{QUESTIONS[i % len(QUESTIONS)]} ({i})"}],
                              options) for i in range(n)]
-    decode = engine._ll.llama_decode
-    in_decode = [0.0]
-
-    def timed(ctx, batch):  # time spent inside llama_decode, to separate host work
-        t = time.perf_counter()
-        try:
-            return decode(ctx, batch)
-        finally:
-            in_decode[0] += time.perf_counter() - t
-
-    engine._ll.llama_decode = timed
     t0 = time.perf_counter()
     prompt_s, steps = None, []
-    try:
-        while not all(r.done for r in replies):
-            in_decode[0] = 0.0
-            t = time.perf_counter()
-            engine.step()
-            dt = time.perf_counter() - t
-            if engine.last_batch[1] == n and engine.last_batch[0] == n:  # every conversation decoding
-                prompt_s = prompt_s if prompt_s is not None else t - t0
-                steps.append((dt, in_decode[0]))
-    finally:
-        engine._ll.llama_decode = decode
+    while not all(r.done for r in replies):
+        t = time.perf_counter()
+        engine.step()
+        dt = time.perf_counter() - t
+        if engine.last_batch[1] == n and engine.last_batch[0] == n:  # every conversation decoding
+            prompt_s = prompt_s if prompt_s is not None else t - t0
+            steps.append((dt, engine.last_decode_s))  # llama_decode apart from the host work
     wall = time.perf_counter() - t0
     for r in replies:
         engine.release(r.session)

@@ -104,7 +104,7 @@ class CudaBackend:
         self.info = {
             "startup_s": round(self.startup_s, 2), "graph_capture_s": round(runner.capture_s, 2),
             "capture_s_by_stage": {k: round(v, 2) for k, v in runner.stage_capture_s.items()},
-            "graphs": len(runner._encode_steps) + len(runner._decode_steps) + len(runner._flow_steps),
+            "graphs": len(runner.encode_steps) + len(runner.decode_steps) + len(runner.flow_steps),
             "capture_peak_mb": round(runner.capture_peak_mb, 1),
             "memory_after_capture_mb": round(self.torch.cuda.memory_reserved() / 2**20, 1),
             "chunk_frames": opts.chunk_frames, "tail_chunk_frames": opts.tail_chunk_frames, "compile": opts.compile,

@@ -1,5 +1,5 @@
 """Experiments toward the GPU TTS goals (not part of the engine): is torch.compile worth it, and
-the fused Triton residual blocks (``tts_engine/torch_vits/fused_resblock.py``)?
+the fused Triton residual blocks (``tts_engine/torch_vits/kernels/fused_resblock.py``)?
 
 For the fp16 chunk decoder (flow + HiFi-GAN) at a few (chunk, batch) shapes and for the
 encoder step, compares a CUDA graph of the eager code with a CUDA graph of the
@@ -17,7 +17,7 @@ fp32 of the fp16 flow (PyTorch's and fused) and of the audio after it; ``--tiles
 activation, mask, bias, residual) per channel count, cuDNN + PyTorch's pointwise ops against the
 fused kernel in each tile shape; ``--resample`` times the decoder step's resampling to 24 kHz both
 ways (``resample.FUSED_MAX_SAMPLES``); ``--encoder-products`` compares the text encoder's feed-forward
-products (``tts.text_encoder_products``) and its fused attention (``tts.fused_attention``): graph ms
+products (``tts.text_encoder_products``) and its fused attention (``RunnerOptions.fused_attention``): graph ms
 per batch, and the durations against cuBLAS's
 (phonemes whose frames move over the bench and calibration sentences x noise draws). Writes ``<out>/tts_gpu_experiments-<hardware>-<date>.json``. Example::
 
@@ -77,7 +77,7 @@ def tile_rows(synth, batch: int = 48, frames: int = 278) -> list[dict]:
     (``t``: time rows)."""
     from torch.nn import functional as F
 
-    from tts_engine.torch_vits import fused_resblock as fr
+    from tts_engine.torch_vits.kernels import fused_resblock as fr
 
     rows = []
     dec = synth.dec
@@ -145,7 +145,7 @@ def flow_precision_rows(model, sentences: list[list[int]]) -> list[dict]:
     (``fused_flow``), and an fp32 flow before the fp16 decoder (what the flow's rounding costs)."""
     import copy
 
-    from tts_engine.torch_vits import fused_flow
+    from tts_engine.torch_vits.kernels import fused_flow
 
     def snr(ref: torch.Tensor, x: torch.Tensor) -> float:
         ref, x = ref.double(), x.double()
@@ -192,11 +192,11 @@ def encoder_products_rows(model, sentences: list[list[int]], tiles: list[str] = 
     length moves. The duration predictor is the same (``gemm``) in every row. ``tiles``: more rows for
     "tf32x3", "tf32" and "fp16x3" with the Triton convolution in those tile shapes ("COxTxKxWxS": output
     channels, time steps, input channels per product, warps, stages; ``fused_ffn.CONV_TILES``). Then
-    "tf32x3" again with the relative-position attention as one kernel per layer (``tts.fused_attention``;
+    "tf32x3" again with the relative-position attention as one kernel per layer (``RunnerOptions.fused_attention``;
     ``"attention": true`` in its row). ``profile_batch``: also the GPU time
     by kernel of the text encoder and the duration predictor (eager) at that many sentences."""
-    from tts_engine.torch_vits import fused_attention, fused_ffn
-    from tts_engine.torch_vits.gemm_conv import use_gemm_convs
+    from tts_engine.torch_vits.kernels import fused_attention, fused_ffn
+    from tts_engine.torch_vits.kernels.gemm_conv import use_gemm_convs
 
     base = copy.deepcopy(model)
     for part in (base.enc_p, base.dp):
@@ -385,7 +385,7 @@ def main() -> int:
         calibration = [s["ids"] for s in json.loads(CALIBRATION_SENTENCES.read_text())["sentences"]]
         rows += encoder_products_rows(model, sentences + calibration, args.conv_tiles, profile_batch=16 if args.profile else 0)
     torch._dynamo.config.cache_size_limit = 64
-    from tts_engine.torch_vits import fused_flow, fused_upsample
+    from tts_engine.torch_vits.kernels import fused_flow, fused_upsample
 
     default_tiles = fused_upsample.ROW_TILES
     default_gate = (fused_flow.GATE_TILES, fused_flow.RES_SKIP_TILES)

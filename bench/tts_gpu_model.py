@@ -25,7 +25,7 @@ measured QPS (mean, min, max of the matching rows) and ``model_of_measured_pct``
 ``--scale ENCODER DECODER`` multiplies the graph times (0.5: kernels twice as fast; such rows have
 no measured check).
 
-``tts.flow_once`` variants: with ``flowed`` and ``flow`` graph times in ``--gpu-times`` (a
+``RunnerOptions.flow_once`` variants: with ``flowed`` and ``flow`` graph times in ``--gpu-times`` (a
 ``--graph-times`` row of a ``--flow-once`` run) its launches take those; else ``--flow-cost`` says
 how a measured windowed chunk's graph splits between the flow and the decoder
 (``bench.instant_runner.FlowCost``).
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="factors on the encoder's and the decoders' graph times, a run of every variant per pair "
                         "(default: 1 1, as measured)")  # fmt: skip
     p.add_argument("--flow-cost", type=float, metavar="RATIO",
-                   help="for tts.flow_once variants when --gpu-times has no flowed / flow graph times: the flow's "
+                   help="for RunnerOptions.flow_once variants when --gpu-times has no flowed / flow graph times: the flow's "
                         "GPU time per frame relative to the decoder's (bench.instant_runner.FlowCost)")  # fmt: skip
     add_common_arguments(p)
     args = p.parse_args(argv)

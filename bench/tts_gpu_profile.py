@@ -69,7 +69,7 @@ def profile_runner(model, precision: str, chunk: int, tail: int, batches: list[i
            "build_s": round(time.perf_counter() - t0, 2), "memory_mb": round(runner.memory_mb(), 1), "decode": [],
            "encode": []}  # fmt: skip
     fill_slots(runner, sentences, noise=True)
-    for (size, b, lane), step in sorted(runner._decode_steps.items()):
+    for (size, b, lane), step in sorted(runner.decode_steps.items()):
         if lane != "main":  # the fast lane's first-chunk graphs are the same shapes
             continue
         step.inputs[0].copy_(torch.arange(b))
@@ -79,7 +79,7 @@ def profile_runner(model, precision: str, chunk: int, tail: int, batches: list[i
         audio_s = b * runner.geometries[size].chunk_samples / SR
         out["decode"].append({"chunk": size, "batch": b, "step_ms": round(ms, 3),
                               "audio_s_per_s": round(audio_s / ms * 1000, 1)})  # fmt: skip
-    for (b, t, lane), step in sorted(runner._encode_steps.items()):
+    for (b, t, lane), step in sorted(runner.encode_steps.items()):
         if lane != "fast":  # the same graphs again on another fast lane
             continue
         ids, lengths = pad_ids([sentences[i % len(sentences)] for i in range(b)], t)

@@ -116,7 +116,7 @@ def step_times(runner, chunk: int, batches: list[int], reps: int) -> dict[str, f
     fill_slots(runner, sentences, noise=True)
     out = {}
     for b in batches:
-        step = runner._decode_steps.get((chunk, b, "main"))
+        step = runner.decode_steps.get((chunk, b, "main"))
         if step is None:
             print(
                 f"  no decode step for chunk {chunk} batch {b} (not captured): skipped",

@@ -109,7 +109,7 @@ def plot(rows: list[dict], path: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--clients", type=int, nargs="+", default=[50, 128])
-    p.add_argument("--chunks-per-step", type=int, nargs="+", default=[1, 0], help="tts.chunks_per_step values")
+    p.add_argument("--chunks-per-step", type=int, nargs="+", default=[1, 0], help="RunnerOptions.chunks_per_step values")
     p.add_argument("--receive", nargs="+", default=["sink", "threads"], choices=["sink", "threads"])
     p.add_argument("--duration", type=float, default=5.0, help="seconds per level")
     p.add_argument("--frames", type=int, default=349, help="frames per sentence")

@@ -140,7 +140,7 @@ def end_of_turn_cost(cfg, turns: list[dict], calls: int = 40) -> dict:
     for i in range(calls):
         pcm = turns[i % len(turns)]["pcm"]
         t0 = time.perf_counter()
-        model._features(window(pcm))
+        model.features(window(pcm))
         t1 = time.perf_counter()
         model.score(pcm)
         t2 = time.perf_counter()

@@ -102,7 +102,7 @@ async def talker(level: Level, speech: dict[str, np.ndarray], index: int, t0: fl
         async with RealtimeClient.connect(level.url, binary_audio=level.binary) as client:
             if client.session.x_binary_audio != level.binary:
                 raise RuntimeError(f"session.x_binary_audio is {client.session.x_binary_audio}")
-            deflate = bool(client._ws.protocol.extensions)  # negotiated (see _offer_deflate)
+            deflate = client.compressed  # negotiated
             mic = Mic(client, RATE)
             try:
                 for n in range(level.turns):

@@ -79,12 +79,12 @@ def _library_us(events: list, repeat: int) -> dict[str, float]:
     import orjson
     from msgspec import json as msgspec_json
 
-    from realtime.protocol import _audio_header
+    from realtime.protocol import audio_header
     from realtime.wire import encode_pcm16, pcm16_bytes
 
     def stdlib(e) -> str:  # noqa: ANN001 - the fast path as it was, base64 by binascii
         audio = binascii.b2a_base64(pcm16_bytes(e.pcm), newline=False).decode("ascii")
-        return f'{_audio_header(e)[:-1].decode()},"delta":"{audio}"}}'
+        return f'{audio_header(e)[:-1].decode()},"delta":"{audio}"}}'
 
     def as_dict(e) -> dict:  # noqa: ANN001
         return {"type": e.type, "request_id": e.request_id, "delta": encode_pcm16(e.pcm)}

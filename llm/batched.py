@@ -188,6 +188,8 @@ class BatchedChat:
         self.wide_steps = 0  # steps that ran on ``prefill_threads``
         #: Tokens in the last step's batch, and how many replies it advanced.
         self.last_batch = (0, 0)
+        #: Seconds the last step spent inside ``llama_decode`` (the rest of a step is host work).
+        self.last_decode_s = 0.0
         self.last_stats: GenerationStats | None = None  # of the last ``stream``/``generate``
         if options.system_prompt:
             self._cache_prefix(options.system_prompt)
@@ -575,9 +577,11 @@ class BatchedChat:
         wide = spare_cores and prompt_rows > 0 and self._prefill_threads > self._threads
         self._set_batch_threads(self._prefill_threads if wide else self._threads)
         self.wide_steps += wide
+        started = time.perf_counter()
         rc = self._decode()
         while rc == 1 and self._evict_idle():  # no room in the KV cache: give up an idle conversation
             rc = self._decode()
+        self.last_decode_s = time.perf_counter() - started
         self.steps += 1
         self.evaluated += len(rows)
         self.prompt_evaluated += prompt_rows

@@ -195,8 +195,8 @@ def _header_fields(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls) if f.name != "pcm")
 
 
-def _audio_header(event: ResponseOutputAudioDelta | XTtsAudioDelta) -> bytes:
-    """The header as compact UTF-8 JSON. orjson: the same text as ``json.dumps`` with compact
+def audio_header(event: ResponseOutputAudioDelta | XTtsAudioDelta) -> bytes:
+    """An audio delta's message without its audio: the header as compact UTF-8 JSON. orjson: the same text as ``json.dumps`` with compact
     separators and ``ensure_ascii=False``, in 0.5 instead of 4 µs (bench/ws_serialize.py)."""
     return orjson.dumps({"type": event.type, **{name: getattr(event, name) for name in _header_fields(type(event))}})
 
@@ -205,12 +205,12 @@ def encode_audio_json(event: ResponseOutputAudioDelta | XTtsAudioDelta, fmt: str
     """The JSON text of an audio delta (same wire form as ``serialize``, built without the codec);
     ``fmt``: the wire audio format (G.711 formats: base64 of its bytes)."""
     audio = encode_pcm16(event.pcm) if fmt == "audio/pcm" else pybase64.b64encode(pcm_to_bytes(event.pcm, fmt)).decode()
-    return f'{_audio_header(event)[:-1].decode()},"delta":"{audio}"}}'
+    return f'{audio_header(event)[:-1].decode()},"delta":"{audio}"}}'
 
 
 def encode_audio_frame(event: ResponseOutputAudioDelta | XTtsAudioDelta, fmt: str = "audio/pcm") -> bytes:
     """``[u16 LE n][n bytes JSON header][audio]`` (PCM16 LE, or G.711 bytes); the audio starts at an even offset."""
-    head = _audio_header(event)
+    head = audio_header(event)
     if len(head) % 2:  # 2 + n even, so an Int16Array view of the audio is aligned
         head += b" "
     return _HEADER_LEN.pack(len(head)) + head + pcm_to_bytes(event.pcm, fmt)

@@ -6,7 +6,7 @@ import re
 
 import numpy as np
 import pytest
-from piper_speech import RATE, PiperSpeech, noise, silence
+from bench.piper_speech import RATE, PiperSpeech, noise, silence
 
 import asr.transcriber as transcriber_mod
 from asr.transcriber import Transcriber, Transcript

@@ -25,7 +25,7 @@ BENCH = ROOT / "bench"
 #: Library modules of the package; every other module is a benchmark (it has a ``main``).
 LIBRARIES = {"bench.harness", "bench.tts_backends", "bench.gpu_steps", "bench.gpu_timeline", "bench.zh_evaluation", "bench.scaleout.topology",
              "bench.scaleout.replicas", "bench.scaleout.voice", "bench.voice_talkers",
-             "bench.turn_set", "bench.llm_engine", "bench.instant_runner"}
+             "bench.turn_set", "bench.llm_engine", "bench.instant_runner", "bench.piper_speech"}
 #: A benchmark may use another's code only when it is that benchmark's own mode (WebSocket mode:
 #: the server process, and the client processes, which also run alone; the served host path's
 #: load and the scale-out run's TTS load are the same client processes).
@@ -559,8 +559,8 @@ def test_graph_times_time_the_encoder_at_each_phoneme_bucket_the_sentences_fall_
     decode = {(c, b, lane): step(("decode", c, b, lane), (torch.zeros(b, dtype=torch.long), torch.zeros(b, dtype=torch.long),
                                                            torch.zeros(b, dtype=torch.long)))
               for b in (1, 4) for c, lane in ((32, "fast"), (32, "main"), (64, "main"))}  # fmt: skip
-    runner = type("Runner", (), {"options": options, "fast_lanes": ["fast"], "device": "cpu", "_encode_steps": encode,
-                                 "_decode_steps": decode, "_flow_steps": {}})()  # fmt: skip
+    runner = type("Runner", (), {"options": options, "fast_lanes": ["fast"], "device": "cpu", "encode_steps": encode,
+                                 "decode_steps": decode, "flow_steps": {}})()  # fmt: skip
     monkeypatch.setattr(gpu_steps, "fill_slots", lambda runner, sentences, noise: [])
     monkeypatch.setattr(gpu_steps, "timed", lambda fn, reps: fn() or 1.0)
     sentences = [[1] * 10, [2] * 30, [3] * 31, [4] * 100]  # buckets 16, 32, 32, 128: none in 64
@@ -584,7 +584,7 @@ def test_load_bench_runs_the_gpu_engine_of_a_config_file(tmp_path, monkeypatch):
 
     class Runner(InstantRunner):  # what the bench reports of a real runner's start-up: nothing captured
         capture_s, capture_peak_mb, stage_capture_s = 0.0, 0.0, {}
-        _encode_steps = _decode_steps = _flow_steps = {}
+        encode_steps = decode_steps = flow_steps = {}
 
     built = []
     real = CudaTtsEngine.from_config.__func__

@@ -34,7 +34,7 @@ INSTRUCTIONS = "You are a storyteller. Tell long, detailed stories of at least t
 
 def fake_microphone_wav(cfg, path: Path) -> dict[str, float]:
     """Write the scripted user's audio; returns when each question starts and ends (s)."""
-    from piper_speech import RATE, PiperSpeech
+    from bench.piper_speech import RATE, PiperSpeech
     from base.wav import write_wav
 
     speech = PiperSpeech(cfg)
@@ -124,7 +124,7 @@ async def test_browser_smart_turn_a_cough_pauses_and_resumes_the_reply(cfg, tmp_
     """semantic_vad: a cough-like burst over the story pauses its playback, then it plays on."""
     playwright = pytest.importorskip("playwright.async_api", reason="playwright (dev extra) is not installed")
     from bench.turn_set import cough
-    from piper_speech import RATE, PiperSpeech
+    from bench.piper_speech import RATE, PiperSpeech
     from base.wav import write_wav
 
     gap = lambda s: np.zeros(int(RATE * s), np.int16)  # noqa: E731

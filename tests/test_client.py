@@ -196,6 +196,8 @@ async def test_auth_reconnect_and_server_shutdown(tts_engines):
         assert info.value.status == 401
         assert hub.metrics.rejected.labels(reason="auth")._value.get() == 1  # not retried
         c = await RealtimeClient.connect(ws_url(hub), token="s3cret", session={"instructions": "Be terse."})
+        assert not c.compressed and c.ended is None  # the client offers no permessage-deflate
+        assert c.response_headers is not None and c.response_headers["Upgrade"].lower() == "websocket"
         old_id = c.session.id
         await c.update_session(audio={"input": {"turn_detection": None}})
         await c.reconnect()
@@ -203,7 +205,7 @@ async def test_auth_reconnect_and_server_shutdown(tts_engines):
         assert c.session.instructions == "Be terse." and c.session.audio.input.turn_detection is None
         await hub.stop(grace_s=0)  # closes sessions with 1001: the event stream just ends
         assert [e.type async for e in c.events()] == []
-        assert not c.connected
+        assert not c.connected and c.ended.close_code == 1001
         with pytest.raises(ConnectionFailed):
             await c.commit()
         await c.close()
@@ -221,7 +223,7 @@ async def test_unreachable_server_fails_after_retries():
 
 @pytest.mark.slow
 async def test_real_models_voice_turn(cfg):
-    from piper_speech import PiperSpeech
+    from bench.piper_speech import PiperSpeech
 
     # With room silence around it, as a push-to-talk recording has (whisper base may garble
     # the last word of a clip cut right at the end of speech: "France" -> "friends").

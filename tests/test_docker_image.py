@@ -112,7 +112,7 @@ def test_image_metadata(harness, image):
 
 
 async def test_speak_and_spoken_turn(container, cfg):
-    from piper_speech import PiperSpeech, silence
+    from bench.piper_speech import PiperSpeech, silence
     from voxloop.client import RealtimeClient
 
     name, port = container

@@ -190,7 +190,7 @@ async def _ask(ws, pcm_24k) -> tuple[str, str, int]:  # noqa: ANN001
 async def test_the_engine_process_transcribes_and_answers_for_both_front_ends(voice_server, cfg):
     import soxr
 
-    from piper_speech import RATE, PiperSpeech
+    from bench.piper_speech import RATE, PiperSpeech
 
     proc, port = voice_server
     spawned = [c for c in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(c.cmdline())]

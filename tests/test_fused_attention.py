@@ -1,4 +1,4 @@
-"""The text encoder's fused relative-position attention (``tts_engine/torch_vits/fused_attention.py``)
+"""The text encoder's fused relative-position attention (``tts_engine/torch_vits/kernels/fused_attention.py``)
 against ``text_encoder.RelativeSelfAttention``.
 
 On a machine without CUDA the kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``, read when
@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 RANDOM_ENCODER = r"""
 import copy, json, sys
 import torch
-from tts_engine.torch_vits import fused_attention, fused_ffn
+from tts_engine.torch_vits.kernels import fused_attention, fused_ffn
 from tts_engine.torch_vits.text_encoder import TextEncoder
 
 torch.manual_seed(0)
@@ -57,7 +57,7 @@ print(json.dumps({"available": fused_attention.available(), "swapped": swapped,
 """
 
 VOICE = GEMM_VOICE_PAIR + r"""
-from tts_engine.torch_vits import fused_attention
+from tts_engine.torch_vits.kernels import fused_attention
 
 swapped = fused_attention.use_fused_attention(fused.enc_p)
 padded, lengths = pad_ids([s["ids"] for s in load_sentences()[:6]], 256)  # the engine's bucket
@@ -83,7 +83,7 @@ print(json.dumps({"swapped": swapped, "phonemes": int(want[3].sum()),
 
 NORM = r"""
 import json, torch
-from tts_engine.torch_vits import fused_attention
+from tts_engine.torch_vits.kernels import fused_attention
 from tts_engine.torch_vits.text_encoder import ChannelLayerNorm
 
 torch.manual_seed(0)
@@ -143,7 +143,7 @@ def test_fused_attention_keeps_the_voices_encoder_and_durations():
 def test_fused_attention_takes_the_text_encoders_products_and_refuses_others():
     """Its products follow ``tts.text_encoder_products`` (fp16x3's scaled split is the feed-forward's:
     the attention takes tf32x3's precision), one entry per setting; unknown ones are refused."""
-    from tts_engine.torch_vits import fused_attention
+    from tts_engine.torch_vits.kernels import fused_attention
     from tts_engine.torch_vits.text_encoder import RelativeSelfAttention, TextEncoder
     from base.config import TEXT_ENCODER_PRODUCTS
 
@@ -155,7 +155,7 @@ def test_fused_attention_takes_the_text_encoders_products_and_refuses_others():
     with pytest.raises(ValueError, match="products must be one of"):
         fused_attention.FusedRelativeSelfAttention(RelativeSelfAttention(24, 2, 4), "bf16")
     # with the fused feed-forward, in either order (the runner swaps the feed-forward first): both kept
-    from tts_engine.torch_vits import fused_ffn
+    from tts_engine.torch_vits.kernels import fused_ffn
 
     for order in ("ffn first", "attention first"):
         enc = TextEncoder(40, 24, 24, 40, n_heads=2, n_layers=2, kernel_size=3, window_size=4)
@@ -172,7 +172,7 @@ def test_fused_attention_takes_the_text_encoders_products_and_refuses_others():
 def test_attention_tiles_are_parsed_and_refused_by_the_engine_options():
     """``fused_attention.parse_tile`` takes the kernel's programs and refuses other names, and so does
     ``RunnerOptions.fused_attention_tile``; the engine built from a configuration runs ``TILE``."""
-    from tts_engine.torch_vits.fused_attention import TILE, parse_tile
+    from tts_engine.torch_vits.kernels.fused_attention import TILE, parse_tile
     from tts_engine.torch_vits.runner import RunnerOptions
 
     from base.config import load_config
@@ -194,7 +194,7 @@ def test_default_attention_program_spills_less_on_hopper():
     channels a head, unit time strides, lengths a multiple of 16), the first program (64 x 64, the band's
     nine keys unrolled) spills a stack of kilobytes, the default a few hundred bytes (2824 and 296 with
     Triton 3.9; on an H100 the default took 41-55 % less time, ``bench.encoder_attention``)."""
-    from tts_engine.torch_vits import fused_attention as fa
+    from tts_engine.torch_vits.kernels import fused_attention as fa
 
     def stack(tile: str) -> int:
         block_m, block_n, warps, unroll = fa.parse_tile(tile)

@@ -1,4 +1,4 @@
-"""Fused Triton kernels of the duration predictor (``tts_engine/torch_vits/fused_duration.py``)
+"""Fused Triton kernels of the duration predictor (``tts_engine/torch_vits/kernels/fused_duration.py``)
 against ``duration.py``.
 
 On a machine without CUDA the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, read
@@ -20,9 +20,9 @@ pytestmark = needs_triton
 RANDOM = r"""
 import copy, json, sys
 import torch
-from tts_engine.torch_vits import fused_duration
+from tts_engine.torch_vits.kernels import fused_duration
 from tts_engine.torch_vits.duration import StochasticDurationPredictor
-from tts_engine.torch_vits.gemm_conv import use_gemm_convs
+from tts_engine.torch_vits.kernels.gemm_conv import use_gemm_convs
 
 torch.manual_seed(0)
 dp = StochasticDurationPredictor(24, 20, 3, n_flows=4).eval()  # 20 channels: not a power of two
@@ -50,7 +50,7 @@ print(json.dumps({"available": fused_duration.available(), "swapped": swapped,
 """
 
 VOICE = VOICE_MODEL + r"""
-from tts_engine.torch_vits import fused_duration
+from tts_engine.torch_vits.kernels import fused_duration
 
 ids = [s["ids"] for s in load_sentences()[:10]]
 padded, lengths = pad_ids(ids)
@@ -86,7 +86,7 @@ def test_fused_duration_predictor_keeps_the_voices_durations():
 
 
 def test_fused_duration_predictor_refuses_what_it_does_not_compute():
-    from tts_engine.torch_vits import fused_duration
+    from tts_engine.torch_vits.kernels import fused_duration
     from tts_engine.torch_vits.duration import StochasticDurationPredictor
 
     dp = StochasticDurationPredictor(8, 8, 3, n_flows=2)

@@ -1,4 +1,4 @@
-"""The text encoder's fused feed-forward tap stacking (``tts_engine/torch_vits/fused_ffn.py``) against
+"""The text encoder's fused feed-forward tap stacking (``tts_engine/torch_vits/kernels/fused_ffn.py``) against
 ``text_encoder.py`` with ``gemm_conv`` convolutions.
 
 On a machine without CUDA the kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``, read when
@@ -20,8 +20,8 @@ torch = pytest.importorskip("torch")
 RANDOM = r"""
 import copy, json, sys
 import torch
-from tts_engine.torch_vits import fused_ffn
-from tts_engine.torch_vits.gemm_conv import use_gemm_convs
+from tts_engine.torch_vits.kernels import fused_ffn
+from tts_engine.torch_vits.kernels.gemm_conv import use_gemm_convs
 from tts_engine.torch_vits.text_encoder import TextEncoder
 
 torch.manual_seed(0)
@@ -46,7 +46,7 @@ print(json.dumps({"available": fused_ffn.available(), "swapped": swapped,
 """
 
 VOICE = GEMM_VOICE_PAIR + r"""
-from tts_engine.torch_vits import fused_ffn
+from tts_engine.torch_vits.kernels import fused_ffn
 
 swapped = fused_ffn.use_fused_ffn(fused.enc_p)
 padded, lengths = pad_ids([s["ids"] for s in load_sentences()[:8]], 256)  # the engine's bucket
@@ -80,8 +80,8 @@ def test_fused_ffn_keeps_the_voices_encoder_bit_for_bit():
 PRODUCTS = r"""
 import copy, json, sys
 import torch
-from tts_engine.torch_vits import fused_ffn
-from tts_engine.torch_vits.gemm_conv import use_gemm_convs
+from tts_engine.torch_vits.kernels import fused_ffn
+from tts_engine.torch_vits.kernels.gemm_conv import use_gemm_convs
 from tts_engine.torch_vits.text_encoder import TextEncoder
 
 products = sys.argv[1]
@@ -139,7 +139,7 @@ def test_triton_products_compute_the_feed_forward_and_skip_padding(products):
 
 
 def test_fp16_weight_scale_is_the_power_of_two_that_puts_the_peak_at_1024():
-    from tts_engine.torch_vits import fused_ffn
+    from tts_engine.torch_vits.kernels import fused_ffn
     from tts_engine.torch_vits.text_encoder import FeedForward
 
     assert fused_ffn.fp16_weight_scale(torch.tensor([0.3, -0.7])) == 1024.0  # 0.7 x 1024 = 717 <= 1024 < 0.7 x 2048
@@ -153,8 +153,8 @@ def test_fp16_weight_scale_is_the_power_of_two_that_puts_the_peak_at_1024():
 def test_fused_ffn_refuses_what_it_does_not_compute():
     from torch import nn
 
-    from tts_engine.torch_vits import fused_ffn
-    from tts_engine.torch_vits.gemm_conv import GemmConv1d
+    from tts_engine.torch_vits.kernels import fused_ffn
+    from tts_engine.torch_vits.kernels.gemm_conv import GemmConv1d
     from tts_engine.torch_vits.text_encoder import FeedForward, TextEncoder
 
     enc = TextEncoder(10, 8, 8, 16, n_heads=2, n_layers=3, kernel_size=3, window_size=2)

@@ -1,4 +1,4 @@
-"""The flow's WaveNet layers as fused Triton kernels (``tts_engine/torch_vits/fused_flow.py``)
+"""The flow's WaveNet layers as fused Triton kernels (``tts_engine/torch_vits/kernels/fused_flow.py``)
 against ``flow.py``.
 
 On a machine without CUDA the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, read
@@ -20,7 +20,7 @@ pytestmark = needs_triton
 SCRIPT = r"""
 import json, sys
 import torch
-from tts_engine.torch_vits import fused_flow
+from tts_engine.torch_vits.kernels import fused_flow
 from tts_engine.torch_vits.flow import ResidualCouplingBlock
 
 layers, dilation_rate = int(sys.argv[1]), int(sys.argv[2])
@@ -54,7 +54,7 @@ def test_fused_flow_computes_what_pytorch_computes(layers, dilation_rate):
 
 
 def test_fused_flow_refuses_what_it_does_not_compute():
-    from tts_engine.torch_vits import fused_flow
+    from tts_engine.torch_vits.kernels import fused_flow
     from tts_engine.torch_vits.flow import WaveNet
 
     assert fused_flow.supports(WaveNet(192, 5, 1, 4))

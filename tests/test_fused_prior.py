@@ -1,4 +1,4 @@
-"""The prior's expansion as one Triton kernel (``tts_engine/torch_vits/fused_prior.py``) against
+"""The prior's expansion as one Triton kernel (``tts_engine/torch_vits/kernels/fused_prior.py``) against
 ``Vits.expand_prior`` and the transposed copy into the slot latents.
 
 On a machine without CUDA the kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``, read when
@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 SCRIPT = r"""
 import json
 import torch
-from tts_engine.torch_vits import fused_prior
+from tts_engine.torch_vits.kernels import fused_prior
 from tts_engine.torch_vits.model import Vits
 
 torch.manual_seed(0)
@@ -50,7 +50,7 @@ def test_fused_prior_writes_what_expand_prior_computes():
 
 
 def test_fused_prior_needs_channel_contiguous_latents():
-    from tts_engine.torch_vits import fused_prior
+    from tts_engine.torch_vits.kernels import fused_prior
 
     if fused_prior.triton is None:
         pytest.skip("needs triton")

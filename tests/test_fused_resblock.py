@@ -1,4 +1,4 @@
-"""Fused Triton residual blocks (``tts_engine/torch_vits/fused_resblock.py``) against PyTorch's.
+"""Fused Triton residual blocks (``tts_engine/torch_vits/kernels/fused_resblock.py``) against PyTorch's.
 
 On a machine without CUDA the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, read
 when Triton compiles, hence a fresh process), float32, on a small generator of each block kind
@@ -18,7 +18,7 @@ pytestmark = needs_triton
 SCRIPT = r"""
 import json, sys
 import torch
-from tts_engine.torch_vits import fused_resblock
+from tts_engine.torch_vits.kernels import fused_resblock
 from tts_engine.torch_vits.decoder import Generator
 
 kind = sys.argv[1]
@@ -58,7 +58,7 @@ def test_fused_blocks_compute_what_pytorch_computes(kind):
 
 
 def test_fused_blocks_refuse_what_they_cannot_run():
-    from tts_engine.torch_vits import fused_resblock
+    from tts_engine.torch_vits.kernels import fused_resblock
 
     assert fused_resblock.supports(32) and fused_resblock.supports(128)
     assert not fused_resblock.supports(8) and not fused_resblock.supports(96)
@@ -68,7 +68,7 @@ def test_fused_blocks_refuse_what_they_cannot_run():
 #: two rows with the second's tail masked: ``g``, ``z``, ``mask``.
 VOICE_SHAPED = r"""
 import torch
-from tts_engine.torch_vits import fused_resblock
+from tts_engine.torch_vits.kernels import fused_resblock
 from tts_engine.torch_vits.decoder import Generator
 
 torch.manual_seed(0)
@@ -115,7 +115,7 @@ def test_fused_block_kernels_compile_for_hopper():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from tts_engine.torch_vits import fused_resblock as fr
+    from tts_engine.torch_vits.kernels import fused_resblock as fr
 
     def mma(channels: int, time_rows: bool) -> set[str]:
         block_co, block_t, warps = fr.TILES[channels]
@@ -144,7 +144,7 @@ def test_unrolled_taps_do_not_spill_on_hopper():
     """The taps unrolled (the shipped form, ``_conv_step``), compiled for sm_90 (Triton's own ptxas; its
     cuobjdump reads the registers) as the engine launches them (the pointers and the time length
     aligned): no spill stack in any shipped tile."""
-    from tts_engine.torch_vits import fused_resblock as fr
+    from tts_engine.torch_vits.kernels import fused_resblock as fr
 
     for channels in (32, 64, 128):
         block_co, block_t, warps = fr.TILES[channels]

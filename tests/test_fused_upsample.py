@@ -1,5 +1,5 @@
 """The decoder's input, upsampling and output convolutions as fused Triton kernels
-(``tts_engine/torch_vits/fused_upsample.py``) against PyTorch's.
+(``tts_engine/torch_vits/kernels/fused_upsample.py``) against PyTorch's.
 
 On a machine without CUDA the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, read
 when Triton compiles, hence a fresh process), float32, on small generators with a masked tail:
@@ -19,7 +19,7 @@ pytestmark = needs_triton
 SCRIPT = r"""
 import json, sys
 import torch
-from tts_engine.torch_vits import fused_upsample
+from tts_engine.torch_vits.kernels import fused_upsample
 from tts_engine.torch_vits.decoder import Generator
 
 kind = sys.argv[1]
@@ -73,7 +73,7 @@ def test_fused_upsampling_refuses_what_it_cannot_run():
     from torch import nn
 
     from tts_engine.torch_vits.decoder import Generator, PolyphaseUp
-    from tts_engine.torch_vits.fused_upsample import FusedOut, FusedRows
+    from tts_engine.torch_vits.kernels.fused_upsample import FusedOut, FusedRows
 
     assert PolyphaseUp.supports(nn.ConvTranspose1d(64, 32, 8, 4, padding=2)) and FusedRows.takes_inputs(64)
     assert not PolyphaseUp.supports(nn.ConvTranspose1d(64, 32, 7, 4, padding=2))  # kernel not a multiple of the stride

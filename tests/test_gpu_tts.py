@@ -147,7 +147,7 @@ def gemm_encoder_pair(model, fuse, device: str = "cuda"):
     ``(plain, fused, padded, lengths)``."""
     import copy
 
-    from tts_engine.torch_vits.gemm_conv import use_gemm_convs
+    from tts_engine.torch_vits.kernels.gemm_conv import use_gemm_convs
     from tts_engine.torch_vits.model import pad_ids
 
     padded, lengths = pad_ids(bench_ids(40), 256, device=device)
@@ -207,7 +207,7 @@ def test_gpu_engine_chunks_equal_whole_utterance(model, voice_path, chunks_per_s
     """Chunks equal the whole utterance, one later chunk per step or all of them at once (rows of one
     request in launches of several sizes, copied back asynchronously, handed out in order), with one
     main launch at a time or two queued (each with its own event and staged buffers), and with the
-    encoder's convolutions as cuBLAS products (``tts.encoder_convs = "gemm"``; the reference keeps
+    encoder's convolutions as cuBLAS products (``RunnerOptions.encoder_convs = "gemm"``; the reference keeps
     cuDNN's: the same durations, samples within the same 3 int16 steps); with ``output_rate``
     resampled in the decoder's graphs, equal to the whole utterance resampled at once."""
     from tts_engine.engine import SynthesisOptions
@@ -444,13 +444,13 @@ def test_gpu_polyphase_and_fused_blocks_keep_the_audio(model, voice_path):
 
 
 def test_gpu_fused_duration_predictor_keeps_durations_and_audio(model, voice_path):
-    """``tts.fused_duration_predictor``: the voice's duration predictor with fused Triton kernels gives
+    """``RunnerOptions.fused_duration_predictor`` (``tts.triton_kernels``): the voice's duration predictor with fused Triton kernels gives
     the same frames per phoneme as PyTorch's for 40 sentences in one padded batch with noise (``noise_w``
     0.8), and the engine (fp32, cuBLAS encoder convolutions) speaks each sentence as the whole-utterance
     run does (same length, within 3 int16 steps)."""
     import copy
 
-    from tts_engine.torch_vits import fused_duration
+    from tts_engine.torch_vits.kernels import fused_duration
     from tts_engine.torch_vits.model import pad_ids
 
     if not runs_here(voice_path, "test_gpu_fused_duration_predictor_keeps_durations_and_audio", fused_duration_predictor=True):
@@ -470,12 +470,12 @@ def test_gpu_fused_duration_predictor_keeps_durations_and_audio(model, voice_pat
 
 
 def test_gpu_fused_text_encoder_keeps_the_encoder_bit_for_bit(model, voice_path):
-    """``tts.fused_text_encoder``: the voice's text encoder with its feed-forward taps stacked by the
+    """``RunnerOptions.fused_text_encoder`` (``tts.triton_kernels``): the voice's text encoder with its feed-forward taps stacked by the
     fused kernel gives the same states, prior and mask, bit for bit, as with ``GemmConv1d`` for 40
     sentences padded to the 256-id bucket (so the same durations), and the engine (fp32, every encoder
     kernel of ``configs/gpu.toml``) speaks each sentence as the whole-utterance run does (same length,
     within 3 int16 steps)."""
-    from tts_engine.torch_vits import fused_ffn
+    from tts_engine.torch_vits.kernels import fused_ffn
 
     if not runs_here(voice_path, "test_gpu_fused_text_encoder_keeps_the_encoder_bit_for_bit", fused_text_encoder=True):
         return
@@ -496,7 +496,7 @@ def test_gpu_text_encoder_products_stay_close_and_speak_as_whole(model, voice_pa
     encoder kernel of ``configs/gpu.toml``) speaks each of 6 sentences as the whole-utterance run does
     (same length, within 3 int16 steps, fp16x3 ``WHOLE_STEPS``); every batch through the Triton
     convolution (``MIN_ROWS`` 1)."""
-    from tts_engine.torch_vits import fused_ffn
+    from tts_engine.torch_vits.kernels import fused_ffn
 
     name = f"test_gpu_text_encoder_products_stay_close_and_speak_as_whole[{products}]"
     if not runs_here(voice_path, name, fused_text_encoder=True, text_encoder_products=products):
@@ -512,12 +512,12 @@ def test_gpu_text_encoder_products_stay_close_and_speak_as_whole(model, voice_pa
 
 @pytest.mark.parametrize("tile", ["64x64w4-unrolled", "32x32w4-loop"])
 def test_gpu_fused_attention_stays_close_and_speaks_as_whole(model, voice_path, tile):
-    """``tts.fused_attention``: the voice's text encoder with its relative-position attention as one
+    """``RunnerOptions.fused_attention`` (``tts.triton_kernels``): the voice's text encoder with its relative-position attention as one
     Triton kernel per layer gives PyTorch's states within 1e-5 of their peak for 40 sentences padded
     to the 256-id bucket, moves no phoneme's frame count without noise, and the engine (fp32, every
     encoder kernel of ``configs/gpu.toml``) speaks each of 6 sentences as the whole-utterance run does:
-    in the kernel's default program (``tts.fused_attention_tile``, configs/gpu.toml's) and in the first one."""
-    from tts_engine.torch_vits import fused_attention
+    in the kernel's default program (``fused_attention.TILE``, the engine's) and in the first one."""
+    from tts_engine.torch_vits.kernels import fused_attention
 
     if not runs_here(voice_path, f"test_gpu_fused_attention_stays_close_and_speaks_as_whole[{tile}]",
                      fused_attention=True, fused_text_encoder=True, text_encoder_products="tf32x3",
@@ -532,10 +532,10 @@ def test_gpu_fused_attention_stays_close_and_speaks_as_whole(model, voice_path, 
 
 
 def test_gpu_fused_prior_writes_the_same_latents(model, voice_path):
-    """``tts.fused_prior``: the kernel's latents equal ``Vits.expand_prior`` copied into the slots, bit for bit,
+    """``RunnerOptions.fused_prior`` (``tts.triton_kernels``): the kernel's latents equal ``Vits.expand_prior`` copied into the slots, bit for bit,
     for the voice's prior of 40 sentences (the same noise), and the engine (fp32, every encoder kernel of
     ``configs/gpu.toml``) speaks each sentence as the whole-utterance run does (same length, within 3 int16 steps)."""
-    from tts_engine.torch_vits import fused_prior
+    from tts_engine.torch_vits.kernels import fused_prior
     from tts_engine.torch_vits.model import Vits, pad_ids
 
     if not runs_here(voice_path, "test_gpu_fused_prior_writes_the_same_latents", fused_prior=True):

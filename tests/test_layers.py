@@ -44,7 +44,8 @@ LAYERS = layer_table()
 
 
 def folder_table() -> dict[str, set[str]]:
-    """``{folder: folders it may import}`` from docs/architecture.md's folder table."""
+    """``{folder: folders it may import}`` from docs/architecture.md's folder table; a folder is its path
+    (``base``, ``tts_engine/torch_vits/kernels``: a nested folder is a row of its own)."""
     text = (ROOT / "docs" / "architecture.md").read_text()
     lines = text[text.index("| folder | holds | may import folders |") :].splitlines()[2:]
     folders: dict[str, set[str]] = {}
@@ -52,12 +53,18 @@ def folder_table() -> dict[str, set[str]]:
         if not line.startswith("|"):
             break
         names, _, allowed = (cell.strip() for cell in line.strip("|").split("|"))
-        for name in re.findall(r"`(\w+)/`", names):
-            folders[name] = set(re.findall(r"`(\w+)/`", allowed))
+        for name in re.findall(r"`([\w/]+)/`", names):
+            folders[name] = set(re.findall(r"`([\w/]+)/`", allowed))
     return folders
 
 
 FOLDERS = folder_table()
+
+
+def folder_of(module: str, folders: dict[str, set[str]] = FOLDERS) -> str:
+    """The most specific folder of the table that holds ``module`` (its top-level folder at least)."""
+    path = module.replace(".", "/")
+    return max((f for f in folders if path == f or path.startswith(f + "/")), key=len, default=path.split("/")[0])
 
 
 def layer_of(module: str) -> str:
@@ -158,20 +165,22 @@ def test_no_import_goes_up_or_sideways():
     assert not wrong, "\n".join(wrong)
 
 
-def wrong_folder_imports(graph: dict[str, dict[str, int]]) -> list[str]:
-    """``module:line imports target`` for every import of another top-level folder its row does not name."""
+def wrong_folder_imports(graph: dict[str, dict[str, int]], folders: dict[str, set[str]] = FOLDERS) -> list[str]:
+    """``module:line imports target`` for every import of another folder of the table that the module's
+    folder's row does not name (a nested folder is apart from the folder around it, both ways)."""
     wrong = []
     for module, targets in graph.items():
-        folder = module.split(".")[0]
+        folder = folder_of(module, folders)
         for target, line in targets.items():
-            other = target.split(".")[0]
-            if other != folder and other not in FOLDERS[folder]:
+            other = folder_of(target, folders)
+            if other != folder and other not in folders[folder]:
                 wrong.append(f"{module}:{line} ({folder}/) imports {target} ({other}/)")
     return wrong
 
 
 def test_the_folder_table_names_every_folder_in_order():
-    assert set(FOLDERS) == set(PACKAGES)
+    assert {f.split("/")[0] for f in FOLDERS} == set(PACKAGES)
+    assert all((ROOT / f).is_dir() for f in FOLDERS)
     # An order exists: each folder may import only folders listed before it (no two import each other).
     placed: list[str] = []
     while len(placed) < len(FOLDERS):
@@ -183,6 +192,20 @@ def test_the_folder_table_names_every_folder_in_order():
 def test_no_folder_imports_a_folder_above_it():
     wrong = wrong_folder_imports(GRAPH)
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_kernels_folder_imports_nothing_of_the_engine_around_it():
+    """The Triton kernels (``tts_engine/torch_vits/kernels/``) have a row of their own: they import only
+    the base, never the model, runner or scheduler beside them; the engine imports them."""
+    kernels = "tts_engine/torch_vits/kernels"
+    assert FOLDERS[kernels] <= {"base"}
+    assert kernels in FOLDERS["tts_engine"]
+    modules = [m for m in MODULES if folder_of(m) == kernels]
+    assert {m.rsplit(".", 1)[-1] for m in modules} >= {"fused_resblock", "fused_resblock_ref", "gemm_conv"}
+    graph = {"tts_engine.torch_vits.kernels.fused_prior": {"tts_engine.torch_vits.model": 27},
+             "tts_engine.torch_vits.runner": {"tts_engine.torch_vits.kernels.fused_prior": 5}}
+    assert wrong_folder_imports(graph) == ["tts_engine.torch_vits.kernels.fused_prior:27 (tts_engine/torch_vits/kernels/) "
+                                           "imports tts_engine.torch_vits.model (tts_engine/)"]
 
 
 def test_the_folder_check_catches_an_upward_import():
@@ -219,3 +242,55 @@ def test_every_module_imports(module):
         compile(MODULES[module].read_text(), str(MODULES[module]), "exec")
         return
     importlib.import_module(module)
+
+
+def private_names() -> set[str]:
+    """Every private name the product's packages define: functions, classes, module names and
+    attributes (``self._x = ...``), dunders aside."""
+    names = set()
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def bench_misuses(sources: dict[str, str], private: set[str]) -> list[str]:
+    """``file:line what`` for each import from ``tests`` and each read of a private name of the product
+    (``obj._x`` on anything but the bench's own ``self``/``cls``; ``from product import _x``)."""
+    found = []
+    for name, source in sources.items():
+        for node in ast.walk(ast.parse(source, name)):
+            if isinstance(node, ast.Import):
+                found += [f"{name}:{node.lineno} imports {a.name}" for a in node.names if a.name.split(".")[0] == "tests"]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                if node.module.split(".")[0] == "tests":
+                    found.append(f"{name}:{node.lineno} imports from {node.module}")
+                elif node.module.split(".")[0] in PACKAGES:
+                    found += [f"{name}:{node.lineno} imports {node.module}.{a.name}" for a in node.names if a.name in private]
+            elif isinstance(node, ast.Attribute) and node.attr in private and \
+                    not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):  # fmt: skip
+                found.append(f"{name}:{node.lineno} reads {ast.unparse(node)}")
+    return found
+
+
+def test_bench_uses_the_products_public_interfaces_only():
+    """bench/ measures the product as a user of it: no import from tests/, no private attribute."""
+    sources = {str(p.relative_to(ROOT)): p.read_text() for p in sorted((ROOT / "bench").rglob("*.py"))}
+    misuses = bench_misuses(sources, private_names())
+    assert not misuses, "\n".join(misuses)
+
+
+def test_the_bench_check_catches_a_private_read_and_a_test_import():
+    private = private_names()
+    assert {"_decode_steps", "_ll", "_model", "_ws"} <= private
+    planted = {"bench/x.py": "from tests.client_fakes import FakeServer\nimport tests.rt\n"
+                             "from realtime.protocol import _header_fields\n"
+                             "def f(runner, self):\n    self._ll = runner._decode_steps\n    return self._ll\n"}
+    assert bench_misuses(planted, private) == [
+        "bench/x.py:1 imports from tests.client_fakes", "bench/x.py:2 imports tests.rt",
+        "bench/x.py:3 imports realtime.protocol._header_fields", "bench/x.py:5 reads runner._decode_steps"]

@@ -6,6 +6,8 @@ import asyncio
 import dataclasses
 import threading
 
+import time
+
 import pytest
 from conftest import scaled
 
@@ -102,9 +104,11 @@ def test_batched_replies_equal_unbatched_at_temperature_0(clean, cfg, n):
     sizes = []
     replies = first + rest
     while not all(r.done for r in replies):
+        started = time.perf_counter()
         for e in engine.step():
             texts[e.reply.id].append(e.text)
         sizes.append(engine.last_batch[1])
+        assert 0 < engine.last_decode_s <= time.perf_counter() - started  # llama_decode's share of the step
     assert ["".join(texts[r.id]) for r in replies] == reference
     assert max(sizes) == n  # every conversation advanced in the same llama_decode
     assert all(r.stats.finish_reason in ("stop", "length") for r in replies)

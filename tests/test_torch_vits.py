@@ -20,7 +20,7 @@ from bench.harness import load_sentences  # noqa: E402
 from bench.tts_backends import scheduler_breakdown, scheduler_counters  # noqa: E402
 from tts_engine.engine import SynthesisOptions  # noqa: E402
 from tts_engine.torch_vits import chunked  # noqa: E402
-from tts_engine.torch_vits.gemm_conv import GemmConv1d, use_gemm_convs  # noqa: E402
+from tts_engine.torch_vits.kernels.gemm_conv import GemmConv1d, use_gemm_convs  # noqa: E402
 from tts_engine.torch_vits.model import Vits, VitsConfig, pad_ids  # noqa: E402
 from tts_engine.torch_vits.resample import ChunkResampler  # noqa: E402
 from tts_engine.torch_vits.runner import RunnerOptions, StepRunner, bucket_for  # noqa: E402
@@ -1189,7 +1189,7 @@ def test_onnx_export_matches_pytorch(model, tmp_path):
 def test_compiled_kernels_are_cached_per_gpu_cuda_and_torch(tmp_path, monkeypatch):
     """``tts.compile``: Inductor's cache goes under the models cache, one directory per GPU model, CUDA
     and torch (a reboot or a container restart keeps it); a TORCHINDUCTOR_CACHE_DIR of the user wins.
-    ``tts.fused_blocks``: Triton's cache likewise."""
+    ``tts.triton_kernels``: Triton's cache likewise."""
     from tts_engine.torch_vits.compile_cache import ENV, cache_key, use_compile_cache
 
     h200 = cache_key("NVIDIA H200", (9, 0), "13.0", "2.11.0+cu130")
@@ -1209,7 +1209,7 @@ def test_compiled_kernels_are_cached_per_gpu_cuda_and_torch(tmp_path, monkeypatc
     blocked = tmp_path / "read-only"
     blocked.write_text("a file where the directory would go")  # as a read-only models volume: no mkdir
     assert use_compile_cache(blocked, h200) is None and ENV not in os.environ
-    # tts.fused_blocks: Triton's own cache (kernels outside Inductor) the same way
+    # tts.triton_kernels: Triton's own cache (kernels outside Inductor) the same way
     from tts_engine.torch_vits.compile_cache import TRITON_ENV
 
     monkeypatch.delenv(TRITON_ENV, raising=False)

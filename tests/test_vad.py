@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from piper_speech import RATE, PiperSpeech, noise, silence
+from bench.piper_speech import RATE, PiperSpeech, noise, silence
 
 from asr.vad import (
     NOISE_RISE_DB_S,

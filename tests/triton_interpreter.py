@@ -39,7 +39,7 @@ model = load_vits(models.resolve_voice(load_config(None, [], environ={})).path)
 #: ``VOICE_MODEL`` with the text encoder's convolutions as cuBLAS products (``encoder_convs = "gemm"``,
 #: the engine's) and ``fused``, a copy of that model for the kernel under test to change.
 GEMM_VOICE_PAIR = VOICE_MODEL + r"""
-from tts_engine.torch_vits.gemm_conv import use_gemm_convs
+from tts_engine.torch_vits.kernels.gemm_conv import use_gemm_convs
 
 use_gemm_convs(model.enc_p)
 fused = copy.deepcopy(model)

@@ -123,6 +123,23 @@ class RealtimeClient:
         return Connecting(cls(url, **kwargs))
 
     @property
+    def ended(self) -> BaseException | None:
+        """Why the connection ended (a ``ConnectionFailed`` with its ``close_code``), None while it is open."""
+        return self._ended
+
+    @property
+    def response_headers(self):  # noqa: ANN201 - websockets' Headers, or None before the upgrade
+        """The HTTP headers of the server's upgrade response (e.g. the replica a load balancer chose)."""
+        response = getattr(self._ws, "response", None)
+        return None if response is None else response.headers
+
+    @property
+    def compressed(self) -> bool:
+        """The connection negotiated permessage-deflate (this client offers none: it never needs it; a bench
+        that makes it offer, as browsers do, reads here whether the server took it)."""
+        return self._ws is not None and bool(self._ws.protocol.extensions)
+
+    @property
     def connected(self) -> bool:
         return self._ws is not None and self._ended is None
 

@@ -53,8 +53,8 @@ def voice_level(topo: Topology, speech: dict, talkers: int, turns: int, *, timeo
 
 def _replica(client) -> str | None:  # noqa: ANN001 - a connected RealtimeClient
     """The replica HAProxy sent this connection to (its ``X-Voxloop-Replica`` response header)."""
-    response = getattr(client._ws, "response", None)
-    return response.headers.get("X-Voxloop-Replica") if response is not None else None
+    headers = client.response_headers
+    return headers.get("X-Voxloop-Replica") if headers is not None else None
 
 
 async def _stop_mic(mic: Mic) -> None:
@@ -91,7 +91,7 @@ async def reconnecting_talker(level: Level, speech: dict, index: int, t0: float)
             out["turns"].append(row)
             if client.connected:
                 continue
-            ended = client._ended
+            ended = client.ended
             out["closes"].append({"at": time.time(), "code": getattr(ended, "close_code", None) or 1006})
             await _stop_mic(mic)
             seen = time.monotonic()

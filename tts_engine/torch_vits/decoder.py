@@ -141,7 +141,7 @@ class Generator(nn.Module):
         if not on:
             self.fused = None
             return
-        from tts_engine.torch_vits import fused_resblock
+        from tts_engine.torch_vits.kernels import fused_resblock
 
         self.fused = []
         for i, up in enumerate(self.ups):
@@ -157,7 +157,7 @@ class Generator(nn.Module):
         if not on:
             self.fused_convs = None
             return False
-        from tts_engine.torch_vits.fused_upsample import FusedOut, FusedRows
+        from tts_engine.torch_vits.kernels.fused_upsample import FusedOut, FusedRows
 
         ups_ok = all(PolyphaseUp.supports(up) and FusedRows.takes_inputs(up.in_channels) for up in self.ups)
         if not (ups_ok and FusedRows.supports(self.conv_pre) and FusedOut.supports(self.conv_post)):

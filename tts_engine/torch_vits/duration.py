@@ -9,19 +9,14 @@ posterior flows used only in training are not built.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from tts_engine.torch_vits.kernels.fused_duration_ref import spline_coupling
 from tts_engine.torch_vits.text_encoder import ChannelLayerNorm
-
-MIN_BIN_WIDTH = MIN_BIN_HEIGHT = MIN_DERIVATIVE = 1e-3
-#: Piper's ``searchsorted`` adds this to the last bin edge.
-_EDGE_EPS = 1e-6
-
 
 class DDSConv(nn.Module):
     """Dilated depth-separable convolutions (dilation ``kernel_size ** i``) with residuals."""
@@ -52,54 +47,6 @@ class DDSConv(nn.Module):
         return x * mask
 
 
-def _knots(unnormalized: torch.Tensor, bound: float, min_size: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Bin edges ``[..., K+1]`` spanning ``[-bound, bound]`` and bin sizes ``[..., K]``."""
-    k = unnormalized.shape[-1]
-    sizes = min_size + (1 - min_size * k) * torch.softmax(unnormalized, dim=-1)
-    inner = 2 * bound * torch.cumsum(sizes, dim=-1)[..., :-1] - bound
-    lo = torch.full_like(inner[..., :1], -bound)
-    edges = torch.cat([lo, inner, -lo], dim=-1)
-    return edges, edges[..., 1:] - edges[..., :-1]
-
-
-def rational_quadratic_inverse(
-    y: torch.Tensor,
-    widths_un: torch.Tensor,
-    heights_un: torch.Tensor,
-    derivatives_un: torch.Tensor,
-    tail_bound: float,
-) -> torch.Tensor:
-    """Inverse of the monotone rational-quadratic spline with linear (identity) tails.
-
-    ``y`` [...]; ``widths_un``, ``heights_un`` [..., K]; ``derivatives_un`` [..., K-1].
-    Outside ``[-tail_bound, tail_bound]`` the transform is the identity.
-    """
-    tail = math.log(math.exp(1 - MIN_DERIVATIVE) - 1)
-    derivatives = MIN_DERIVATIVE + F.softplus(F.pad(derivatives_un, (1, 1), value=tail))
-    cumw, widths = _knots(widths_un, tail_bound, MIN_BIN_WIDTH)
-    cumh, heights = _knots(heights_un, tail_bound, MIN_BIN_HEIGHT)
-    inside = (y >= -tail_bound) & (y <= tail_bound)
-    yc = y.clamp(-tail_bound, tail_bound)
-    k = widths.shape[-1]
-    edges = torch.cat([cumh[..., :-1], cumh[..., -1:] + _EDGE_EPS], dim=-1)
-    idx = ((yc[..., None] >= edges).sum(dim=-1, keepdim=True) - 1).clamp(0, k - 1)
-
-    def pick(t: torch.Tensor) -> torch.Tensor:
-        return t.gather(-1, idx)[..., 0]
-
-    x0, w, y0, h = pick(cumw), pick(widths), pick(cumh), pick(heights)
-    delta = h / w
-    d0, d1 = pick(derivatives), derivatives[..., 1:].gather(-1, idx)[..., 0]
-    dy = yc - y0
-    slope_sum = d0 + d1 - 2 * delta
-    a = dy * slope_sum + h * (delta - d0)
-    b = h * d0 - dy * slope_sum
-    c = -delta * dy
-    discriminant = (b * b - 4 * a * c).clamp_min(0)
-    theta = (2 * c) / (-b - torch.sqrt(discriminant))
-    return torch.where(inside, theta * w + x0, y)
-
-
 class ConvFlow(nn.Module):
     """Coupling layer: the second channel goes through a spline whose knots depend on the first."""
 
@@ -123,12 +70,7 @@ class ConvFlow(nn.Module):
         h = self.proj(self.convs(self.pre(x0), mask, g=g))
         if self.fused_spline is not None:  # the rest in one Triton kernel (fused_duration.py)
             return self.fused_spline(self, x, h, mask)
-        h = h * mask
-        b, c, t = x0.shape
-        h = h.reshape(b, c, -1, t).permute(0, 1, 3, 2)  # [B, c, T, 3K-1]
-        k, scale = self.num_bins, math.sqrt(self.filter_channels)
-        x1 = rational_quadratic_inverse(x1, h[..., :k] / scale, h[..., k : 2 * k] / scale, h[..., 2 * k :], self.tail_bound)
-        return torch.cat([x0, x1], 1) * mask
+        return spline_coupling(x, h, mask, self.num_bins, self.filter_channels, self.tail_bound)
 
 
 class ElementwiseAffine(nn.Module):

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from tts_engine.torch_vits.decoder import Generator
+from tts_engine.torch_vits.kernels import fused_prior_ref
 from tts_engine.torch_vits.duration import StochasticDurationPredictor
 from tts_engine.torch_vits.flow import ResidualCouplingBlock
 from tts_engine.torch_vits.text_encoder import TextEncoder
@@ -145,42 +146,11 @@ class Vits(nn.Module):
         frames = torch.clamp_min(w_ceil.sum(dim=1), 1).long()
         return w_ceil, frames
 
-    @staticmethod
-    def frame_phonemes(w_ceil: torch.Tensor, n_frames: int | torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The phoneme of each of ``n_frames`` frames, ``idx`` [B, n_frames] (``cum[i-1] <= f < cum[i]``,
-        the last phoneme past the end), the frame numbers ``frame`` [B, n_frames] and ``cum``, the
-        cumulative ``w_ceil`` [B, T], all in ``w_ceil``'s float type but ``idx`` (int64)."""
-        cum = torch.cumsum(w_ceil, dim=1)
-        frame = torch.arange(n_frames, device=w_ceil.device).to(cum.dtype)[None, :] + torch.zeros_like(cum[:, :1])
-        if torch.onnx.is_in_onnx_export():  # no searchsorted in ONNX: count the edges passed
-            idx = (cum[:, None, :] <= frame[:, :, None]).sum(dim=2)
-        else:
-            idx = torch.searchsorted(cum, frame, right=True)
-        return idx.clamp_max(w_ceil.shape[1] - 1), frame, cum
-
-    @staticmethod
-    def expand_prior(
-        m_p: torch.Tensor,
-        logs_p: torch.Tensor,
-        w_ceil: torch.Tensor,
-        n_frames: int | torch.Tensor,
-        noise_scale: torch.Tensor,
-        noise: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Per-frame prior sample ``z_p`` [B, C, n_frames] (frames past the utterance: noise only).
-
-        Frame ``f`` takes phoneme ``i`` with ``cum[i-1] <= f < cum[i]`` (``cum`` = cumulative
-        ``w_ceil``) — the same alignment as Piper's ``generate_path``. ``noise``: standard
-        normal [B, C, n_frames] (drawn here when None); ``noise_scale`` [B].
-        """
-        idx, frame, cum = Vits.frame_phonemes(w_ceil, n_frames)
-        inside = (frame < cum[:, -1:]).unsqueeze(1).to(m_p.dtype)
-        idx = idx.unsqueeze(1).expand(-1, m_p.shape[1], -1)
-        m = torch.gather(m_p, 2, idx) * inside
-        logs = torch.gather(logs_p, 2, idx) * inside
-        if noise is None:
-            noise = torch.randn_like(m)
-        return m + noise * torch.exp(logs) * noise_scale.view(-1, 1, 1)
+    #: The phoneme of each frame (``kernels.fused_prior_ref.frame_phonemes``).
+    frame_phonemes = staticmethod(fused_prior_ref.frame_phonemes)
+    #: Per-frame prior sample ``z_p`` [B, C, n_frames] (``kernels.fused_prior_ref.expand_prior``: frame ``f``
+    #: takes phoneme ``i`` with ``cum[i-1] <= f < cum[i]``, Piper's ``generate_path``; past the end noise only).
+    expand_prior = staticmethod(fused_prior_ref.expand_prior)
 
     @staticmethod
     def frame_mask(frames: torch.Tensor, n_frames: int) -> torch.Tensor:

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from tts_engine.torch_vits.chunked import to_int16
-from tts_engine.torch_vits.fused_resblock import triton
+from tts_engine.torch_vits.kernels import triton
 
 #: Filter length in input samples when upsampling (scaled by in/out when downsampling).
 TAPS = 128

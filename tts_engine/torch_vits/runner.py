@@ -32,7 +32,8 @@ import gc
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+import types
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,11 +48,11 @@ from tts_engine.torch_vits.chunked import (
     pack_flow,
     padding_table,
 )
-from tts_engine.torch_vits.gemm_conv import use_gemm_convs
+from tts_engine.torch_vits.kernels.gemm_conv import use_gemm_convs
 from tts_engine.torch_vits.gpu_memory import GpuMemory
 from tts_engine.torch_vits.model import Vits
 from tts_engine.torch_vits.resample import ChunkResampler
-from tts_engine.torch_vits.fused_attention import ATTENTION_PRODUCTS, TILE as ATTENTION_TILE, parse_tile
+from tts_engine.torch_vits.kernels.fused_attention import ATTENTION_PRODUCTS, TILE as ATTENTION_TILE, parse_tile
 from base.config import BATCH_BUCKET_LEVELS, Config, TtsConfig
 from base.errors import ConfigError
 
@@ -423,7 +424,7 @@ class StepRunner:
             self.synth_model = self.model if self.dtype == torch.float32 else copy.deepcopy(self.model).to(self.dtype)
         fused = [name for name in ("fused_blocks", "fused_upsampling", "fused_flow") if getattr(options, name)]
         if fused:  # the fp16/bf16 synthesis model's Triton kernels (fused_resblock, fused_upsample, fused_flow)
-            from tts_engine.torch_vits import fused_flow, fused_resblock
+            from tts_engine.torch_vits.kernels import fused_flow, fused_resblock
 
             if not cuda or options.precision not in ("fp16", "bf16") or not fused_resblock.available():
                 raise ValueError(f"{fused[0]} needs CUDA, triton and precision fp16 or bf16; got "
@@ -451,7 +452,7 @@ class StepRunner:
         encoder_kernels = [n for n in ("fused_duration_predictor", "fused_text_encoder", "fused_prior", "fused_attention")
                            if getattr(options, n)]
         if encoder_kernels:  # the fp32 encoder's Triton kernels: all checked before any is swapped in
-            from tts_engine.torch_vits import fused_attention, fused_duration, fused_ffn, fused_prior
+            from tts_engine.torch_vits.kernels import fused_attention, fused_duration, fused_ffn, fused_prior
 
             modules = {"fused_duration_predictor": fused_duration, "fused_text_encoder": fused_ffn, "fused_prior": fused_prior,
                        "fused_attention": fused_attention}
@@ -504,6 +505,22 @@ class StepRunner:
         self.stage_capture_s: dict[str, float] = {}
         self.capture_peak_mb = 0.0
         self._build()
+
+    @property
+    def encode_steps(self) -> Mapping[tuple[int, int, str], _Step]:
+        """The encoder's captured steps by (batch, phonemes, fast lane), read-only: each step's static
+        ``inputs`` and its CUDA ``graph`` (None when eager), for benches that replay one alone."""
+        return types.MappingProxyType(self._encode_steps)
+
+    @property
+    def decode_steps(self) -> Mapping[tuple[int, int, str], _Step]:
+        """The decoder's captured steps by (chunk frames, batch, lane or "ahead"), read-only."""
+        return types.MappingProxyType(self._decode_steps)
+
+    @property
+    def flow_steps(self) -> Mapping[int, _Step]:
+        """The packed flow's captured steps by frames (``flow_once``), read-only."""
+        return types.MappingProxyType(self._flow_steps)
 
     # ---------------------------------------------------------------- building
 
@@ -662,7 +679,7 @@ class StepRunner:
         self, ids: torch.Tensor, lengths: torch.Tensor, scales: torch.Tensor, slots: torch.Tensor, sids: torch.Tensor
     ) -> torch.Tensor:
         if self.options.fused_prior:  # the same latents, written by one kernel (fused_prior)
-            from tts_engine.torch_vits.fused_prior import expand_prior_into
+            from tts_engine.torch_vits.kernels.fused_prior import expand_prior_into
 
             m_p, logs_p, w_ceil, frames = self._prior(ids, lengths, scales, sids)
             expand_prior_into(self.latents, slots, m_p, logs_p, w_ceil, scales[:, 0])

@@ -17,20 +17,9 @@ PyTorch's convolutions (``Generator.use_fused_blocks``).
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-try:  # triton ships with CUDA builds of PyTorch; CPU-only installs lack it
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - depends on the install
-    triton = None
-
-
-def available() -> bool:
-    """Triton importable and a CUDA device present (or Triton's interpreter asked for)."""
-    return triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
+from tts_engine.torch_vits.kernels import available, triton  # noqa: F401 - available: this kernel's, as its siblings'
 
 
 def supports(channels: int) -> bool:
@@ -39,6 +28,7 @@ def supports(channels: int) -> bool:
 
 
 if triton is not None:
+    import triton.language as tl
 
     @triton.jit
     def _tap(acc, k, x_row, w_ptr, m_ptr, b, t, ci, co, T, C: tl.constexpr, K: tl.constexpr, DIL: tl.constexpr,

@@ -23,8 +23,8 @@ import os
 
 import torch
 
-from tts_engine.torch_vits.fused_resblock import available, triton
-from tts_engine.torch_vits.model import Vits
+from tts_engine.torch_vits.kernels import available, triton
+from tts_engine.torch_vits.kernels.fused_prior_ref import frame_phonemes
 
 #: Frames and channels per program.
 BLOCK_F = 32
@@ -73,7 +73,7 @@ def expand_prior_into(latents: torch.Tensor, slots: torch.Tensor, m_p: torch.Ten
     f = latents.shape[1]
     if latents.stride(2) != 1:
         raise ValueError("latents must be channels-contiguous [slots, frames, channels]")
-    idx, _, cum = Vits.frame_phonemes(w_ceil, f)  # as expand_prior
+    idx, _, cum = frame_phonemes(w_ceil, f)  # as expand_prior
     if noise is None:
         noise = torch.randn(b, c, f, device=m_p.device, dtype=m_p.dtype)
     grid = (triton.cdiv(f, BLOCK_F), triton.cdiv(c, BLOCK_C), b)

@@ -31,7 +31,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from tts_engine.torch_vits.fused_resblock import available, triton
+from tts_engine.torch_vits.kernels import available, triton
 
 if triton is not None:
     import triton.language as tl

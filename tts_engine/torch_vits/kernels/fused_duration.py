@@ -27,8 +27,8 @@ import math
 import torch
 from torch import nn
 
-from tts_engine.torch_vits.duration import _EDGE_EPS, MIN_BIN_HEIGHT, MIN_BIN_WIDTH, MIN_DERIVATIVE, ConvFlow, DDSConv
-from tts_engine.torch_vits.fused_resblock import available, triton
+from tts_engine.torch_vits.kernels.fused_duration_ref import EDGE_EPS, MIN_BIN_HEIGHT, MIN_BIN_WIDTH, MIN_DERIVATIVE
+from tts_engine.torch_vits.kernels import available, triton
 
 #: Time steps per program.
 BLOCK_T = 32
@@ -162,7 +162,7 @@ def _bias(module: nn.Module) -> torch.Tensor:
 class FusedDDSConv(nn.Module):
     """A ``DDSConv`` with fused kernels (same weights); forward as ``DDSConv.forward``."""
 
-    def __init__(self, dds: DDSConv) -> None:
+    def __init__(self, dds: nn.Module) -> None:
         super().__init__()
         if triton is None:
             raise RuntimeError("fused duration predictor kernels need triton (it comes with PyTorch's CUDA builds)")
@@ -195,7 +195,7 @@ class FusedDDSConv(nn.Module):
         return x
 
 
-def spline_coupling(flow: ConvFlow, x: torch.Tensor, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def spline_coupling(flow: nn.Module, x: torch.Tensor, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``ConvFlow.reverse``'s spline and output for ``x`` [B, 2, T] and its unmasked projection ``h``
     [B, 3K-1, T] (``num_bins`` K): ``cat(x0, spline^-1(x1)) * mask``."""
     x = x.contiguous()  # the flow's input may come in any layout (e.g. noise drawn like a slice of the states)
@@ -206,7 +206,7 @@ def spline_coupling(flow: ConvFlow, x: torch.Tensor, h: torch.Tensor, mask: torc
     _spline_inverse[(triton.cdiv(length, SPLINE_BLOCK_T), batch)](
         h.contiguous(), x, mask.contiguous(), out, length, math.sqrt(flow.filter_channels),
         float(flow.tail_bound), MIN_BIN_WIDTH, 1 - MIN_BIN_WIDTH * k, MIN_BIN_HEIGHT, 1 - MIN_BIN_HEIGHT * k,
-        MIN_DERIVATIVE, tail, _EDGE_EPS, K=k, BLOCK_K=triton.next_power_of_2(k + 1), BLOCK=SPLINE_BLOCK_T,
+        MIN_DERIVATIVE, tail, EDGE_EPS, K=k, BLOCK_K=triton.next_power_of_2(k + 1), BLOCK=SPLINE_BLOCK_T,
     )  # fmt: skip
     return out
 
@@ -214,13 +214,13 @@ def spline_coupling(flow: ConvFlow, x: torch.Tensor, h: torch.Tensor, mask: torc
 def use_fused_duration_predictor(dp: nn.Module) -> int:
     """Swap a ``StochasticDurationPredictor``'s DDSConv stacks for ``FusedDDSConv`` and turn on its
     coupling layers' fused spline; returns the number of stacks swapped."""
-    flows = [f for f in dp.flows if isinstance(f, ConvFlow)]
+    flows = [f for f in dp.flows if hasattr(f, "num_bins")]  # duration.ConvFlow: the spline's coupling layers
     for flow in flows:  # checked before anything is swapped
         if flow.half_channels != 1:
             raise ValueError(f"fused spline: one channel per half, got {flow.half_channels}")
     swapped = 0
     for parent in [dp, *flows]:
-        if isinstance(parent.convs, DDSConv):
+        if hasattr(parent.convs, "convs_sep"):  # duration.DDSConv
             parent.convs = FusedDDSConv(parent.convs)
             swapped += 1
     for flow in flows:

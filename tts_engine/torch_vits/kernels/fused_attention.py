@@ -46,9 +46,8 @@ import math
 import torch
 from torch import nn
 
-from tts_engine.torch_vits.fused_resblock import available, triton
-from tts_engine.torch_vits.fused_ffn import tap_major
-from tts_engine.torch_vits.text_encoder import ChannelLayerNorm, Encoder, RelativeSelfAttention
+from tts_engine.torch_vits.kernels import available, triton
+from tts_engine.torch_vits.kernels.fused_ffn import tap_major
 
 #: The text encoder's products (``tts.text_encoder_products``) the attention kernel takes its precision
 #: from: tensor-core products only (fp32 ``tl.dot`` on the CUDA cores made its kernel ~10x the encoder
@@ -234,7 +233,7 @@ class FusedRelativeSelfAttention(nn.Module):
     matrix product of their stacked weights (their biases added inside ``attention``), everything
     between them and ``conv_o`` in ``attention``, its products in ``PRECISIONS[products]``."""
 
-    def __init__(self, attn: RelativeSelfAttention, products: str = "cublas", tile: str = TILE) -> None:
+    def __init__(self, attn: nn.Module, products: str = "cublas", tile: str = TILE) -> None:
         super().__init__()
         parse_tile(tile)
         self.tile = tile
@@ -275,7 +274,7 @@ def _pointwise(conv: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
 NORM_BLOCK_T = 32
 
 
-def add_norm(x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None, norm: ChannelLayerNorm) -> torch.Tensor:
+def add_norm(x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None, norm: nn.Module) -> torch.Tensor:
     """``norm(x + (y + bias))`` in one kernel (``_add_norm``): ``x``, ``y`` [B, C, T] float32, ``bias`` [C]
     or None, ``norm`` a ``ChannelLayerNorm`` of C channels -> [B, C, T] contiguous."""
     x, y = x.contiguous(), y.contiguous()
@@ -296,7 +295,7 @@ class FusedEncoder(nn.Module):
     first LayerNorm in one kernel (``add_norm``); the feed-forward (whichever it is), then the
     residual and the second LayerNorm in one kernel."""
 
-    def __init__(self, encoder: Encoder, products: str = "cublas", tile: str = TILE) -> None:
+    def __init__(self, encoder: nn.Module, products: str = "cublas", tile: str = TILE) -> None:
         super().__init__()
         self.attn_layers = nn.ModuleList(FusedRelativeSelfAttention(a, products, tile)
                                          for a in encoder.attn_layers)  # fmt: skip
@@ -314,13 +313,19 @@ class FusedEncoder(nn.Module):
         return x * mask
 
 
+def is_encoder(module: nn.Module) -> bool:
+    """``module`` is a text encoder's layer stack (``text_encoder.Encoder``: its attention, LayerNorm
+    and feed-forward layers), known by its parts: the kernels do not import the model."""
+    return all(hasattr(module, name) for name in ("attn_layers", "norm_layers_1", "ffn_layers", "norm_layers_2"))
+
+
 def use_fused_attention(module: nn.Module, products: str = "cublas", tile: str = TILE) -> int:
     """Swap every text ``Encoder`` inside ``module`` for a ``FusedEncoder`` (its attention products after
     the text encoder's ``products``; its kernel's program ``tile``); returns how many attention layers
     were fused."""
     swapped = 0
     for name, child in list(module.named_children()):
-        if isinstance(child, Encoder):
+        if is_encoder(child):
             fused = FusedEncoder(child, products, tile)
             setattr(module, name, fused)
             swapped += len(fused.attn_layers)

@@ -25,7 +25,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tts_engine.torch_vits.fused_resblock import available, tap_major, triton
+from tts_engine.torch_vits.kernels import available, triton
+from tts_engine.torch_vits.kernels.fused_resblock import tap_major
 
 #: Hidden channels per program (rows of each accumulator) and per ``tl.dot`` step.
 BLOCK_C = 64

@@ -45,9 +45,8 @@ import math
 import torch
 from torch import nn
 
-from tts_engine.torch_vits.fused_resblock import available, triton
-from tts_engine.torch_vits.gemm_conv import GemmConv1d
-from tts_engine.torch_vits.text_encoder import FeedForward
+from tts_engine.torch_vits.kernels import available, triton
+from tts_engine.torch_vits.kernels.gemm_conv import GemmConv1d
 from base.config import TEXT_ENCODER_PRODUCTS
 
 #: Channels and time steps per program.
@@ -208,7 +207,7 @@ class FusedFeedForward(nn.Module):
     """``FeedForward`` (same weights) with its taps stacked by ``stack_taps`` (``products`` "cublas", and
     batches under ``MIN_ROWS``), or each convolution as one ``conv`` kernel in that precision."""
 
-    def __init__(self, ffn: FeedForward, products: str = "cublas") -> None:
+    def __init__(self, ffn: nn.Module, products: str = "cublas") -> None:
         super().__init__()
         if products not in PRODUCTS:
             raise ValueError(f"products must be one of {PRODUCTS}, got {products!r}")
@@ -234,11 +233,17 @@ class FusedFeedForward(nn.Module):
         return (z + self.b2) * mask
 
 
+def is_feed_forward(module: nn.Module) -> bool:
+    """``module`` is a text encoder's feed-forward layer (``text_encoder.FeedForward``: two convolutions
+    and their padding), known by its parts: the kernels do not import the model."""
+    return all(hasattr(module, name) for name in ("conv_1", "conv_2", "pad")) and not isinstance(module, FusedFeedForward)
+
+
 def use_fused_ffn(module: nn.Module, products: str = "cublas") -> int:
     """Swap every ``FeedForward`` inside ``module`` for ``FusedFeedForward`` with ``products``; returns how many."""
     swapped = 0
     for name, child in list(module.named_children()):
-        if isinstance(child, FeedForward):
+        if is_feed_forward(child):
             setattr(module, name, FusedFeedForward(child, products))
             swapped += 1
         else:
