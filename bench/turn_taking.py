@@ -256,6 +256,8 @@ async def one_turn(talker: Talker, turn: dict, timeout_s: float) -> dict:
         row["end_of_turn"] = metrics[-1].get("end_of_turn")
         row["end_of_turn_ms"] = metrics[-1].get("end_of_turn_ms")
         row["stages_ms"] = metrics[-1].get("stages_ms")
+        # each response's (a split turn has several): the sound's and the words' scores of its commit
+        row["scores"] = [(m.get("end_of_turn"), m.get("words_end_of_turn")) for m in metrics]
         if "llm_prompt_tokens" in metrics[-1]:  # what the LLM read for this turn (not from its sequence)
             row["llm_prompt_evaluated"] = metrics[-1]["llm_prompt_tokens"] - metrics[-1].get("llm_cached_tokens", 0)
             row["llm_prompt_tokens"] = metrics[-1]["llm_prompt_tokens"]  # the history the prompt step attends to
@@ -479,12 +481,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-arg", action="append", default=[])
     p.add_argument("--name", default="turn_taking", help="result file name prefix")
     p.add_argument("--limit", type=int, help="only the first N turns of the set (a quick check)")
+    p.add_argument("--kinds", nargs="+", help="only turns of these kinds (complete, paused, filler, question, "
+                   "paused_question, human, midpause, short)")
     p.add_argument("--many-limit", type=int, default=8, help="turns per talker when there are several talkers")
     p.add_argument("--human-dir", type=Path, default=ALSA_SOUNDS, help="folder of the alsa-utils voices (.wav)")
     p.add_argument("--noise-dbfs", type=float, help="white noise under everything the microphones send, dBFS RMS")
     add_output_arguments(p)
     args = p.parse_args(argv)
     turns, coughs, interruption = build_set(load_config(), args.coughs, args.human_dir)
+    turns = [t for t in turns if args.kinds is None or t["kind"] in args.kinds]
     turns = turns[:args.limit] if args.limit else turns
     load_before = os.getloadavg()
     cost = end_of_turn_cost(load_config(), turns)

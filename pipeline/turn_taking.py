@@ -26,7 +26,8 @@ Modes (``Policy``):
   **and** the words score at least ``words_threshold``; otherwise it waits for silence: words under
   the threshold wait at least ``long_stop_ms`` (longer than a pause inside a sentence), words over
   it at most ``long_stop_ms`` (a finished sentence the sound doubts never waits ``max_silence_ms``).
-  A model that gives no score (None) leaves the decision to the sound.
+  Until the words' score is in, a turn the sound doubts waits at least ``long_stop_ms`` (recomputed
+  when it arrives). A model that gives no score (None) leaves the decision to the sound.
 - ``mend_ms``: speech that starts within ``mend_ms`` of the end of a committed turn's speech and
   becomes a turn continues it (``Mend``, before the new turn's ``StartTurn`` / ``Commit``): the
   reply is stopped, the two parts are one user message, and the whole is answered.
@@ -492,7 +493,11 @@ class TurnTaking:
         if probability >= p.complete and (text is None or text >= (p.words_threshold or 0.0)):
             return self._end_of_turn(audible, vad_ended=False)
         wait = p.wait_ms(probability) if probability < p.complete else p.silence_ms
-        if text is not None and p.words_threshold is not None:
+        if p.words_threshold is not None and (self._words is None or self._text_wait):
+            # The words' score is still to come (a slow step under load): they may say the sentence
+            # goes on, so the sound's shorter wait must not end the turn before they are in.
+            wait = max(wait, p.long_stop_ms)
+        elif text is not None and p.words_threshold is not None:
             wait = min(wait, p.long_stop_ms) if text >= p.words_threshold else max(wait, p.long_stop_ms)
         self._deadline_ms = self._speech_end_ms + wait
         return self.tick(now_ms, audible)

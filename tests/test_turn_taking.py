@@ -459,6 +459,24 @@ CASES = {
         ("tick", 2300, False, []),
         ("tick", 2400, False, [Commit(1, end_utterance=True)]),
     ]),
+    "words: a doubting sound does not end the turn while the words' score is out": (WORDS, [
+        ("speech_started", 0, False, []),
+        ("paused", 1200, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.85, 1300, False, []),  # the sound alone: ~620 ms
+        ("heard", 1, "I think that", "en", 1400, False, [ScoreWords(1, "I think that")]),
+        ("tick", 2000, False, []),  # past the sound's wait: the words may still say it goes on
+        ("words_scored", 1, 0.001, 2050, False, []),
+        ("tick", 2400, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "words: finished words that come late end a doubting sound's wait at once": (WORDS, [
+        ("speech_started", 0, False, []),
+        ("paused", 1200, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.85, 1300, False, []),
+        ("heard", 1, "What's the capital of France?", "en", 1400, False,
+         [ScoreWords(1, "What's the capital of France?")]),
+        ("tick", 2000, False, []),
+        ("words_scored", 1, 0.9, 2050, False, [Commit(1, end_utterance=True)]),
+    ]),
     "words: no score from the model: the sound decides": (WORDS, [
         ("speech_started", 0, False, []),
         ("paused", 1200, False, [StartTurn(1, speculative=True), Score(1)]),
