@@ -87,8 +87,11 @@ MIN_PREFILL = 16
 _PREFIX_SEQ = 0  # the reserved sequence holding the system prompt's KV
 #: Shorter runs of a cut history are read again rather than shifted (not worth a K re-rotation).
 SHIFT_MIN_TOKENS = 16
-#: KV cells of the probe sequence: a probe's prompt is a short context and a transcript.
+#: KV cells of the probe sequence: what a probe reads beyond the cached prefix it starts from.
 PROBE_CTX = 512
+#: A probe with more tokens than this left to read takes its short prompt, if that has fewer (a
+#: probe of a conversation whose cache holds its history reads about a dozen).
+SHORT_PROBE_AFTER = 64
 
 
 @dataclass(eq=False)
@@ -101,6 +104,9 @@ class Probe:
     done: Callable[[float | None], None]
     #: The conversation whose cached tokens the probe may start from (``submit``'s ``session``).
     session: Hashable | None = None
+    #: A shorter prompt asking the same (e.g. without the older history), read instead when it has
+    #: fewer tokens left to read (the conversation's cache no longer holds ``tokens``' history).
+    short: list[int] | None = None
 
 
 @dataclass(eq=False)
@@ -247,8 +253,10 @@ class BatchedChat:
 
     def probe(self, probe: Probe) -> None:
         """Queue ``probe`` (module doc); any thread."""
-        if not probe.tokens or len(probe.tokens) > PROBE_CTX:
-            raise InvalidInput(f"a probe reads 1..{PROBE_CTX} tokens, got {len(probe.tokens)}")
+        if len(probe.tokens) > self.options.n_ctx and probe.short:
+            probe.tokens, probe.short = probe.short, None
+        if not probe.tokens or len(probe.tokens) > self.options.n_ctx:
+            raise InvalidInput(f"a probe holds 1..{self.options.n_ctx} tokens, got {len(probe.tokens)}")
         self._command(("probe", probe))
 
     def cancel(self, reply: Reply) -> None:
@@ -539,7 +547,7 @@ class BatchedChat:
     def _run_batch(self, events: list[ReplyEvent], spare_cores: bool = False) -> None:
         rows: list[tuple[int, int, int, bool]] = []  # (token, pos, seq, wants logits)
         sampled: list[tuple[Reply, int]] = []  # (reply, batch index of its logits)
-        if self._probes and not self._probe_pending:
+        while self._probes and not self._probe_pending:
             self._start_probe()  # before this step's tokens join the sequences it may copy
         decoding = [r for r in self._active if r._next is not None]
         for r in decoding:
@@ -665,20 +673,35 @@ class BatchedChat:
         return None if self._probe_pending else len(rows) - 1
 
     def _start_probe(self) -> None:
-        """Start the next probe from the longest cached prefix it shares (module doc)."""
+        """Start the next probe from the longest cached prefix it shares (module doc); a probe with
+        more than ``PROBE_CTX`` tokens to read ends with None."""
         probe, seq, ll = self._probes[0], self._probe_seq, self._ll
-        tokens = probe.tokens
         slot = self._slot_of(probe.session) if probe.session is not None else None
         sources = [(self._probe_tokens, seq), (self._prefix, _PREFIX_SEQ)]
         if slot is not None:
             sources.append((slot.tokens, slot.seq))
-        keep, src = max((min(common_prefix(cached, tokens), len(tokens) - 1), src) for cached, src in sources)
+        # (tokens left to read, -kept, source, tokens) of each prompt from each cached prefix; the
+        # short prompt only when the whole one has more than SHORT_PROBE_AFTER tokens left to read
+        left, _, src, tokens = min(self._probe_starts(probe.tokens, sources))
+        if left > SHORT_PROBE_AFTER and probe.short:
+            left, _, src, tokens = min(left_src for left_src in [(left, 0, src, tokens),
+                                                                  *self._probe_starts(probe.short, sources)])
+        if left > PROBE_CTX:
+            self._probes.popleft().done(None)
+            return
+        keep = len(tokens) - left
         if src == seq:
             ll.llama_memory_seq_rm(self._mem, seq, keep, -1)
         else:
             ll.llama_memory_seq_rm(self._mem, seq, -1, -1)
             ll.llama_memory_seq_cp(self._mem, src, seq, 0, keep)
         self._probe_tokens, self._probe_pending = tokens[:keep], tokens[keep:]
+
+    @staticmethod
+    def _probe_starts(tokens: list[int], sources: list[tuple[list[int], int]]):  # noqa: ANN205
+        for cached, src in sources:
+            keep = min(common_prefix(cached, tokens), len(tokens) - 1)
+            yield len(tokens) - keep, -keep, src, tokens
 
     def _end_probe(self, index: int) -> None:
         """The probe's last token was read: its targets' share of the next token's softmax."""

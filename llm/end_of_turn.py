@@ -84,6 +84,13 @@ class TextEndOfTurn:
         assert head is not None  # checked at start
         return self._prompt.llm.tokenize(head.encode("utf-8"), add_bos=False, special=True)
 
+    def short_tokens(self, transcript: str, conversation: Sequence[dict] = ()) -> list[int]:
+        """``tokens`` with only the system messages and the last assistant turn of ``conversation``
+        (for when the conversation's cached history is not the one the prompt has: a cut history)."""
+        system = [m for m in conversation if m.get("role") == "system"]
+        last = [m for m in conversation if m.get("role") == "assistant" and isinstance(m.get("content"), str)][-1:]
+        return self.tokens(transcript, system + last)
+
     def _render(self, conversation: Sequence[dict], words: str) -> str | None:
         """The template's text up to the user's words, or None when it cannot render the turn."""
         try:

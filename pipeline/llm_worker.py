@@ -126,8 +126,9 @@ class BatchedLlm:
         if self._words is None:
             done(None)
             return
-        tokens = self._words.tokens(transcript, conversation)
-        self.engine.probe(Probe(tokens, self._words.targets, done, session=session))
+        words = self._words
+        self.engine.probe(Probe(words.tokens(transcript, conversation), words.targets, done, session=session,
+                                short=words.short_tokens(transcript, conversation)))
 
     def pending(self) -> int:
         """Replies generating or waiting for a sequence."""

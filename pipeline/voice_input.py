@@ -294,8 +294,9 @@ class VoiceInput:
         """The user went on after a committed turn: stop its reply, take both out of the history (the
         client is told: ``conversation.item.deleted``), and give this utterance's turn its audio first."""
         previous = self._audio_of
-        if previous is None or not previous[0].committed or previous[0].utterance != self._utterance - 1:
-            return  # that turn is not this session's last voice turn (a client commit came between)
+        conv = self.conv
+        if previous is None or not previous[0].committed or previous[0] not in (conv.turns.current, conv.last_turn):
+            return  # another turn came between (a text message, a client commit)
         turn, audio = previous
         self.conv.interrupt("turn_detected")
         for item, shown in ((turn.user_item_id, True), (turn.item_id, turn.response_started)):

@@ -34,7 +34,8 @@ def words(chat):
 
 def score(chat, words, text: str, conversation: list[dict] = (), session=None) -> float:
     out: list = []
-    chat.probe(Probe(words.tokens(text, conversation), words.targets, out.append, session=session))
+    chat.probe(Probe(words.tokens(text, conversation), words.targets, out.append, session=session,
+                     short=words.short_tokens(text, conversation)))
     while not out:
         chat.step()
     assert out[0] is not None
@@ -92,6 +93,21 @@ def test_a_probe_gives_the_softmax_mass_a_plain_evaluation_gives(cfg, chat, word
     chat.generate("cached", CONVERSATION[:2])  # the sequence now holds the system prompt and "Hi."
     assert score(chat, words, "How long does it take to boil an egg?", CONVERSATION, session="cached") == \
         pytest.approx(expected, abs=0.02)
+
+
+def test_a_long_history_no_cache_holds_is_scored_on_the_short_prompt(chat, words):
+    """A conversation whose history no sequence holds (a cut history, an evicted conversation): the
+    probe reads the shorter prompt (system prompt, last reply, words) rather than the whole history,
+    and scores as that prompt does."""
+    history = [{"role": "system", "content": SMALL.system_prompt}]
+    for i in range(40):
+        history += [{"role": "user", "content": f"Tell me fact number {i} about the moon, please."},
+                    {"role": "assistant", "content": f"Fact {i}: the moon is about 384,000 km away from us."}]
+    assert len(words.tokens("How long does it take", history)) > 1000
+    got = score(chat, words, "How long does it take", history, session="nobody")
+    short = [history[0], history[-1]]
+    assert got == pytest.approx(score(chat, words, "How long does it take", short), abs=1e-3)
+    assert got < 0.03
 
 
 def test_a_probe_beside_a_reply_leaves_the_reply_as_it_was(chat, words):
