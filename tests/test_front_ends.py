@@ -265,7 +265,7 @@ async def test_the_llm_process_scores_the_words_of_a_front_ends_turn(voice_serve
     import numpy as np
     import soxr
 
-    from piper_speech import RATE, PiperSpeech
+    from bench.piper_speech import RATE, PiperSpeech
 
     proc, port = voice_server
     question = PiperSpeech(cfg).say("What is the capital of France?")
