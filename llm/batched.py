@@ -30,8 +30,8 @@ than ``max_sequences``, the least recently used idle sequence is given to the ne
 (its conversation re-reads its prompt when it comes back); when every sequence is busy
 generating, a reply waits for one to finish.
 
-A ``Probe`` (llm/end_of_turn.py) reads a prompt in the next steps' batches, in the room the
-replies' prompts leave, on a sequence of its own and without a reply: its last token's logits give the
+A ``Probe`` (llm/end_of_turn.py) reads a prompt in the next steps' batches, before the replies'
+prompts, on a sequence of its own and without a reply: its last token's logits give the
 probability mass of some next tokens (one softmax), and nothing is generated. It starts from the
 longest cached prefix it shares: its conversation's sequence (``Probe.session``; a metadata copy,
 ``llama_memory_seq_cp``, as for the system prompt), the system prompt's, or the last probe's; so a
@@ -558,6 +558,10 @@ class BatchedChat:
             r._next = None
         budget = max(self.options.batch_tokens - len(rows), min(MIN_PREFILL, self.options.batch_tokens))
         budget = min(budget, self.options.batch_tokens - len(rows))
+        # Before the replies' prompts: its turn commits when it is read. (After them: no faster on
+        # 2 cores, commit p50 923 against 868 ms, bench.turn_taking 2026-12-07.)
+        probe_row = self._probe_rows(rows, budget)
+        budget -= len(rows) - len(decoding)
         reading = sorted((r for r in self._active if r._pending), key=lambda r: (r.options.priority, r.id))
         if decoding or any(r._limit for r in reading):  # prefills read only in idle steps: a step
             reading = [r for r in reading if r._limit]  # of 32 prompt tokens is slow for the others
@@ -579,9 +583,6 @@ class BatchedChat:
                 slot.tokens.append(t)
             budget -= len(chunk)
             prompt_rows += len(chunk)
-        # after the replies' prompts: a reply's first token is what the user waits for; the probe
-        # takes the rest of the step (its turn commits when it is read)
-        probe_row = self._probe_rows(rows, self.options.batch_tokens - len(rows))
         self._fill(rows)
         wide = spare_cores and prompt_rows > 0 and self._prefill_threads > self._threads
         self._set_batch_threads(self._prefill_threads if wide else self._threads)
