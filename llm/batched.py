@@ -30,13 +30,16 @@ than ``max_sequences``, the least recently used idle sequence is given to the ne
 (its conversation re-reads its prompt when it comes back); when every sequence is busy
 generating, a reply waits for one to finish.
 
-A ``Probe`` (llm/end_of_turn.py) reads a prompt in the next steps' batches, before the replies'
-prompts, on a sequence of its own and without a reply: its last token's logits give the
-probability mass of some next tokens (one softmax), and nothing is generated. It starts from the
-longest cached prefix it shares: its conversation's sequence (``Probe.session``; a metadata copy,
-``llama_memory_seq_cp``, as for the system prompt), the system prompt's, or the last probe's; so a
-probe of "the conversation + a new user turn's first words" reads only those words. Probes run one
-at a time (first come, first read); nothing a probe reads enters a conversation's sequence.
+A ``Probe`` (llm/end_of_turn.py) asks for the probability mass of some next tokens after a prompt
+(one softmax of its last token's logits); nothing is generated. When a reply of its conversation
+(``Probe.session``) is about to read the probe's tokens as the start of its own prompt (the words'
+end-of-turn score beside the turn's speculative reply), the probe is answered from that reply's
+logits at its last token, in the step that reads it: no token is read twice. Otherwise it reads its
+prompt in the next steps' batches, before the replies' prompts, on a sequence of its own, starting
+from the longest cached prefix it shares: its conversation's sequence (a metadata copy,
+``llama_memory_seq_cp``, as for the system prompt; one token once a reply has read the words), the
+system prompt's, or the last probe's. Those probes run one at a time (first come, first read);
+nothing a probe reads enters a conversation's sequence.
 
 History longer than ``n_ctx`` (per conversation) minus ``max_tokens``: ``ChatPrompt.fit``
 drops the oldest messages down to half the budget and the cut is kept per conversation,
@@ -191,6 +194,11 @@ class BatchedChat:
         self.prompt_evaluated = 0
         self.evaluated = 0
         self.steps = 0
+        #: Probes answered from a reply's own prompt (``_attach_probes``) and on the probe sequence,
+        #: and the tokens read on the probe sequence.
+        self.probes_shared = 0
+        self.probes_alone = 0
+        self.probe_evaluated = 0
         self.wide_steps = 0  # steps that ran on ``prefill_threads``
         #: Tokens in the last step's batch, and how many replies it advanced.
         self.last_batch = (0, 0)
@@ -371,7 +379,10 @@ class BatchedChat:
             "kv_tokens": self._kv_tokens, "sequences": self.options.max_sequences,
             "sequences_held": sum(s.session is not None for s in self._slots),
             "replies_running": len(self._active), "replies_waiting": len(self._waiting),
-            "steps": self.steps, "wide_steps": self.wide_steps, "evaluated_tokens": self.evaluated, "prompt_tokens_evaluated": self.prompt_evaluated,
+            "steps": self.steps, "wide_steps": self.wide_steps, "evaluated_tokens": self.evaluated,
+            "prompt_tokens_evaluated": self.prompt_evaluated,
+            "probes_shared": self.probes_shared, "probes_alone": self.probes_alone,
+            "probe_tokens_evaluated": self.probe_evaluated,
             "last_batch_tokens": self.last_batch[0], "last_batch_sequences": self.last_batch[1],
         }
 
@@ -547,6 +558,7 @@ class BatchedChat:
     def _run_batch(self, events: list[ReplyEvent], spare_cores: bool = False) -> None:
         rows: list[tuple[int, int, int, bool]] = []  # (token, pos, seq, wants logits)
         sampled: list[tuple[Reply, int]] = []  # (reply, batch index of its logits)
+        self._attach_probes()
         while self._probes and not self._probe_pending:
             self._start_probe()  # before this step's tokens join the sequences it may copy
         decoding = [r for r in self._active if r._next is not None]
@@ -567,6 +579,7 @@ class BatchedChat:
             reading = [r for r in reading if r._limit]  # of 32 prompt tokens is slow for the others
         prompt_rows = 0
         prefilled: list[Reply] = []  # prefills whose last prompt token is in this batch
+        probed: list[tuple[Probe, int]] = []  # probes read from a reply's prompt: (probe, batch index)
         for r in reading:
             if budget <= 0:
                 break
@@ -579,8 +592,14 @@ class BatchedChat:
                     last = False  # no logits: nothing is sampled
                 elif last:
                     sampled.append((r, len(rows)))
+                at = [p for pos, p in r._probes if pos == len(slot.tokens)] if r._probes else ()
+                if at:
+                    probed += [(p, len(rows)) for p in at]
+                    last = True
                 rows.append((t, len(slot.tokens), slot.seq, last))
                 slot.tokens.append(t)
+            if r._probes:
+                r._probes = [(pos, p) for pos, p in r._probes if pos >= len(slot.tokens)]
             budget -= len(chunk)
             prompt_rows += len(chunk)
         self._fill(rows)
@@ -597,10 +616,16 @@ class BatchedChat:
         self.prompt_evaluated += prompt_rows
         self.last_batch = (len(rows), len({seq for _, _, seq, _ in rows}))
         if rc != 0:
+            for probe, _ in probed:
+                probe.done(None)
             self._fail_batch(rows, rc, events)
             return
         if probe_row is not None:
             self._end_probe(probe_row)
+            self.probes_alone += 1
+        for probe, index in probed:
+            probe.done(self._mass(probe, index))
+            self.probes_shared += 1
         for r in prefilled:
             self._finish(r, "prefilled", events)
         now = time.perf_counter()
@@ -672,6 +697,7 @@ class BatchedChat:
         for j, t in enumerate(chunk):
             rows.append((t, len(self._probe_tokens), seq, j == len(chunk) - 1 and not self._probe_pending))
             self._probe_tokens.append(t)
+        self.probe_evaluated += len(chunk)
         return None if self._probe_pending else len(rows) - 1
 
     def _start_probe(self) -> None:
@@ -705,17 +731,37 @@ class BatchedChat:
             keep = min(common_prefix(cached, tokens), len(tokens) - 1)
             yield len(tokens) - keep, -keep, src, tokens
 
+    def _attach_probes(self) -> None:
+        """Queued probes whose tokens a reply of their conversation is about to read (the words are
+        its user message's first tokens: the turn's speculative reply) are read from that reply's
+        logits at their last token instead of on the probe sequence: no token is read twice."""
+        waiting = list(self._probes)[1 if self._probe_pending else 0:]
+        for probe in waiting:
+            for r in self._active:
+                if r.session != probe.session or not r._limit or not r._pending:
+                    continue
+                cached, n = r._slot.tokens, len(probe.tokens)
+                if len(cached) < n <= len(cached) + len(r._pending) and \
+                        cached + r._pending[:n - len(cached)] == probe.tokens:
+                    self._probes.remove(probe)
+                    r._probes.append((n - 1, probe))
+                    break
+
     def _end_probe(self, index: int) -> None:
         """The probe's last token was read: its targets' share of the next token's softmax."""
+        probe = self._probes.popleft()
+        probe.done(self._mass(probe, index))
+
+    def _mass(self, probe: Probe, index: int) -> float:
+        """``probe``'s targets' share of the softmax of the logits at batch ``index``."""
         import numpy as np
 
-        probe = self._probes.popleft()
         n_vocab = self._ll.llama_vocab_n_tokens(self._vocab)
         logits = np.ctypeslib.as_array(self._ll.llama_get_logits_ith(self._ctx, index), shape=(n_vocab,))
         logits = logits.astype(np.float64)
         logits -= logits.max()
         p = np.exp(logits)
-        probe.done(float(p[np.asarray(probe.targets, dtype=np.int64)].sum() / p.sum()))
+        return float(p[np.asarray(probe.targets, dtype=np.int64)].sum() / p.sum())
 
     def _end_probes(self) -> None:
         """Every queued probe ends with None (its batch failed, or the engine aborts)."""
@@ -752,6 +798,11 @@ class BatchedChat:
                 self._ll.llama_sampler_free(r._sampler)
             r._sampler = None
         r._next, r._pending = None, []
+        if r._probes:  # left before reading their words (cancelled): read on the probe sequence
+            waiting = [p for _, p in r._probes]
+            r._probes = []
+            head = [self._probes.popleft()] if self._probe_pending else []
+            self._probes.extendleft(reversed(head + waiting))
         r.stats = GenerationStats(
             prompt_tokens=r._prompt_tokens, cached_tokens=r._cached, completion_tokens=r._completion,
             dropped_messages=r._dropped, first_token_s=r._first_token_s,

@@ -91,6 +91,7 @@ class Reply:
     _limit: int = 0
     _calls: object = None  # the reply's function-call parser (llm.tool_format.CallParser), with tools
     _call_index: int = 0  # calls found so far
+    _probes: list = field(default_factory=list)  # (position, llm.batched.Probe) read from this prompt's logits
 
     @property
     def done(self) -> bool:

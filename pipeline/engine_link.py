@@ -18,8 +18,8 @@ front end -> engine
   ``("cancel", key)``;
   ``("asr", key, pcm_bytes, dtype, language, priority, prompt)`` / ``("asr_cancel", key)``;
   ``("llm", key, session, messages, max_tokens, priority, tools, tool_choice)`` / ``("llm_cancel", key)`` /
-  ``("llm_release", session)``; ``("llm_words", key, session, transcript, messages)`` (the end-of-turn
-  score of the words, ``BatchedLlm.end_of_turn``).
+  ``("llm_release", session)``; ``("llm_words", key, session, transcript, messages, tools)`` (the
+  end-of-turn score of the words, ``BatchedLlm.end_of_turn``).
 engine -> front end
   ``("step", [(key, clause_index, final, pcm, stamps) | (key, error) ...])``: **one message
   per finished GPU launch** with what it made for that front end's requests (int16 at the
@@ -392,14 +392,14 @@ class _FrontEndLink:
         if reply is not None:
             self.host.llm.engine.cancel(reply)
 
-    def _on_llm_words(self, key: int, session: Hashable, transcript: str, messages: list) -> None:
+    def _on_llm_words(self, key: int, session: Hashable, transcript: str, messages: list, tools: tuple) -> None:
         llm = self.host.llm
         if llm is None:
             self._out.put(("llm_words", key, None))
             return
         try:  # session ids are unique per front end only
             llm.probe_words((self.number, session), transcript, messages,
-                            lambda p: self._out.put(("llm_words", key, p)))
+                            lambda p: self._out.put(("llm_words", key, p)), tools)
         except Exception:  # noqa: BLE001 - no score: the session ends the turn on the audio alone
             log.exception("end-of-turn score of the words failed")
             self._out.put(("llm_words", key, None))
@@ -676,14 +676,15 @@ class RemoteLlm(_Streams):
 
     scores_words = True  # the LLM process says None when its model cannot
 
-    async def end_of_turn(self, session: Hashable, transcript: str, conversation: list[dict]) -> float | None:
+    async def end_of_turn(self, session: Hashable, transcript: str, conversation: list[dict],
+                          tools: tuple[dict, ...] = ()) -> float | None:
         """``BatchedLlm.end_of_turn`` in the LLM process."""
         if not self.link.connected:
             return None
         key = next(self._keys)
         future = self._words[key] = asyncio.get_running_loop().create_future()
         try:
-            self.link.send(("llm_words", key, session, transcript, conversation))
+            self.link.send(("llm_words", key, session, transcript, conversation, tuple(tools)))
             return await future
         finally:
             self._words.pop(key, None)

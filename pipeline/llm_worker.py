@@ -21,7 +21,7 @@ import asyncio
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Hashable, Iterator
+from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 from pipeline.workers import BACKGROUND, NORMAL, ModelWorker
@@ -103,10 +103,12 @@ class BatchedLlm:
         """True when ``end_of_turn`` can score (the GGUF's chat template gives a prompt)."""
         return self._words is not None
 
-    async def end_of_turn(self, session: Hashable, transcript: str, conversation: list[dict]) -> float | None:
+    async def end_of_turn(self, session: Hashable, transcript: str, conversation: list[dict],
+                          tools: tuple[dict, ...] = ()) -> float | None:
         """Probability that ``transcript`` is a finished turn after ``conversation`` (system prompt
-        and history) in ``session``, from its words (llm/end_of_turn.py), read in the replies' batch
-        from the session's cached tokens; None when the model gives no score."""
+        and history; ``tools`` as the reply's prompt has them) in ``session``, from its words
+        (llm/end_of_turn.py), read in the replies' batch (from the speculative reply's own prompt
+        when it holds the words); None when the model gives no score."""
         if self._words is None:
             return None
         loop = asyncio.get_running_loop()
@@ -115,11 +117,11 @@ class BatchedLlm:
         def done(probability: float | None) -> None:  # the engine thread
             loop.call_soon_threadsafe(_resolve, future, probability)
 
-        self.probe_words(session, transcript, conversation, done)
+        self.probe_words(session, transcript, conversation, done, tools)
         return await future
 
     def probe_words(self, session: Hashable, transcript: str, conversation: list[dict],
-                    done: Callable[[float | None], None]) -> None:
+                    done: Callable[[float | None], None], tools: Sequence[dict] = ()) -> None:
         """``end_of_turn`` for any thread: ``done(probability)`` is called on the engine thread."""
         from llm.batched import Probe
 
@@ -127,8 +129,8 @@ class BatchedLlm:
             done(None)
             return
         words = self._words
-        self.engine.probe(Probe(words.tokens(transcript, conversation), words.targets, done, session=session,
-                                short=words.short_tokens(transcript, conversation)))
+        self.engine.probe(Probe(words.tokens(transcript, conversation, tools), words.targets, done, session=session,
+                                short=words.short_tokens(transcript, conversation, tools)))
 
     def pending(self) -> int:
         """Replies generating or waiting for a sequence."""
@@ -227,7 +229,8 @@ class SerialLlm:
 
     scores_words = False  # no batch to read a probe in: the end of turn is the audio's
 
-    async def end_of_turn(self, session: Hashable, transcript: str, conversation: list[dict]) -> float | None:
+    async def end_of_turn(self, session: Hashable, transcript: str, conversation: list[dict],
+                          tools: tuple[dict, ...] = ()) -> float | None:
         return None
 
     def release(self, session: Hashable) -> None:

@@ -232,6 +232,8 @@ class Responder:
             tools = {"tools": req.tools.tools, "tool_choice": req.tools.tool_choice} if req.tools.tools else {}
             stream = self.engines.llm.stream(self.session_id, req.messages, req.max_tokens, turn.cancel,
                                              priority=req.priority, on_done=done, **tools)
+            # Waiters run once this task waits, so after the stream's first step has sent the request.
+            turn.reply_asked.set()
             async for token in stream:
                 turn.trace.mark("llm_first_token")
                 turn.output_tokens += 1  # one delta a decoding step (llm.batched); the stats correct it

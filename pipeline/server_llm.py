@@ -96,7 +96,8 @@ class ServerLlm:
         finally:
             self._replies -= 1
 
-    async def end_of_turn(self, session: Hashable, transcript: str, conversation: list[dict]) -> float | None:
+    async def end_of_turn(self, session: Hashable, transcript: str, conversation: list[dict],
+                          tools: tuple[dict, ...] = ()) -> float | None:
         """None: scoring the words would take a request per pause and the next token's probabilities,
         which not every server gives."""
         return None

@@ -168,6 +168,14 @@ class _LlmCollector(_ReportCollector):
         tokens.add_metric(["prompt"], r["prompt_tokens_evaluated"])
         tokens.add_metric(["all"], r["evaluated_tokens"])
         yield tokens
+        if "probes_shared" in r:
+            probes = CounterMetricFamily("voxloop_llm_end_of_turn_probes", "Words' end-of-turn scores: read from "
+                                         "the speculative reply's prompt, or on a sequence of their own", labels=["read"])
+            probes.add_metric(["shared"], r["probes_shared"])
+            probes.add_metric(["alone"], r["probes_alone"])
+            yield probes
+            yield CounterMetricFamily("voxloop_llm_end_of_turn_probe_tokens", "Tokens the words' end-of-turn "
+                                      "scores read on their own sequence", value=r["probe_tokens_evaluated"])
 
 
 class _AsrCollector(_ReportCollector):

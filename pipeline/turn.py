@@ -57,6 +57,9 @@ class Turn:
     finished: asyncio.Event = field(default_factory=asyncio.Event)
     #: Set once the turn is committed (at once for turns that start committed).
     released: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Set once the reply's LLM request is sent, or it is known that none will be (no words, a
+    #: transcription-only turn): the words' end-of-turn score is asked after it (voice_input).
+    reply_asked: asyncio.Event = field(default_factory=asyncio.Event)
     status: str = "in_progress"
     reason: str | None = None
     #: Set for turns started from speech: identifies the utterance they answer.

@@ -25,6 +25,7 @@ from asr.vad import Pause, Resume, SpeechEnd, SpeechStart, VoiceActivityDetector
 from pipeline.audio_in import ASR_RATE, InputAudio
 from pipeline.conversation import Conversation
 from pipeline.engines import Engines
+from pipeline.tool_calls import tool_request
 from pipeline.turn import Turn
 from pipeline.turn_taking import (
     BargeIn, Commit, Decision, Discard, DropTurn, Mend, PauseReply, Policy, ResumeReply, Score, ScoreWords, StartTurn,
@@ -34,7 +35,7 @@ from pipeline.workers import BACKGROUND, NORMAL, PARTIAL, URGENT
 from realtime import events as ev
 from realtime.wire import ErrorCode, new_id
 from base.config import Config
-from base.errors import InvalidInput, VoxloopError
+from base.errors import InvalidInput, ProtocolError, VoxloopError
 
 log = logging.getLogger(__name__)
 #: Shortest push-to-talk commit that is transcribed, ms.
@@ -276,15 +277,25 @@ class VoiceInput:
 
     async def _score_words(self, taking: TurnTaking, d: ScoreWords, pauses: int) -> None:
         t0 = time.monotonic()
+        turn = self._speculative_turn()
+        if turn is not None:
+            # Asked after the speculative reply: its prompt holds the words, so the LLM reads their
+            # score from that prompt's logits (llm/batched.py), not before it from a prompt of its own.
+            await _first((turn.reply_asked, turn.finished))
         try:
-            system = self._settings().instructions or self.cfg.llm.system_prompt  # as the reply's prompt
-            probability = await self.engines.llm.end_of_turn(self.conv.id, d.text, self.conv.history.messages(system))
+            session = self._settings()  # the reply's prompt: its system prompt and tools
+            system = session.instructions or self.cfg.llm.system_prompt
+            try:
+                tools = tool_request(session).tools
+            except ProtocolError:  # the reply reports it
+                tools = ()
+            probability = await self.engines.llm.end_of_turn(self.conv.id, d.text, self.conv.history.messages(system),
+                                                             tools)
         except VoxloopError as exc:
             log.warning("%s: end-of-turn score of the words failed (%s); the sound decides", self.conv.id, exc)
             probability = None
         if pauses != self._pauses or self._taking is not taking or self._vad is None:
             return  # speech resumed after the pause it scored, or a new turn_detection
-        turn = self._speculative_turn()
         if turn is not None and probability is not None:
             turn.trace.info.update(words_end_of_turn=round(probability, 4),
                                    words_end_of_turn_ms=round(1000 * (time.monotonic() - t0), 1))
@@ -476,6 +487,7 @@ class VoiceInput:
             else:  # semantic_vad: the last words may end the turn now (Commit adds the user message)
                 self._heard(turn, text, result.language)
             if not text or turn.transcribe_only:
+                turn.reply_asked.set()  # no reply: nothing to wait for
                 await turn.released.wait()  # committed: a transcript is in the history now
                 conv.finish(turn, "transcribed" if text else "empty_transcript")
                 return
@@ -484,6 +496,16 @@ class VoiceInput:
             raise
         except Exception as exc:  # noqa: BLE001 - reported to the client, the session goes on
             conv.fail(turn, exc)
+
+
+async def _first(events: tuple[asyncio.Event, ...]) -> None:
+    """Return once one of ``events`` is set."""
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
 
 
 _DECISIONS: dict[type, Callable[[VoiceInput, Any], None]] = {

@@ -1,5 +1,6 @@
 """End of turn from the words (llm/end_of_turn.py) with the real bundled LLM (SmolLM2-135M-Instruct):
-the probe read in the replies' batch, and the default threshold on bench/turn_set.py's sentences."""
+the probe read in the replies' batch (from the speculative reply's own prompt when it has the words),
+and the default threshold on bench/turn_set.py's sentences."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from bench.turn_set import MIDPAUSE, SENTENCES, SHORT_ANSWERS, head
 from llm.batched import BatchedChat, ChatOptions, Probe, ReplyOptions
-from llm.end_of_turn import TextEndOfTurn, normalize
+from llm.end_of_turn import TextEndOfTurn, words_of
 
 SMALL = ChatOptions(n_ctx=512, max_sequences=2, batch_tokens=32, n_threads=1, temperature=0.0, max_tokens=24,
                     system_prompt="You are a helpful voice assistant.")
@@ -42,11 +43,12 @@ def score(chat, words, text: str, conversation: list[dict] = (), session=None) -
     return out[0]
 
 
-def test_normalize():
-    assert normalize("How long does it take?") == "how long does it take"
-    assert normalize("  What's the capital of France?! ") == "what's the capital of france"
-    assert normalize("Left rear.") == "left rear"
-    assert normalize("你好吗？") == "你好吗"
+def test_the_words_are_the_transcript_without_its_closing_punctuation():
+    assert words_of(" How long does it take? ") == "How long does it take"
+    assert words_of("What's the capital of France?!") == "What's the capital of France"
+    assert words_of("Tell me, about...") == "Tell me, about"
+    assert words_of("Left rear.") == "Left rear"
+    assert words_of("你好吗？") == "你好吗"
 
 
 def test_sentence_end_tokens_come_from_the_vocabulary(chat, words):
@@ -60,14 +62,82 @@ CONVERSATION = [{"role": "system", "content": "You are a helpful voice assistant
                 {"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello! How can I help?"}]
 
 
-def test_the_prompt_is_the_conversation_and_a_turn_cut_after_the_normalized_words(chat, words):
+def test_the_prompt_is_the_replys_own_cut_after_the_words(chat, words):
     tokens = words.tokens("How long does it take?", CONVERSATION)
     text = chat.prompt.llm.detokenize(tokens, special=True).decode()
     assert text.endswith("<|im_start|>assistant\nHello! How can I help?<|im_end|>\n<|im_start|>user\n"
-                         "how long does it take")
+                         "How long does it take")
     reply = chat.prompt.tokens([*CONVERSATION, {"role": "user", "content": "How long does it take?"}])
-    shared = next(i for i, (a, b) in enumerate(zip(tokens, reply)) if a != b)
-    assert len(tokens) - shared <= 6  # the reply's prompt holds all but the normalized words
+    assert reply[:len(tokens)] == tokens and len(reply) > len(tokens)  # the reply reads the probe's tokens
+    # with tools offered, as the reply's prompt has them too (the tool prompt comes before the history)
+    tools = ({"type": "function", "function": {"name": "get_local_time", "description": "The time here.",
+                                               "parameters": {"type": "object", "properties": {}}}},)
+    tokens = words.tokens("What time is it?", CONVERSATION, tools)
+    reply = chat.prompt.tokens([*CONVERSATION, {"role": "user", "content": "What time is it?"}], tools)
+    assert reply[:len(tokens)] == tokens and "get_local_time" in chat.prompt.llm.detokenize(tokens).decode()
+
+
+def _evaluated(chat, session: str, messages: list[dict], probe: Probe | None = None) -> tuple[int, str]:
+    """Tokens the engine evaluates for a reply to ``messages`` (``probe`` queued with it), and its text."""
+    chat.release(session)
+    before = chat.evaluated
+    reply = chat.submit(session, messages, ReplyOptions(max_tokens=6))
+    if probe is not None:
+        chat.probe(probe)
+    (text, _), = chat.collect([reply])
+    return chat.evaluated - before, text
+
+
+def test_a_probe_with_its_speculative_reply_reads_no_token_of_its_own(chat, words):
+    """The turn's speculative reply and the words' probe asked together (llm/batched.py): the probe
+    is read from the reply's logits at the words' last token, so the engine evaluates exactly the
+    reply's tokens; the score is the one the probe gets on its own sequence, the reply unchanged."""
+    said = "How long does it take to boil an egg?"
+    messages = [*CONVERSATION, {"role": "user", "content": said}]
+    alone = score(chat, words, said, CONVERSATION)
+    plain, text = _evaluated(chat, "w", messages)
+    got: list = []
+    shared, beside = _evaluated(chat, "w", messages, Probe(words.tokens(said, CONVERSATION), words.targets,
+                                                           got.append, session="w"))
+    assert got and got[0] == pytest.approx(alone, abs=0.02) and got[0] > 0.05
+    assert shared == plain and beside == text
+    # a head the model expects to go on scores as low read from the reply as on its own
+    head_said = "How long does it take?"
+    low: list = []
+    _evaluated(chat, "w", [*CONVERSATION, {"role": "user", "content": head_said}],
+               Probe(words.tokens(head_said, CONVERSATION), words.targets, low.append, session="w"))
+    assert low[0] == pytest.approx(score(chat, words, head_said, CONVERSATION), abs=0.005) and low[0] < 0.03
+
+
+def test_a_probe_after_its_reply_read_the_words_reads_one_token(chat, words):
+    """Asked once the reply has read its prompt: from the conversation's cache, one token read."""
+    said = "What is the capital of France?"
+    messages = [*CONVERSATION, {"role": "user", "content": said}]
+    chat.release("late")
+    reply = chat.submit("late", messages, ReplyOptions(max_tokens=8))
+    while reply._first_token_s is None:
+        chat.step()
+    got: list = []
+    before = chat.evaluated
+    chat.probe(Probe(words.tokens(said, CONVERSATION), words.targets, got.append, session="late"))
+    chat.step()  # the reply's next token and the probe's one
+    read = chat.evaluated - before
+    assert got and got[0] == pytest.approx(score(chat, words, said, CONVERSATION), abs=0.02)
+    assert read == 2
+    chat.collect([reply])
+
+
+def test_a_probe_whose_reply_is_cancelled_before_the_words_is_still_answered(chat, words):
+    said = "Tell me a joke about cats and dogs."
+    chat.release("gone")
+    reply = chat.submit("gone", [*CONVERSATION, {"role": "user", "content": said}], ReplyOptions(max_tokens=8))
+    got: list = []
+    chat.probe(Probe(words.tokens(said, CONVERSATION), words.targets, got.append, session="gone"))
+    chat.cancel(reply)
+    while not got:
+        chat.step()
+    assert reply.stats.finish_reason == "cancelled"
+    assert got[0] == pytest.approx(score(chat, words, said, CONVERSATION), abs=0.02)
 
 
 def test_a_probe_gives_the_softmax_mass_a_plain_evaluation_gives(cfg, chat, words):
@@ -171,14 +241,14 @@ class Rendered:
 
         self.llm = llm
         formatter = Jinja2ChatFormatter(template=source, eos_token="</s>", bos_token="<s>")
-        self.text = lambda messages: formatter(messages=alternating(messages)).prompt
+        self.text = lambda messages, tools=(): formatter(messages=alternating(messages)).prompt
 
 
 def test_a_template_that_refuses_the_history_scores_the_words_alone(chat):
     w = TextEndOfTurn(Rendered(chat.prompt.llm, STRICT))
     text = chat.prompt.llm.detokenize(w.tokens("Left rear.", [{"role": "assistant", "content": "Which door?"}]),
                                       special=True).decode()
-    assert text.endswith("[INST] left rear") and "Which door" not in text
+    assert text.endswith("[INST] Left rear") and "Which door" not in text
 
 
 def test_a_template_with_no_place_for_the_words_leaves_the_sound_alone(chat, caplog):

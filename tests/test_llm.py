@@ -393,6 +393,8 @@ def test_metrics_report_the_fixed_memory_and_batches(engine, cfg):
     assert samples[("voxloop_llm_sequences", (("state", "configured"),))] == cfg.llm.max_sequences
     assert samples[("voxloop_llm_last_batch", (("unit", "sequences"),))] == 1
     assert samples[("voxloop_llm_steps_total", ())] >= 3
+    for read in ("shared", "alone"):
+        assert samples[("voxloop_llm_end_of_turn_probes_total", (("read", read),))] == engine.report()[f"probes_{read}"]
 
 
 @pytest.mark.slow

@@ -146,6 +146,9 @@ async def test_the_words_hold_a_head_the_sound_calls_complete(tts_engines, real_
         else:
             assert m["words_end_of_turn"] >= 0.03 and waited < 2500, (waited, m)
             assert waited < 400 + m["words_end_of_turn_ms"], (waited, m)  # at the words' score
+        # asked after the speculative reply: read from its prompt, or one token from its cache (llm/batched.py)
+        r = real_llm.report()
+        assert r["probes_shared"] + r["probes_alone"] >= 1 and r["probe_tokens_evaluated"] <= r["probes_alone"], r
         await ws.close()
     finally:
         await hub.stop()
