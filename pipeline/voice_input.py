@@ -388,6 +388,10 @@ class VoiceInput:
         if (interval <= 0 or self._settings().audio.input.transcription is None or vad is None or not vad.in_speech or vad.stream_ms < self._next_partial_ms
                 or self._partial_task is not None or not self.engines.asr.idle()):
             return  # partials are opportunistic: never queue behind real work
+        if self._speculative_turn() is not None:
+            # A pause: the speculative turn transcribes this speech already, and its LLM and voice
+            # need the cores now (2 cores: a partial here cost the reply's first audio ~100 ms).
+            return
         audio = vad.utterance_so_far()
         if audio is None:
             return

@@ -127,6 +127,24 @@ def real_llm():  # the hub closes it when it stops
     return engine
 
 
+async def test_no_partial_transcript_repeats_a_paused_utterance(tts_engines):
+    """While a turn waits at a pause (the sound unsure), its speculative turn has transcribed the
+    speech: partial transcripts stop until the user speaks again, so they do not take the cores
+    from that turn's reply."""
+    asr = FakeASR("tell me about the weather")
+    hub = await _hub(tts_engines, FakeTurnModel(0.4), "asr.partial_interval_ms=300", asr=asr)
+    try:
+        ws = await session(hub, SEMANTIC)
+        await send_audio(ws, ("speech", 1.5), ("silence", 2.5))
+        await until(ws, "response.done")
+        during = [n for n in asr.samples if n < 16000 * 1.5]  # partials while speaking
+        after = [n for n in asr.samples if n > 16000 * 1.7]  # the utterance with its pause's silence
+        assert during and len(asr.samples) == len(during) + 1 and not after, asr.samples  # + the speculative one
+        await ws.close()
+    finally:
+        await hub.stop()
+
+
 @pytest.mark.parametrize(("heard", "held"), [("How long does it take?", True), ("What is the capital of France?", False)])
 async def test_the_words_hold_a_head_the_sound_calls_complete(tts_engines, real_llm, heard, held):
     """The sound says complete (0.99); the real LLM scores the words: "how long does it take" goes
