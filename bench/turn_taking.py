@@ -336,25 +336,27 @@ async def over_reply(talker: Talker, sound: np.ndarray, kind: str, timeout_s: fl
 
 async def session(url: str, mode: str, turns: list[dict], coughs: list[np.ndarray], interruption: np.ndarray,
                   seed: int, timeout_s: float, noise_dbfs: float | None = None,
-                  interruptions: int = 1) -> tuple[list[dict], list[dict]]:
+                  interruptions: int = 1, session_turns: int | None = None) -> tuple[list[dict], list[dict]]:
     from voxloop.client import RealtimeClient
 
     rng = random.Random(seed)
     order = list(turns)
     rng.shuffle(order)
     await asyncio.sleep(rng.uniform(0, 2.0))
-    async with RealtimeClient.connect(url) as client:
-        await client.update_session(instructions=SHORT, audio={"input": {"turn_detection": MODES[mode]}})
-        talker = Talker(client, noise_dbfs, seed)
-        try:
-            await asyncio.sleep(0.5)
-            rows = []
-            for t in order:
-                rows.append(dict(await one_turn(talker, t, timeout_s), mode=mode, session=seed))
-                print(f"{mode} {rows[-1]['name']}: split {rows[-1]['split']}, "
-                      f"voice-to-voice {rows[-1].get('voice_to_voice_ms')} ms", flush=True)
-        finally:
-            await talker.close()
+    step = session_turns or len(order) or 1
+    rows = []
+    for start in range(0, len(order), step):  # a new conversation every ``session_turns`` turns
+        async with RealtimeClient.connect(url) as client:
+            await client.update_session(instructions=SHORT, audio={"input": {"turn_detection": MODES[mode]}})
+            talker = Talker(client, noise_dbfs, seed)
+            try:
+                await asyncio.sleep(0.5)
+                for t in order[start:start + step]:
+                    rows.append(dict(await one_turn(talker, t, timeout_s), mode=mode, session=seed))
+                    print(f"{mode} {rows[-1]['name']}: split {rows[-1]['split']}, "
+                          f"voice-to-voice {rows[-1].get('voice_to_voice_ms')} ms", flush=True)
+            finally:
+                await talker.close()
     bursts = []
     if coughs or interruption is not None:
         # A fresh conversation: after dozens of one-sentence answers a small LLM keeps answering in
@@ -457,11 +459,11 @@ def plot(summary: list[dict], rows: list[dict], path: Path) -> None:
 
 
 async def run(url: str, mode: str, talkers: int, turns, coughs, interruption, timeout_s: float,
-              noise_dbfs: float | None = None, interruptions: int = 1):
+              noise_dbfs: float | None = None, interruptions: int = 1, session_turns: int | None = None):
     alone = talkers == 1  # bursts over a reply: one talker (the many-talker levels measure turns)
     results = await asyncio.gather(*(session(url, mode, turns, coughs if alone else [],
                                              interruption if alone else None, seed, timeout_s, noise_dbfs,
-                                             interruptions)
+                                             interruptions, session_turns)
                                      for seed in range(talkers)))
     rows = [dict(r, talkers=talkers) for rs, _ in results for r in rs]
     bursts = [dict(b, talkers=talkers) for _, bs in results for b in bs]
@@ -486,6 +488,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--many-limit", type=int, default=8, help="turns per talker when there are several talkers")
     p.add_argument("--human-dir", type=Path, default=ALSA_SOUNDS, help="folder of the alsa-utils voices (.wav)")
     p.add_argument("--noise-dbfs", type=float, help="white noise under everything the microphones send, dBFS RMS")
+    p.add_argument("--session-turns", type=int, help="a new conversation every N turns (default: one for all): "
+                   "modes compared over the same short histories, not over a long one each drifts apart in "
+                   "(a small LLM's reply length follows its history)")
     add_output_arguments(p)
     args = p.parse_args(argv)
     turns, coughs, interruption = build_set(load_config(), args.coughs, args.human_dir)
@@ -510,7 +515,8 @@ def main(argv: list[str] | None = None) -> int:
                 level_turns = turns if talkers == 1 else random.Random(8).sample(turns, min(args.many_limit, len(turns)))
                 before = _scrape(url)
                 rows, bursts = asyncio.run(run(url, mode, talkers, level_turns, coughs, interruption,
-                                               args.turn_timeout_s, args.noise_dbfs, args.interruptions))
+                                               args.turn_timeout_s, args.noise_dbfs, args.interruptions,
+                                               args.session_turns))
                 all_rows += rows
                 all_bursts += bursts
                 summary.append(summarize(mode, talkers, rows, bursts) | server_counts(before, _scrape(url)))
