@@ -226,8 +226,8 @@ class TurnConfig:
     pause_max_speech_ms: int = 1000
     #: ``semantic_vad``: also score the end of turn from the words, with the LLM (llm/end_of_turn.py):
     #: the speculative transcript without its closing punctuation, read from the speculative reply's
-    #: own prompt; the probability that the next token ends the sentence. False (or a GGUF whose chat template gives
-    #: no prompt): the sound alone decides.
+    #: own prompt; the probability that the next token ends the sentence. False (or a GGUF whose
+    #: chat template gives no prompt): the sound alone decides.
     score_words: bool = True
     #: ``semantic_vad`` with ``score_words``: the words' score at or above which the sentence is over.
     #: A turn is answered at the short pause only when the sound says complete and the words reach

@@ -732,9 +732,9 @@ class BatchedChat:
             yield len(tokens) - keep, -keep, src, tokens
 
     def _attach_probes(self) -> None:
-        """Queued probes whose tokens a reply of their conversation is about to read (the words are
-        its user message's first tokens: the turn's speculative reply) are read from that reply's
-        logits at their last token instead of on the probe sequence: no token is read twice."""
+        """Queued probes whose tokens a reply of their conversation is about to read (the words'
+        prompt is the start of the turn's speculative reply's) are read from that reply's logits at
+        their last token instead of on the probe sequence: no token is read twice."""
         waiting = list(self._probes)[1 if self._probe_pending else 0:]
         for probe in waiting:
             for r in self._active:

@@ -390,7 +390,7 @@ class VoiceInput:
             return  # partials are opportunistic: never queue behind real work
         if self._speculative_turn() is not None:
             # A pause: the speculative turn transcribes this speech already, and its LLM and voice
-            # need the cores now (2 cores: a partial here cost the reply's first audio ~100 ms).
+            # need the cores now (a 2.5 s wait ran 6 partials: tests/test_turn_words_ws.py).
             return
         audio = vad.utterance_so_far()
         if audio is None:
