@@ -32,7 +32,10 @@ digitally silent; -60 is a quiet room on a headset, -45 a noisy one).
 
 The interruption's answer: its first audio - the interruption's last speech sample sent
 (``interruption_v2v_ms``), against the fresh turns' voice-to-voice. ``semantic_vad_audio`` runs on a
-second server with ``turn.score_words = false`` (the sound alone), after the others.
+second server with ``turn.score_words = false`` (the sound alone), up beside the first for the whole run.
+The modes take turns by conversation (``--session-turns N``: the first N turns in every mode, then the
+next N, the order of the modes reversed every other time), so a drift of the machine's speed over
+the run weighs on every mode alike.
 
 Writes OUT/turn_taking-<hardware>-<date>.json (+ .png).
 
@@ -334,46 +337,103 @@ async def over_reply(talker: Talker, sound: np.ndarray, kind: str, timeout_s: fl
     return row
 
 
-async def session(url: str, mode: str, turns: list[dict], coughs: list[np.ndarray], interruption: np.ndarray,
-                  seed: int, timeout_s: float, noise_dbfs: float | None = None,
-                  interruptions: int = 1, session_turns: int | None = None) -> tuple[list[dict], list[dict]]:
+def conversations(turns: list[dict], seed: int, session_turns: int | None) -> list[list[dict]]:
+    """Talker ``seed``'s turns in its order, one list per conversation (every ``session_turns``)."""
+    order = list(turns)
+    random.Random(seed).shuffle(order)
+    step = session_turns or len(order) or 1
+    return [order[start:start + step] for start in range(0, len(order), step)]
+
+
+async def conversation(url: str, mode: str, turns: list[dict], seed: int, timeout_s: float,
+                       noise_dbfs: float | None = None) -> list[dict]:
+    """One conversation of ``turns`` in ``mode`` (a new connection)."""
     from voxloop.client import RealtimeClient
 
-    rng = random.Random(seed)
-    order = list(turns)
-    rng.shuffle(order)
-    await asyncio.sleep(rng.uniform(0, 2.0))
-    step = session_turns or len(order) or 1
     rows = []
-    for start in range(0, len(order), step):  # a new conversation every ``session_turns`` turns
-        async with RealtimeClient.connect(url) as client:
-            await client.update_session(instructions=SHORT, audio={"input": {"turn_detection": MODES[mode]}})
-            talker = Talker(client, noise_dbfs, seed)
-            try:
-                await asyncio.sleep(0.5)
-                for t in order[start:start + step]:
-                    rows.append(dict(await one_turn(talker, t, timeout_s), mode=mode, session=seed))
-                    print(f"{mode} {rows[-1]['name']}: split {rows[-1]['split']}, "
-                          f"voice-to-voice {rows[-1].get('voice_to_voice_ms')} ms", flush=True)
-            finally:
-                await talker.close()
-    bursts = []
-    if coughs or interruption is not None:
-        # A fresh conversation: after dozens of one-sentence answers a small LLM keeps answering in
-        # one sentence, and a reply over before the burst leaves nothing to pause.
-        async with RealtimeClient.connect(url) as client:
-            await client.update_session(instructions=LONG, audio={"input": {"turn_detection": MODES[mode]}})
-            talker = Talker(client, noise_dbfs, seed)
-            try:
-                await asyncio.sleep(0.5)
-                for i, burst in enumerate(coughs):
-                    bursts.append(dict(await over_reply(talker, burst, f"cough-{i}", timeout_s), mode=mode))
-                for i in range(interruptions if interruption is not None else 0):
-                    bursts.append(dict(await over_reply(talker, interruption, f"interruption-{i}", timeout_s),
-                                       mode=mode))
-            finally:
-                await talker.close()
-    return rows, bursts
+    async with RealtimeClient.connect(url) as client:
+        await client.update_session(instructions=SHORT, audio={"input": {"turn_detection": MODES[mode]}})
+        talker = Talker(client, noise_dbfs, seed)
+        try:
+            await asyncio.sleep(0.5)
+            for t in turns:
+                rows.append(dict(await one_turn(talker, t, timeout_s), mode=mode, session=seed))
+                print(f"{mode} {rows[-1]['name']}: split {rows[-1]['split']}, "
+                      f"voice-to-voice {rows[-1].get('voice_to_voice_ms')} ms", flush=True)
+        finally:
+            await talker.close()
+    return rows
+
+
+async def over_replies(url: str, mode: str, coughs: list[np.ndarray], interruption: np.ndarray | None,
+                       seed: int, timeout_s: float, noise_dbfs: float | None = None,
+                       interruptions: int = 1) -> list[dict]:
+    """The bursts over a playing reply, in a conversation of their own."""
+    from voxloop.client import RealtimeClient
+
+    bursts: list[dict] = []
+    if not coughs and (interruption is None or interruptions < 1):
+        return bursts
+    # A fresh conversation: after dozens of one-sentence answers a small LLM keeps answering in
+    # one sentence, and a reply over before the burst leaves nothing to pause.
+    async with RealtimeClient.connect(url) as client:
+        await client.update_session(instructions=LONG, audio={"input": {"turn_detection": MODES[mode]}})
+        talker = Talker(client, noise_dbfs, seed)
+        try:
+            await asyncio.sleep(0.5)
+            for i, burst in enumerate(coughs):
+                bursts.append(dict(await over_reply(talker, burst, f"cough-{i}", timeout_s), mode=mode))
+            for i in range(interruptions if interruption is not None else 0):
+                bursts.append(dict(await over_reply(talker, interruption, f"interruption-{i}", timeout_s),
+                                   mode=mode))
+        finally:
+            await talker.close()
+    return bursts
+
+
+async def level(urls: dict[str, str], talkers: int, turns: list[dict], coughs, interruption, timeout_s: float,
+                noise_dbfs: float | None = None, interruptions: int = 1,
+                session_turns: int | None = None) -> dict[str, tuple[list[dict], list[dict], dict]]:
+    """Every mode of ``urls`` (mode -> server) at ``talkers`` talkers: per mode its turns, its bursts and
+    its servers' counter deltas. The modes take turns by conversation (the first conversation in each
+    mode, then the second, the order reversed every other time), so a drift of the machine over the
+    run weighs on every mode alike; the bursts come after all the turns."""
+    alone = talkers == 1  # bursts over a reply: one talker (the many-talker levels measure turns)
+    plans = [conversations(turns, seed, session_turns) for seed in range(talkers)]
+    modes = list(urls)
+    out: dict[str, tuple[list[dict], list[dict], dict]] = {m: ([], [], {}) for m in modes}
+
+    async def counted(mode: str, work) -> list[dict]:  # noqa: ANN001 - a coroutine
+        before = _scrape(urls[mode])
+        rows = await work
+        _add_counts(out[mode][2], before, _scrape(urls[mode]))
+        return rows
+
+    async def staggered(work, seed: int):  # noqa: ANN001, ANN202 - talkers do not start in step
+        await asyncio.sleep(random.Random(seed).uniform(0, 2.0) if not alone else 0.0)
+        return await work
+
+    for k in range(max(len(p) for p in plans)):
+        for mode in (modes if k % 2 == 0 else modes[::-1]):
+            work = asyncio.gather(*(staggered(conversation(urls[mode], mode, p[k], seed, timeout_s, noise_dbfs), seed)
+                                    for seed, p in enumerate(plans) if k < len(p)))
+            for rows in await counted(mode, work):
+                out[mode][0].extend(dict(r, talkers=talkers) for r in rows)
+    if alone:
+        for mode in modes:
+            bursts = await counted(mode, over_replies(urls[mode], mode, coughs, interruption, 0, timeout_s,
+                                                      noise_dbfs, interruptions))
+            out[mode][1].extend(dict(b, talkers=talkers) for b in bursts)
+    return out
+
+
+def _add_counts(total: dict, before: dict | None, after: dict | None) -> None:
+    """Add one conversation's ``server_counts`` to ``total`` (None for good once a read failed; a
+    counter not there yet grew by 0)."""
+    counts = server_counts(before, after)
+    for key, value in counts.items():
+        failed = before is None or after is None or (key in total and total[key] is None)
+        total[key] = None if failed else total.get(key, 0) + (value or 0)
 
 
 def summarize(mode: str, talkers: int, rows: list[dict], bursts: list[dict]) -> dict:
@@ -458,18 +518,6 @@ def plot(summary: list[dict], rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-async def run(url: str, mode: str, talkers: int, turns, coughs, interruption, timeout_s: float,
-              noise_dbfs: float | None = None, interruptions: int = 1, session_turns: int | None = None):
-    alone = talkers == 1  # bursts over a reply: one talker (the many-talker levels measure turns)
-    results = await asyncio.gather(*(session(url, mode, turns, coughs if alone else [],
-                                             interruption if alone else None, seed, timeout_s, noise_dbfs,
-                                             interruptions, session_turns)
-                                     for seed in range(talkers)))
-    rows = [dict(r, talkers=talkers) for rs, _ in results for r in rs]
-    bursts = [dict(b, talkers=talkers) for _, bs in results for b in bs]
-    return rows, bursts
-
-
 def main(argv: list[str] | None = None) -> int:
     from base.config import load_config
 
@@ -499,30 +547,27 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     cost = end_of_turn_cost(load_config(), turns)
     print("end-of-turn model, one call:", cost, flush=True)
-    server, url, server_set = None, args.url, None
+    servers, urls = {}, {}  # one server per set of settings, all up for the whole run
     all_rows, all_bursts, summary = [], [], []
-    modes = sorted(args.modes, key=lambda m: MODE_SERVER.get(m, ()))  # one server per set of settings
     try:
+        for mode in args.modes:
+            settings = MODE_SERVER.get(mode, ())
+            if args.url is None and settings not in servers:
+                port = free_port()
+                servers[settings] = (start_server(port, [*args.server_arg, *settings]),
+                                     f"ws://127.0.0.1:{port}/v1/realtime")
+            urls[mode] = args.url or servers[settings][1]
         for talkers in args.talkers:
-            for mode in modes:
-                if args.url is None and MODE_SERVER.get(mode, ()) != server_set:
-                    if server is not None:
-                        stop_server(server)
-                    server_set = MODE_SERVER.get(mode, ())
-                    port = free_port()
-                    server = start_server(port, [*args.server_arg, *server_set])
-                    url = f"ws://127.0.0.1:{port}/v1/realtime"
-                level_turns = turns if talkers == 1 else random.Random(8).sample(turns, min(args.many_limit, len(turns)))
-                before = _scrape(url)
-                rows, bursts = asyncio.run(run(url, mode, talkers, level_turns, coughs, interruption,
-                                               args.turn_timeout_s, args.noise_dbfs, args.interruptions,
-                                               args.session_turns))
+            level_turns = turns if talkers == 1 else random.Random(8).sample(turns, min(args.many_limit, len(turns)))
+            results = asyncio.run(level(urls, talkers, level_turns, coughs, interruption, args.turn_timeout_s,
+                                        args.noise_dbfs, args.interruptions, args.session_turns))
+            for mode, (rows, bursts, counts) in results.items():
                 all_rows += rows
                 all_bursts += bursts
-                summary.append(summarize(mode, talkers, rows, bursts) | server_counts(before, _scrape(url)))
+                summary.append(summarize(mode, talkers, rows, bursts) | counts)
                 print(summary[-1], flush=True)
     finally:
-        if server is not None:
+        for server, _ in servers.values():
             stop_server(server)
     path = write_json(args.name, summary, {"end_of_turn_cost": cost, "turns": all_rows, "bursts": all_bursts, "server_args": portable_args(args.server_arg),
                                            "noise_dbfs": args.noise_dbfs,

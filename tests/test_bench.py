@@ -463,6 +463,35 @@ def test_turn_taking_server_counts():
     assert server_counts(None, after) == {"server_discarded_turns": None, "server_asr_runs": None}
 
 
+def test_turn_taking_counts_add_up_over_conversations():
+    """The modes take turns by conversation: a mode's counts are the sum over its conversations, a
+    counter first seen later grew from 0 there, and one failed read leaves the sum unknown."""
+    from bench.turn_taking import _add_counts
+
+    empty = {"voxloop_asr_utterances_total": {(): 10.0}}
+    later = {"voxloop_asr_utterances_total": {(): 14.0}}
+    last = {"voxloop_turns_total": {(("status", "discarded"),): 1.0}, "voxloop_asr_utterances_total": {(): 20.0}}
+    total: dict = {}
+    _add_counts(total, empty, later)
+    _add_counts(total, later, last)
+    assert total == {"server_discarded_turns": 1.0, "server_asr_runs": 10.0}
+    _add_counts(total, None, last)
+    _add_counts(total, later, last)
+    assert total == {"server_discarded_turns": None, "server_asr_runs": None}
+
+
+def test_turn_taking_modes_get_the_same_conversations():
+    """Every mode's talker gets the same turns in the same order, cut into conversations of N."""
+    from bench.turn_taking import conversations
+
+    turns = [{"name": f"t{i}"} for i in range(14)]
+    plan = conversations(turns, 0, 6)
+    assert [len(c) for c in plan] == [6, 6, 2] and plan == conversations(turns, 0, 6)
+    assert sorted(t["name"] for c in plan for t in c) == sorted(t["name"] for t in turns)
+    assert conversations(turns, 0, None) == [[t for c in plan for t in c]]
+    assert conversations(turns, 1, 6) != plan  # another talker: another order
+
+
 def test_gpu_timeline_busy_overlap_and_top_kernels():
     """Two streams: A busy 0-10 and 20-30 µs (a kernel inside another counted once), B 5-25 µs."""
     from bench.gpu_timeline import summarize_kernels
