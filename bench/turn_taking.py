@@ -473,13 +473,18 @@ def summarize(mode: str, talkers: int, rows: list[dict], bursts: list[dict]) -> 
 
 
 def server_counts(before: dict | None, after: dict | None) -> dict:
-    """From the server's ``/metrics`` around a level: speculative turns dropped unseen (``discarded``:
+    """From the server's ``/metrics`` around a conversation: speculative turns dropped unseen (``discarded``:
     speech resumed, or a burst that was no turn; each had queued an ASR run) and ASR runs (finals,
-    speculative ones, partials, words of bursts). None when a read failed."""
+    speculative ones, partials, words of bursts), and the words' probes read from a reply's prompt
+    (``shared``) or on their own (``alone``). None when a read failed."""
     if before is None or after is None:
-        return {"server_discarded_turns": None, "server_asr_runs": None}
+        return dict.fromkeys(("server_discarded_turns", "server_asr_runs", "server_probes_shared",
+                              "server_probes_alone"))
+    probes = "voxloop_llm_end_of_turn_probes_total"
     return {"server_discarded_turns": counter_delta(before, after, "voxloop_turns_total", (("status", "discarded"),)),
-            "server_asr_runs": counter_delta(before, after, "voxloop_asr_utterances_total")}
+            "server_asr_runs": counter_delta(before, after, "voxloop_asr_utterances_total"),
+            "server_probes_shared": counter_delta(before, after, probes, (("read", "shared"),)),
+            "server_probes_alone": counter_delta(before, after, probes, (("read", "alone"),))}
 
 
 def _scrape(url: str) -> dict | None:

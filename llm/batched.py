@@ -6,6 +6,7 @@
     engine.prefill("session-1", messages)     # any thread; read a cut history before the next turn
     events = engine.step()                    # the owning thread: one llama_decode
     engine.probe(Probe(tokens, targets, done))  # any thread; next-token mass of ``targets``, no reply
+    engine.submit("session-1", messages, probes=[probe])   # a reply and a probe of its prompt's start
     text, stats = engine.generate("s", messages)   # notebook use: submit + step until done
 
 One context, one KV **sequence per conversation** (``session`` key), kept across its
@@ -34,7 +35,9 @@ A ``Probe`` (llm/end_of_turn.py) asks for the probability mass of some next toke
 (one softmax of its last token's logits); nothing is generated. When a reply of its conversation
 (``Probe.session``) is about to read the probe's tokens as the start of its own prompt (the words'
 end-of-turn score beside the turn's speculative reply), the probe is answered from that reply's
-logits at its last token, in the step that reads it: no token is read twice. Otherwise it reads its
+logits at its last token, in the step that reads it: no token is read twice (a probe sent with its
+reply, ``submit(probes=...)``, always is; one sent after it may come once the reply has read its
+prompt, and read one token of its own). Otherwise it reads its
 prompt in the next steps' batches, before the replies' prompts, on a sequence of its own, starting
 from the longest cached prefix it shares: its conversation's sequence (a metadata copy,
 ``llama_memory_seq_cp``, as for the system prompt; one token once a reply has read the words), the
@@ -229,16 +232,29 @@ class BatchedChat:
     # --- any thread --------------------------------------------------------------
 
     def submit(self, session: Hashable, messages: Sequence[dict], options: ReplyOptions = ReplyOptions(),
-               tag: object = None) -> Reply:
+               tag: object = None, probes: Sequence[Probe] = ()) -> Reply:
         """Queue a reply to ``messages`` in conversation ``session``; it joins the next step.
 
         A reply still running in the same conversation is cancelled (a new turn supersedes it).
-        ``tag`` is kept on the returned ``Reply`` for the caller.
+        ``tag`` is kept on the returned ``Reply`` for the caller. ``probes`` are queued with it, in
+        the same command: one whose tokens start the reply's prompt (the words' end-of-turn score of
+        a voice turn) is read from the reply's logits in the step that reads its prompt, which a
+        probe queued after the submit may miss (module doc). A probe this engine cannot read ends
+        with None; the reply still runs.
         """
         limit = self.options.max_tokens if options.max_tokens is None else options.max_tokens
         if limit < 1:
             raise InvalidInput(f"max_tokens must be >= 1, got {limit}")
-        return self._queue(session, messages, options, tag, limit)
+        check_messages(messages)
+        reply = Reply(next(self._ids), session, list(messages), options, tag=tag, _limit=limit)
+        with_it = []
+        for probe in probes:
+            try:
+                with_it.append(("probe", self._checked(probe)))
+            except InvalidInput:
+                probe.done(None)
+        self._command(("submit", reply), *with_it)
+        return reply
 
     def prefill(self, session: Hashable, messages: Sequence[dict], options: ReplyOptions = ReplyOptions(),
                 tag: object = None) -> Reply:
@@ -250,22 +266,21 @@ class BatchedChat:
         It reads only in steps where no reply generates or reads its prompt. The next turn's submit
         cancels it if still running; what it read is kept.
         """
-        return self._queue(session, messages, options, tag, 0)
-
-    def _queue(self, session: Hashable, messages: Sequence[dict], options: ReplyOptions, tag: object,
-               limit: int) -> Reply:
         check_messages(messages)
-        reply = Reply(next(self._ids), session, list(messages), options, tag=tag, _limit=limit)
+        reply = Reply(next(self._ids), session, list(messages), options, tag=tag, _limit=0)
         self._command(("submit", reply))
         return reply
 
     def probe(self, probe: Probe) -> None:
         """Queue ``probe`` (module doc); any thread."""
+        self._command(("probe", self._checked(probe)))
+
+    def _checked(self, probe: Probe) -> Probe:
         if len(probe.tokens) > self.options.n_ctx and probe.short:
             probe.tokens, probe.short = probe.short, None
         if not probe.tokens or len(probe.tokens) > self.options.n_ctx:
             raise InvalidInput(f"a probe holds 1..{self.options.n_ctx} tokens, got {len(probe.tokens)}")
-        self._command(("probe", probe))
+        return probe
 
     def cancel(self, reply: Reply) -> None:
         """Stop ``reply`` at the next step (it ends with finish reason "cancelled")."""
@@ -276,9 +291,10 @@ class BatchedChat:
         """Forget conversation ``session``: cancel its reply and free its sequence."""
         self._command(("release", session))
 
-    def _command(self, cmd: tuple) -> None:
+    def _command(self, *cmds: tuple) -> None:
+        """Queue ``cmds`` together: the engine takes them in one step, in order."""
         with self._wake:
-            self._inbox.append(cmd)
+            self._inbox.extend(cmds)
             self._wake.notify()
 
     # --- the owning thread ---------------------------------------------------------

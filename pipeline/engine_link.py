@@ -17,7 +17,8 @@ front end -> engine
   front end), ``SynthesisOptions`` without the rate (resampling happens in the front end);
   ``("cancel", key)``;
   ``("asr", key, pcm_bytes, dtype, language, priority, prompt)`` / ``("asr_cancel", key)``;
-  ``("llm", key, session, messages, max_tokens, priority, tools, tool_choice)`` / ``("llm_cancel", key)`` /
+  ``("llm", key, session, messages, max_tokens, priority, tools, tool_choice, words_key)`` (``words_key``:
+  not None to score the last message's words with the reply, answered as ``llm_words``) / ``("llm_cancel", key)`` /
   ``("llm_release", session)``; ``("llm_words", key, session, transcript, messages, tools)`` (the
   end-of-turn score of the words, ``BatchedLlm.end_of_turn``).
 engine -> front end
@@ -366,21 +367,30 @@ class _FrontEndLink:
             cancel.set()
 
     def _on_llm(self, key: int, session: Hashable, messages: list, max_tokens: int, priority: int,
-                tools: tuple = (), tool_choice: str | dict | None = None) -> None:
+                tools: tuple = (), tool_choice: str | dict | None = None, words_key: int | None = None) -> None:
         from llm.replies import ReplyOptions
 
         llm = self.host.llm
         if llm is None:
             self._out.put(("llm", [(key, "", None, ModelError("the engine process runs no LLM"), ())]))
+            if words_key is not None:
+                self._out.put(("llm_words", words_key, None))
             return
         conversation = (self.number, session)  # session ids are unique per front end only
         with self._lock:
             self._sessions.add(conversation)
         options = ReplyOptions(max_tokens=max_tokens, priority=priority, tools=tools, tool_choice=tool_choice)
+        probes = []
         try:
-            reply = llm.engine.submit(conversation, messages, options, tag=(self, key))
+            if words_key is not None:  # the words' score, read from this reply's prompt (BatchedLlm.stream)
+                probe = llm.words_probe(conversation, messages[-1]["content"], messages[:-1],
+                                        lambda p: self._out.put(("llm_words", words_key, p)), tools)
+                probes = [probe] if probe is not None else []
+            reply = llm.engine.submit(conversation, messages, options, tag=(self, key), probes=probes)
         except Exception as exc:  # noqa: BLE001 - InvalidInput goes back to the session
             self._out.put(("llm", [(key, "", None, exc, ())]))
+            if words_key is not None:
+                self._out.put(("llm_words", words_key, None))
             return
         with self._lock:
             if not reply.done:
@@ -690,20 +700,27 @@ class RemoteLlm(_Streams):
             self._words.pop(key, None)
 
     def _on_words(self, message: tuple) -> None:
-        future = self._words.get(message[1])
+        future = self._words.pop(message[1], None)
         if future is not None and not future.done():
             future.set_result(message[2])
 
     async def stream(self, session: Hashable, messages: list[dict], max_tokens: int,
                      cancel: threading.Event, priority: int = NORMAL,
                      on_done: Callable[[Any], None] | None = None, tools: tuple[dict, ...] = (),
-                     tool_choice: str | dict | None = None) -> AsyncIterator[Any]:
+                     tool_choice: str | dict | None = None, words: asyncio.Future | None = None) -> AsyncIterator[Any]:
         key = next(self._keys)
         q: asyncio.Queue = asyncio.Queue()
         self._queues[key] = q
         done = False
+        words_key = None
+        if words is not None:  # answered by _on_words, or None when the link goes (on_lost)
+            if self.link.connected:
+                words_key = next(self._keys)
+                self._words[words_key] = words
+            elif not words.done():
+                words.set_result(None)
         try:
-            self.link.send(("llm", key, session, messages, max_tokens, priority, tuple(tools), tool_choice))
+            self.link.send(("llm", key, session, messages, max_tokens, priority, tuple(tools), tool_choice, words_key))
             while not cancel.is_set():
                 try:
                     _, text, stats, error, calls = q.get_nowait() if not q.empty() else await asyncio.wait_for(

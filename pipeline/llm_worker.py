@@ -51,7 +51,7 @@ class BatchedLlm:
     async def stream(self, session: Hashable, messages: list[dict], max_tokens: int,
                      cancel: threading.Event, priority: int = NORMAL,
                      on_done: Callable[[Any], None] | None = None, tools: tuple[dict, ...] = (),
-                     tool_choice: str | dict | None = None) -> AsyncIterator[Any]:
+                     tool_choice: str | dict | None = None, words: asyncio.Future | None = None) -> AsyncIterator[Any]:
         """Text deltas (``str``) and function-call pieces (``ToolCallDelta``) of the reply to ``messages``
         in ``session``'s conversation.
 
@@ -59,6 +59,8 @@ class BatchedLlm:
         (a cancelled task) cancels the reply. Engine errors are raised here. ``on_done``
         gets the reply's ``GenerationStats`` when it ends. ``tools`` / ``tool_choice``: the
         functions the model may call, Chat Completions shape (``llm.replies.ReplyOptions``).
+        ``words``: set to the end-of-turn score of the last message's words (the user's, as
+        ``end_of_turn`` gives it), asked with the reply so it is read from the reply's own prompt.
         """
         from llm.batched import ReplyOptions
 
@@ -69,7 +71,17 @@ class BatchedLlm:
         route = self._routes.get(loop)
         if route is None:
             route = self._routes[loop] = _LoopRoute(loop)
-        reply = self.engine.submit(session, messages, options, tag=(route, events))
+        probes = []
+        try:
+            if words is not None:
+                probe = self.words_probe(session, messages[-1]["content"], messages[:-1],
+                                         lambda p: loop.call_soon_threadsafe(_resolve, words, p), tools)
+                probes = [probe] if probe is not None else []
+            reply = self.engine.submit(session, messages, options, tag=(route, events), probes=probes)
+        except BaseException:
+            if words is not None:
+                _resolve(words, None)
+            raise
         try:
             while True:
                 event = await events.get()
@@ -123,14 +135,22 @@ class BatchedLlm:
     def probe_words(self, session: Hashable, transcript: str, conversation: list[dict],
                     done: Callable[[float | None], None], tools: Sequence[dict] = ()) -> None:
         """``end_of_turn`` for any thread: ``done(probability)`` is called on the engine thread."""
+        probe = self.words_probe(session, transcript, conversation, done, tools)
+        if probe is not None:
+            self.engine.probe(probe)
+
+    def words_probe(self, session: Hashable, transcript: str, conversation: list[dict],
+                    done: Callable[[float | None], None], tools: Sequence[dict] = ()) -> Any:
+        """The ``llm.batched.Probe`` of ``end_of_turn``; None (``done(None)`` called) when the model
+        gives no score."""
         from llm.batched import Probe
 
-        if self._words is None:
+        if self._words is None or not isinstance(transcript, str):
             done(None)
-            return
+            return None
         words = self._words
-        self.engine.probe(Probe(words.tokens(transcript, conversation, tools), words.targets, done, session=session,
-                                short=words.short_tokens(transcript, conversation, tools)))
+        return Probe(words.tokens(transcript, conversation, tools), words.targets, done, session=session,
+                     short=words.short_tokens(transcript, conversation, tools))
 
     def pending(self) -> int:
         """Replies generating or waiting for a sequence."""

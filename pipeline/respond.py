@@ -229,9 +229,11 @@ class Responder:
                 if getattr(stats, "total_s", None) is not None:  # submit to its last token (bench.tool_calls)
                     turn.trace.info["llm_engine_total_ms"] = round(1000 * stats.total_s, 1)
 
-            tools = {"tools": req.tools.tools, "tool_choice": req.tools.tool_choice} if req.tools.tools else {}
+            extra = {"tools": req.tools.tools, "tool_choice": req.tools.tool_choice} if req.tools.tools else {}
+            if turn.words is not None:  # the words' score, read from this request's prompt (its last message)
+                extra["words"], turn.words = turn.words, None
             stream = self.engines.llm.stream(self.session_id, req.messages, req.max_tokens, turn.cancel,
-                                             priority=req.priority, on_done=done, **tools)
+                                             priority=req.priority, on_done=done, **extra)
             # Waiters run once this task waits, so after the stream's first step has sent the request.
             turn.reply_asked.set()
             async for token in stream:

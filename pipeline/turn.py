@@ -60,6 +60,9 @@ class Turn:
     #: Set once the reply's LLM request is sent, or it is known that none will be (no words, a
     #: transcription-only turn): the words' end-of-turn score is asked after it (voice_input).
     reply_asked: asyncio.Event = field(default_factory=asyncio.Event)
+    #: The words' end-of-turn score, asked with the reply's LLM request when it is set before that
+    #: request goes out (voice_input sets it as the transcript is heard; the reply takes it).
+    words: asyncio.Future | None = None
     status: str = "in_progress"
     reason: str | None = None
     #: Set for turns started from speech: identifies the utterance they answer.

@@ -272,25 +272,29 @@ class VoiceInput:
                                        self.conv.audible()))
 
     def _do_score_words(self, d: ScoreWords) -> None:
-        if self._taking is not None:
-            self._side_task(self._score_words(self._taking, d, self._pauses))
+        if self._taking is None:
+            return
+        turn, asked = self._speculative_turn(), None
+        if turn is not None and not turn.reply_asked.is_set():
+            # Asked with the speculative reply (respond takes it): its prompt holds the words, so the
+            # LLM reads their score from that prompt's logits in the step that reads it (llm/batched.py).
+            asked = turn.words = asyncio.get_running_loop().create_future()
+        self._side_task(self._score_words(self._taking, d, self._pauses, turn, asked))
 
-    async def _score_words(self, taking: TurnTaking, d: ScoreWords, pauses: int) -> None:
+    async def _score_words(self, taking: TurnTaking, d: ScoreWords, pauses: int, turn: Turn | None,
+                           asked: asyncio.Future | None) -> None:
         t0 = time.monotonic()
-        turn = self._speculative_turn()
         if turn is not None:
-            # Asked after the speculative reply: its prompt holds the words, so the LLM reads their
-            # score from that prompt's logits (llm/batched.py), not before it from a prompt of its own.
             await _first((turn.reply_asked, turn.finished))
         try:
-            session = self._settings()  # the reply's prompt: its system prompt and tools
-            system = session.instructions or self.cfg.llm.system_prompt
-            try:
-                tools = tool_request(session).tools
-            except ProtocolError:  # the reply reports it
-                tools = ()
-            probability = await self.engines.llm.end_of_turn(self.conv.id, d.text, self.conv.history.messages(system),
-                                                             tools)
+            if asked is not None and turn is not None and turn.words is not asked:  # the reply took it
+                # (a turn stopped before its request went out leaves it unanswered: no score)
+                await _first((turn.finished,), asked)
+                probability = asked.result() if asked.done() else None
+            else:
+                if turn is not None and turn.words is asked:
+                    turn.words = None  # no reply asked (an empty transcript): a probe of its own
+                probability = await self._score_words_alone(d.text)
         except VoxloopError as exc:
             log.warning("%s: end-of-turn score of the words failed (%s); the sound decides", self.conv.id, exc)
             probability = None
@@ -300,6 +304,16 @@ class VoiceInput:
             turn.trace.info.update(words_end_of_turn=round(probability, 4),
                                    words_end_of_turn_ms=round(1000 * (time.monotonic() - t0), 1))
         self._perform(taking.words_scored(d.utterance, probability, self._vad.stream_ms, self.conv.audible()))
+
+    async def _score_words_alone(self, text: str) -> float | None:
+        """The words' score asked on its own, after the conversation as the reply would read it."""
+        session = self._settings()  # the reply's prompt: its system prompt and tools
+        system = session.instructions or self.cfg.llm.system_prompt
+        try:
+            tools = tool_request(session).tools
+        except ProtocolError:  # the reply reports it
+            tools = ()
+        return await self.engines.llm.end_of_turn(self.conv.id, text, self.conv.history.messages(system), tools)
 
     def _do_mend(self, d: Mend) -> None:
         """The user went on after a committed turn: stop its reply, take both out of the history (the
@@ -502,11 +516,11 @@ class VoiceInput:
             conv.fail(turn, exc)
 
 
-async def _first(events: tuple[asyncio.Event, ...]) -> None:
-    """Return once one of ``events`` is set."""
+async def _first(events: tuple[asyncio.Event, ...], future: asyncio.Future | None = None) -> None:
+    """Return once one of ``events`` is set (or ``future`` is done)."""
     waits = [asyncio.ensure_future(e.wait()) for e in events]
     try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([*waits, *([future] if future is not None else [])], return_when=asyncio.FIRST_COMPLETED)
     finally:
         for w in waits:
             w.cancel()

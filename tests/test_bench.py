@@ -459,8 +459,10 @@ def test_turn_taking_server_counts():
               "voxloop_asr_utterances_total": {(): 10.0}}
     after = {"voxloop_turns_total": {(("status", "discarded"),): 5.0, (("status", "completed"),): 19.0},
              "voxloop_asr_utterances_total": {(): 14.0}}
-    assert server_counts(before, after) == {"server_discarded_turns": 2.0, "server_asr_runs": 4.0}
-    assert server_counts(None, after) == {"server_discarded_turns": None, "server_asr_runs": None}
+    after["voxloop_llm_end_of_turn_probes_total"] = {(("read", "shared"),): 4.0}
+    assert server_counts(before, after) == {"server_discarded_turns": 2.0, "server_asr_runs": 4.0,
+                                            "server_probes_shared": 4.0, "server_probes_alone": None}
+    assert set(server_counts(None, after).values()) == {None}
 
 
 def test_turn_taking_counts_add_up_over_conversations():
@@ -474,10 +476,11 @@ def test_turn_taking_counts_add_up_over_conversations():
     total: dict = {}
     _add_counts(total, empty, later)
     _add_counts(total, later, last)
-    assert total == {"server_discarded_turns": 1.0, "server_asr_runs": 10.0}
+    assert total == {"server_discarded_turns": 1.0, "server_asr_runs": 10.0, "server_probes_shared": 0,
+                     "server_probes_alone": 0}
     _add_counts(total, None, last)
     _add_counts(total, later, last)
-    assert total == {"server_discarded_turns": None, "server_asr_runs": None}
+    assert set(total.values()) == {None}
 
 
 def test_turn_taking_modes_get_the_same_conversations():

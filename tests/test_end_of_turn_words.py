@@ -78,12 +78,10 @@ def test_the_prompt_is_the_replys_own_cut_after_the_words(chat, words):
 
 
 def _evaluated(chat, session: str, messages: list[dict], probe: Probe | None = None) -> tuple[int, str]:
-    """Tokens the engine evaluates for a reply to ``messages`` (``probe`` queued with it), and its text."""
+    """Tokens the engine evaluates for a reply to ``messages`` (``probe`` sent with it), and its text."""
     chat.release(session)
     before = chat.evaluated
-    reply = chat.submit(session, messages, ReplyOptions(max_tokens=6))
-    if probe is not None:
-        chat.probe(probe)
+    reply = chat.submit(session, messages, ReplyOptions(max_tokens=6), probes=[probe] if probe is not None else [])
     (text, _), = chat.collect([reply])
     return chat.evaluated - before, text
 
@@ -256,3 +254,39 @@ def test_a_template_with_no_place_for_the_words_leaves_the_sound_alone(chat, cap
     with caplog.at_level(logging.WARNING, logger="llm.end_of_turn"):
         assert TextEndOfTurn.for_chat(type("C", (), {"prompt": broken})()) is None
     assert "the end of turn is the audio's alone" in caplog.text
+
+
+async def test_the_words_asked_with_a_reply_on_the_engine_thread_read_no_token(cfg):
+    """``BatchedLlm.stream(words=...)`` as a voice turn's speculative reply asks it: the probe goes in
+    the reply's own submit, so however the engine thread's steps fall it is read from the reply's
+    prompt (a probe sent after the submit may come once that step has begun: one token of its own).
+    The score is the one ``end_of_turn`` gives alone; an engine-refused probe (too long) scores None
+    and the reply still runs."""
+    import asyncio
+    import threading
+
+    from base.errors import InvalidInput
+    from base.models import resolve_llm
+    from pipeline.llm_worker import BatchedLlm
+
+    llm = BatchedLlm(BatchedChat(resolve_llm(cfg).path, SMALL))
+    try:
+        loop = asyncio.get_running_loop()
+        for said in ("How long does it take?", "What is the capital of France?"):
+            alone = await llm.end_of_turn("alone", said, CONVERSATION)
+            for turn in range(3):
+                before = llm.report()
+                words = loop.create_future()
+                messages = [*CONVERSATION, {"role": "user", "content": said}]
+                text = [t async for t in llm.stream(f"s{turn}", messages, 4, threading.Event(), words=words)]
+                after = llm.report()
+                assert text and await words == pytest.approx(alone, abs=0.02), (said, turn)
+                assert after["probes_shared"] - before["probes_shared"] == 1, (before, after)
+                assert after["probe_tokens_evaluated"] == before["probe_tokens_evaluated"], (before, after)
+        words = loop.create_future()
+        huge = [*CONVERSATION, {"role": "user", "content": "word " * 600}]
+        with pytest.raises(InvalidInput):  # the reply's prompt is over n_ctx too: the reply fails...
+            [t async for t in llm.stream("huge", huge, 4, threading.Event(), words=words)]
+        assert await asyncio.wait_for(words, 5) is None  # ...and the words' score is None, not left waiting
+    finally:
+        llm.close()

@@ -261,7 +261,8 @@ async def test_each_front_end_streams_replies_from_an_llm_server_itself():
 
 async def test_the_llm_process_scores_the_words_of_a_front_ends_turn(voice_server, cfg):
     """semantic_vad in a front end with the LLM in its own process: the words' end-of-turn score is
-    asked over the link (``llm_words``) and read there in the LLM's batch."""
+    asked over the link with the speculative reply's request and read there from the reply's prompt
+    (no probe of its own: ``/metrics``, the LLM process's report)."""
     import numpy as np
     import soxr
 
@@ -283,6 +284,13 @@ async def test_the_llm_process_scores_the_words_of_a_front_ends_turn(voice_serve
             if m["type"] == "x.turn.metrics":
                 break
     assert m["metrics"]["words_end_of_turn"] >= cfg.turn.words_threshold, m["metrics"]
+    probes: dict[str, float] = {}
+    deadline = time.monotonic() + scaled(10)  # the LLM process reports once a second
+    while not probes.get("shared") and time.monotonic() < deadline:
+        body = http_get(port, "/metrics")[1]
+        probes = {k: float(v) for k, v in re.findall(r'voxloop_llm_end_of_turn_probes_total\{read="(\w+)"\} (\S+)', body)}
+        await asyncio.sleep(0.5)
+    assert probes.get("shared", 0) >= 1 and probes.get("alone", 0) == 0, probes
 
 
 async def _call_round_trip(ws) -> None:  # noqa: ANN001

@@ -153,6 +153,7 @@ async def test_the_words_hold_a_head_the_sound_calls_complete(tts_engines, real_
     on a slow machine)."""
     hub = await _hub(tts_engines, FakeTurnModel(0.99), "turn.long_stop_ms=3000", "turn.max_silence_ms=4000",
                      asr=FakeASR(heard), llm=real_llm)
+    before = real_llm.report()
     try:
         ws = await session(hub, SEMANTIC)
         await send_audio(ws, ("speech", 0.8), ("silence", 3.6))
@@ -164,9 +165,10 @@ async def test_the_words_hold_a_head_the_sound_calls_complete(tts_engines, real_
         else:
             assert m["words_end_of_turn"] >= 0.03 and waited < 2500, (waited, m)
             assert waited < 400 + m["words_end_of_turn_ms"], (waited, m)  # at the words' score
-        # asked after the speculative reply: read from its prompt, or one token from its cache (llm/batched.py)
+        # asked with the speculative reply: read from its prompt, no token of its own (llm/batched.py)
         r = real_llm.report()
-        assert r["probes_shared"] + r["probes_alone"] >= 1 and r["probe_tokens_evaluated"] <= r["probes_alone"], r
+        assert r["probes_shared"] - before["probes_shared"] == 1 and r["probes_alone"] == before["probes_alone"], r
+        assert r["probe_tokens_evaluated"] == before["probe_tokens_evaluated"], r
         await ws.close()
     finally:
         await hub.stop()
