@@ -172,6 +172,19 @@ class TurnSet:
         return clips
 
 
+def texts() -> list[tuple[str, str, str, tuple[str, ...]]]:
+    """The clips of ``TurnSet.build`` (coughs aside) and ``TurnSet.held_apart`` as text, in their order:
+    (name, kind, what is said, the words said before each pause)."""
+    out: list[tuple[str, str, str, tuple[str, ...]]] = []
+    for i, (text, word) in enumerate(SENTENCES):
+        cut = head(text, word)
+        out += [(f"complete-{i}", "complete", text, ()), (f"incomplete-{i}", "incomplete", cut, ()),
+                (f"paused-{i}", "paused", text, (cut,)), (f"filler-{i}", "filler", text, (f"{cut} um",))]
+    out += [(f"midpause-{i}", "midpause", text, (head(text, word),)) for i, (text, word, _) in enumerate(MIDPAUSE)]
+    out += [(f"short-{i}", "short", text, ()) for i, text in enumerate(SHORT_ANSWERS)]
+    return out
+
+
 def head(text: str, word: str) -> str:
     """``text`` up to and with the first ``word`` (the incomplete utterance's words)."""
     words = text.split()

@@ -82,23 +82,43 @@ _CHATTY = frozenset({"response.output_audio.delta", "response.output_audio_trans
                      "conversation.item.input_audio_transcription.delta"})
 
 
+#: Kinds of ``bench/turn_set.py``'s clips that are turns here.
+SET_KINDS = ("complete", "paused", "filler", "midpause", "short")
+
+
 def build_set(cfg, coughs: int, human: Path) -> tuple[list[dict], list[np.ndarray], np.ndarray]:
     """(turns, cough bursts, the interruption), each turn ``{name, kind, pcm}`` (16 kHz int16)."""
     from bench.turn_set import TurnSet, trim
 
     ts = TurnSet.from_config(cfg)
     clips = ts.build(coughs=coughs)
-    turns = [{"name": c.name, "kind": c.kind, "pcm": c.pcm} for c in clips + ts.held_apart()
-             if c.kind in ("complete", "paused", "filler", "midpause", "short")]
+    turns = [{"name": c.name, "kind": c.kind, "pcm": c.pcm} for c in clips + ts.held_apart() if c.kind in SET_KINDS]
     gap = np.zeros(RATE * 300 // 1000, np.int16)
-    for i, line in enumerate((ROOT / "bench" / "voice_questions.txt").read_text().splitlines()):
-        if line.strip() and not line.startswith("#"):
-            parts = [trim(ts.say(p.strip())) for p in line.split("|")]
-            pcm = np.concatenate([x for p in parts for x in (p, gap)][:-1])
-            turns.append({"name": f"question-{i}", "kind": "question" if len(parts) == 1 else "paused_question",
-                          "pcm": pcm})
+    for name, parts in questions():
+        pcm = np.concatenate([x for p in parts for x in (trim(ts.say(p)), gap)][:-1])
+        turns.append({"name": name, "kind": "question" if len(parts) == 1 else "paused_question", "pcm": pcm})
+    assert [t["name"] for t in turns] == [t["name"] for t in set_texts()]  # one order for both
     turns += human_turns(human)
     return turns, [c.pcm for c in clips if c.kind == "cough"], trim(ts.say(INTERRUPTION))
+
+
+def questions() -> list[tuple[str, list[str]]]:
+    """``bench/voice_questions.txt``: (name, the parts between its 300 ms pauses)."""
+    lines = (ROOT / "bench" / "voice_questions.txt").read_text().splitlines()
+    return [(f"question-{i}", [p.strip() for p in line.split("|")]) for i, line in enumerate(lines)
+            if line.strip() and not line.startswith("#")]
+
+
+def set_texts() -> list[dict]:
+    """``build_set``'s turns as text, in its order (no human recordings): ``{name, kind, text, heads}``,
+    ``heads`` the words said before each pause."""
+    from bench.turn_set import texts
+
+    turns = [{"name": n, "kind": k, "text": t, "heads": list(h)} for n, k, t, h in texts() if k in SET_KINDS]
+    for name, parts in questions():
+        turns.append({"name": name, "kind": "question" if len(parts) == 1 else "paused_question",
+                      "text": " ".join(parts), "heads": [" ".join(parts[:i]) for i in range(1, len(parts))]})
+    return turns
 
 
 #: Debian's alsa-utils speaker-test voices: a person saying "Front center", "Rear left", ... (48 kHz).

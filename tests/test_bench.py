@@ -666,3 +666,38 @@ def test_ws_load_bench_starts_the_server_with_the_config_file_and_its_sets(monke
     assert server_args[:2] == ["--config", config]
     assert "--set=tts.fast_lanes=1" in server_args and "--set=tts.voice_path=/v.onnx" in server_args
     assert server_args[-1] == "--set=server.port_hint=1" and not any("fused_attention=" in a for a in server_args)
+
+
+def test_the_set_as_text_follows_the_set():
+    """``bench.turn_taking.set_texts``: the turns ``build_set`` makes, as text (``build_set`` asserts the
+    same order): every paused turn's heads are the start of what it says, at its pauses."""
+    from bench.turn_set import MIDPAUSE, SENTENCES, SHORT_ANSWERS
+    from bench.turn_taking import set_texts
+
+    turns = set_texts()
+    names = [t["name"] for t in turns]
+    assert len(names) == len(set(names))
+    kinds = {k: sum(t["kind"] == k for t in turns) for k in {t["kind"] for t in turns}}
+    assert kinds["complete"] == kinds["paused"] == kinds["filler"] == len(SENTENCES)
+    assert kinds["midpause"] == len(MIDPAUSE) and kinds["short"] == len(SHORT_ANSWERS)
+    assert kinds["question"] + kinds["paused_question"] >= 10
+    for t in turns:
+        assert bool(t["heads"]) == (t["kind"] in ("paused", "filler", "midpause", "paused_question")), t
+        for h in t["heads"]:
+            assert t["text"].startswith(h.removesuffix(" um")) and len(h.removesuffix(" um")) < len(t["text"]), t
+    assert {"name": "paused-6", "kind": "paused", "text": "How long does it take to boil an egg?",
+            "heads": ["How long does it take"]} in turns
+
+
+def test_words_threshold_counts_heads_held_and_turns_answered():
+    """``bench.words_threshold.summarize``: a head is held under the threshold, a whole turn answered at
+    or over it; a missing score (None) counts in neither."""
+    from bench.words_threshold import summarize
+
+    rows = [{"kind": "paused", "heads": [["How long does it take", 0.001]], "whole": 0.5},
+            {"kind": "paused", "heads": [["Remind me to", 0.04]], "whole": 0.03},
+            {"kind": "short", "heads": [], "whole": 0.02},
+            {"kind": "short", "heads": [], "whole": None}]
+    low, mid = summarize(rows, (0.01, 0.03))
+    assert low == {"threshold": 0.01, "held_paused": "1/2", "answered_paused": "2/2", "answered_short": "1/1"}
+    assert mid == {"threshold": 0.03, "held_paused": "1/2", "answered_paused": "2/2", "answered_short": "0/1"}
