@@ -76,13 +76,17 @@ class ServerLlm:
     async def stream(self, session: Hashable, messages: list[dict], max_tokens: int,
                      cancel: threading.Event, priority: int = NORMAL,
                      on_done: Callable[[Any], None] | None = None, tools: tuple[dict, ...] = (),
-                     tool_choice: str | dict | None = None) -> AsyncIterator[str | ToolCallDelta]:
+                     tool_choice: str | dict | None = None,
+                     words: asyncio.Future | None = None) -> AsyncIterator[str | ToolCallDelta]:
         """Text (``str``) and function-call pieces (``ToolCallDelta``) of the reply to ``messages``.
 
         Ends when the reply does, or at the next piece after ``cancel`` is set; closing the
         iterator (a cancelled task) closes the HTTP stream. Server errors are raised here as
         ``ModelError`` / ``Overloaded``. ``on_done`` gets the reply's ``GenerationStats``.
+        ``words`` (the words' end-of-turn score): None, as ``end_of_turn`` gives.
         """
+        if words is not None and not words.done():
+            words.set_result(None)
         options = ReplyOptions(max_tokens=max_tokens, priority=priority, cancel=cancel, tools=tuple(tools),
                                tool_choice=tool_choice)
         self._replies += 1

@@ -182,7 +182,7 @@ def test_the_server_stage_has_the_batched_stages_interface():
     from pipeline.llm_worker import BatchedLlm
     from pipeline.server_llm import ServerLlm
 
-    own = {"stop", "probe_words"}  # the batching thread's, and the LLM process's hand-off
+    own = {"stop", "probe_words", "words_probe"}  # the batching thread's, and the LLM process's hand-off
     for name, member in inspect.getmembers(BatchedLlm):
         if name.startswith("_") or name in own:
             continue
