@@ -18,11 +18,16 @@ verb, a comma; kind ``midpause``), and ``SHORT_ANSWERS``, complete short replies
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import numpy as np
 
 SAMPLE_RATE = 16000
+#: The instructions of ``bench.turn_taking``'s sessions (and ``bench.words_threshold``'s replay).
+SHORT = "Answer in one short sentence."
+#: Kinds of ``TurnSet``'s clips that ``bench.turn_taking`` plays as turns.
+SET_KINDS = ("complete", "paused", "filler", "midpause", "short")
 
 #: (sentence, the word after which its incomplete cut ends).
 SENTENCES = (
@@ -203,3 +208,30 @@ def trim(pcm: np.ndarray, level: int = 200, tail_level: int = 60) -> np.ndarray:
 
 def _ms(pcm: np.ndarray) -> float:
     return 1000 * len(pcm) / SAMPLE_RATE
+
+
+def questions() -> list[tuple[str, list[str]]]:
+    """``bench/voice_questions.txt``: (name, the parts between its 300 ms pauses)."""
+    from bench.harness import ROOT
+
+    lines = (ROOT / "bench" / "voice_questions.txt").read_text().splitlines()
+    return [(f"question-{i}", [p.strip() for p in line.split("|")]) for i, line in enumerate(lines)
+            if line.strip() and not line.startswith("#")]
+
+
+def set_texts() -> list[dict]:
+    """``bench.turn_taking``'s turns (``build_set``) as text, in its order (no human recordings):
+    ``{name, kind, text, heads}``, ``heads`` the words said before each pause."""
+    turns = [{"name": n, "kind": k, "text": t, "heads": list(h)} for n, k, t, h in texts() if k in SET_KINDS]
+    for name, parts in questions():
+        turns.append({"name": name, "kind": "question" if len(parts) == 1 else "paused_question",
+                      "text": " ".join(parts), "heads": [" ".join(parts[:i]) for i in range(1, len(parts))]})
+    return turns
+
+
+def conversations(turns: list[dict], seed: int, session_turns: int | None) -> list[list[dict]]:
+    """Talker ``seed``'s turns in its order, one list per conversation (every ``session_turns``)."""
+    order = list(turns)
+    random.Random(seed).shuffle(order)
+    step = session_turns or len(order) or 1
+    return [order[start:start + step] for start in range(0, len(order), step)]

@@ -55,9 +55,10 @@ from pathlib import Path
 import numpy as np
 
 from bench.harness import (
-    ROOT, Mic, add_output_arguments, counter_delta, free_port, hardware, metrics_url, pct, portable_args, scrape_metrics,
+    Mic, add_output_arguments, counter_delta, free_port, hardware, metrics_url, pct, portable_args, scrape_metrics,
     start_server, stop_server, write_json,
 )
+from bench.turn_set import SHORT, conversations
 
 RATE = 16000
 MODES = {"server_vad": {"type": "server_vad", "silence_duration_ms": 500},
@@ -68,7 +69,6 @@ MODES = {"server_vad": {"type": "server_vad", "silence_duration_ms": 500},
 MODE_SERVER = {"semantic_vad_audio": ("--set", "turn.score_words=false")}
 #: Kinds of turns that are finished where the speaker pauses: their voice-to-voice is the "complete turns" row.
 COMPLETE_KINDS = ("complete", "short", "question")
-SHORT = "Answer in one short sentence."
 LONG = "Tell a long story of at least ten sentences."
 INTERRUPTION = "Stop. What is the capital of France?"
 QUIET_S = 1.2  # a turn is over when nothing happened for this long (and its reply is done)
@@ -82,13 +82,9 @@ _CHATTY = frozenset({"response.output_audio.delta", "response.output_audio_trans
                      "conversation.item.input_audio_transcription.delta"})
 
 
-#: Kinds of ``bench/turn_set.py``'s clips that are turns here.
-SET_KINDS = ("complete", "paused", "filler", "midpause", "short")
-
-
 def build_set(cfg, coughs: int, human: Path) -> tuple[list[dict], list[np.ndarray], np.ndarray]:
     """(turns, cough bursts, the interruption), each turn ``{name, kind, pcm}`` (16 kHz int16)."""
-    from bench.turn_set import TurnSet, trim
+    from bench.turn_set import SET_KINDS, TurnSet, questions, set_texts, trim
 
     ts = TurnSet.from_config(cfg)
     clips = ts.build(coughs=coughs)
@@ -100,25 +96,6 @@ def build_set(cfg, coughs: int, human: Path) -> tuple[list[dict], list[np.ndarra
     assert [t["name"] for t in turns] == [t["name"] for t in set_texts()]  # one order for both
     turns += human_turns(human)
     return turns, [c.pcm for c in clips if c.kind == "cough"], trim(ts.say(INTERRUPTION))
-
-
-def questions() -> list[tuple[str, list[str]]]:
-    """``bench/voice_questions.txt``: (name, the parts between its 300 ms pauses)."""
-    lines = (ROOT / "bench" / "voice_questions.txt").read_text().splitlines()
-    return [(f"question-{i}", [p.strip() for p in line.split("|")]) for i, line in enumerate(lines)
-            if line.strip() and not line.startswith("#")]
-
-
-def set_texts() -> list[dict]:
-    """``build_set``'s turns as text, in its order (no human recordings): ``{name, kind, text, heads}``,
-    ``heads`` the words said before each pause."""
-    from bench.turn_set import texts
-
-    turns = [{"name": n, "kind": k, "text": t, "heads": list(h)} for n, k, t, h in texts() if k in SET_KINDS]
-    for name, parts in questions():
-        turns.append({"name": name, "kind": "question" if len(parts) == 1 else "paused_question",
-                      "text": " ".join(parts), "heads": [" ".join(parts[:i]) for i in range(1, len(parts))]})
-    return turns
 
 
 #: Debian's alsa-utils speaker-test voices: a person saying "Front center", "Rear left", ... (48 kHz).
@@ -355,14 +332,6 @@ async def over_reply(talker: Talker, sound: np.ndarray, kind: str, timeout_s: fl
         await talker.client.cancel_response(rid)
     await asyncio.sleep(1.0)
     return row
-
-
-def conversations(turns: list[dict], seed: int, session_turns: int | None) -> list[list[dict]]:
-    """Talker ``seed``'s turns in its order, one list per conversation (every ``session_turns``)."""
-    order = list(turns)
-    random.Random(seed).shuffle(order)
-    step = session_turns or len(order) or 1
-    return [order[start:start + step] for start in range(0, len(order), step)]
 
 
 async def conversation(url: str, mode: str, turns: list[dict], seed: int, timeout_s: float,

@@ -71,7 +71,7 @@ def summarize(rows: list[dict], thresholds=THRESHOLDS) -> list[dict]:  # noqa: A
 
 def main(argv: list[str] | None = None) -> int:
     from base.config import load_config
-    from bench.turn_taking import SHORT, conversations, set_texts
+    from bench.turn_set import SHORT, conversations, set_texts
     from llm.batched import BatchedChat
     from llm.end_of_turn import TextEndOfTurn
 

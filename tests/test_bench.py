@@ -485,7 +485,7 @@ def test_turn_taking_counts_add_up_over_conversations():
 
 def test_turn_taking_modes_get_the_same_conversations():
     """Every mode's talker gets the same turns in the same order, cut into conversations of N."""
-    from bench.turn_taking import conversations
+    from bench.turn_set import conversations
 
     turns = [{"name": f"t{i}"} for i in range(14)]
     plan = conversations(turns, 0, 6)
@@ -669,10 +669,10 @@ def test_ws_load_bench_starts_the_server_with_the_config_file_and_its_sets(monke
 
 
 def test_the_set_as_text_follows_the_set():
-    """``bench.turn_taking.set_texts``: the turns ``build_set`` makes, as text (``build_set`` asserts the
+    """``bench.turn_set.set_texts``: the turns ``bench.turn_taking.build_set`` makes, as text (``build_set`` asserts the
     same order): every paused turn's heads are the start of what it says, at its pauses."""
     from bench.turn_set import MIDPAUSE, SENTENCES, SHORT_ANSWERS
-    from bench.turn_taking import set_texts
+    from bench.turn_set import set_texts
 
     turns = set_texts()
     names = [t["name"] for t in turns]
