@@ -142,15 +142,20 @@ class BatchedLlm:
     def words_probe(self, session: Hashable, transcript: str, conversation: list[dict],
                     done: Callable[[float | None], None], tools: Sequence[dict] = ()) -> Any:
         """The ``llm.batched.Probe`` of ``end_of_turn``; None (``done(None)`` called) when the model
-        gives no score."""
+        gives no score (a prompt it cannot make is logged: the reply it goes with still runs)."""
         from llm.batched import Probe
 
         if self._words is None or not isinstance(transcript, str):
             done(None)
             return None
         words = self._words
-        return Probe(words.tokens(transcript, conversation, tools), words.targets, done, session=session,
-                     short=words.short_tokens(transcript, conversation, tools))
+        try:
+            return Probe(words.tokens(transcript, conversation, tools), words.targets, done, session=session,
+                         short=words.short_tokens(transcript, conversation, tools))
+        except Exception:  # noqa: BLE001 - no score: the turn ends on the sound alone
+            log.exception("no end-of-turn prompt for the words of %r", transcript[:80])
+            done(None)
+            return None
 
     def pending(self) -> int:
         """Replies generating or waiting for a sequence."""

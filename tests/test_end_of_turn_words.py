@@ -261,7 +261,8 @@ async def test_the_words_asked_with_a_reply_on_the_engine_thread_read_no_token(c
     the reply's own submit, so however the engine thread's steps fall it is read from the reply's
     prompt (a probe sent after the submit may come once that step has begun: one token of its own).
     The score is the one ``end_of_turn`` gives alone; an engine-refused probe (too long) scores None
-    and the reply still runs."""
+    and the reply reports its own error; a words' prompt that cannot be made scores None and the
+    reply runs."""
     import asyncio
     import threading
 
@@ -288,5 +289,14 @@ async def test_the_words_asked_with_a_reply_on_the_engine_thread_read_no_token(c
         with pytest.raises(InvalidInput):  # the reply's prompt is over n_ctx too: the reply fails...
             [t async for t in llm.stream("huge", huge, 4, threading.Event(), words=words)]
         assert await asyncio.wait_for(words, 5) is None  # ...and the words' score is None, not left waiting
+
+        def broken(*_):  # a prompt the words' template cannot make
+            raise RuntimeError("template")
+
+        llm._words.tokens = broken
+        words = loop.create_future()
+        text = [t async for t in llm.stream("s0", [*CONVERSATION, {"role": "user", "content": "Hi."}], 4,
+                                            threading.Event(), words=words)]
+        assert text and await asyncio.wait_for(words, 5) is None  # the reply runs, the sound decides
     finally:
         llm.close()
