@@ -245,16 +245,7 @@ class BatchedChat:
         limit = self.options.max_tokens if options.max_tokens is None else options.max_tokens
         if limit < 1:
             raise InvalidInput(f"max_tokens must be >= 1, got {limit}")
-        check_messages(messages)
-        reply = Reply(next(self._ids), session, list(messages), options, tag=tag, _limit=limit)
-        with_it = []
-        for probe in probes:
-            try:
-                with_it.append(("probe", self._checked(probe)))
-            except InvalidInput:
-                probe.done(None)
-        self._command(("submit", reply), *with_it)
-        return reply
+        return self._queue(session, messages, options, tag, limit, probes)
 
     def prefill(self, session: Hashable, messages: Sequence[dict], options: ReplyOptions = ReplyOptions(),
                 tag: object = None) -> Reply:
@@ -266,9 +257,19 @@ class BatchedChat:
         It reads only in steps where no reply generates or reads its prompt. The next turn's submit
         cancels it if still running; what it read is kept.
         """
+        return self._queue(session, messages, options, tag, 0)
+
+    def _queue(self, session: Hashable, messages: Sequence[dict], options: ReplyOptions, tag: object,
+               limit: int, probes: Sequence[Probe] = ()) -> Reply:
         check_messages(messages)
-        reply = Reply(next(self._ids), session, list(messages), options, tag=tag, _limit=0)
-        self._command(("submit", reply))
+        reply = Reply(next(self._ids), session, list(messages), options, tag=tag, _limit=limit)
+        with_it = []
+        for probe in probes:
+            try:
+                with_it.append(("probe", self._checked(probe)))
+            except InvalidInput:
+                probe.done(None)
+        self._command(("submit", reply), *with_it)
         return reply
 
     def probe(self, probe: Probe) -> None:

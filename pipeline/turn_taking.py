@@ -487,7 +487,7 @@ class TurnTaking:
             probability = min(probability, words_cap(*self._words, p, greetings_only=self._text is not None))
         if probability >= p.complete and (self._words is None or self._text_wait):
             # Complete by the sound: the words may still say otherwise. Waiting costs little: the words'
-            # score is read from the reply's own prompt, with its first token or one step after it.
+            # score is read from the reply's own prompt, in the step its first token comes from.
             return self.tick(now_ms, audible)
         text = self._text
         if probability >= p.complete and (text is None or text >= (p.words_threshold or 0.0)):
