@@ -233,11 +233,18 @@ class TurnConfig:
     #: A turn is answered at the short pause only when the sound says complete and the words reach
     #: this. Higher: fewer sentences answered half-way, more finished ones wait ``long_stop_ms``
     #: (docs/protocol.md, "Tuning the end of turn").
-    words_threshold: float = 0.03
+    words_threshold: float = 0.02
     #: ``semantic_vad`` with ``score_words``: silence waited at least when the words are not done,
-    #: and at most when they are but the sound doubts, ms. Keep it above the longest pause your users
-    #: make inside a sentence (bench/turn_set.py's paused sentences: up to 900 ms).
+    #: and when they are but the sound doubts and the words are under ``words_sure``, ms. Keep it
+    #: above the longest pause your users make inside a sentence (bench/turn_set.py's paused
+    #: sentences: up to 900 ms). Speech over a paused reply that starts this soon after the user's
+    #: last turn continues that turn, even an acknowledgement ("No, [pause] thanks.").
     long_stop_ms: int = 1200
+    #: ``semantic_vad`` with ``score_words``: the words' score at or above which a turn the sound
+    #: doubts waits only as long as the sound says (at most ``long_stop_ms``); finished words under
+    #: it wait ``long_stop_ms``. Heads finished in their words score under it with the bundled model
+    #: (0.11-0.24: "Book me a table", "My flight was cancelled"), whole questions mostly over it.
+    words_sure: float = 0.3
     #: Speech that starts within this long of the end of a committed turn's speech, and is a turn
     #: (words), continues it: the reply is stopped, both parts become one user message and the whole
     #: is answered (docs/protocol.md, "Mended turns"), ms; 0: never.
@@ -248,6 +255,8 @@ class TurnConfig:
             raise ConfigError(f"turn.threads must be >= 1, got {self.threads}")
         if not 0.0 <= self.words_threshold <= 1.0:
             raise ConfigError(f"turn.words_threshold must be 0..1, got {self.words_threshold}")
+        if not self.words_threshold <= self.words_sure <= 1.0:
+            raise ConfigError(f"turn.words_sure must be turn.words_threshold..1, got {self.words_sure}")
         if self.long_stop_ms < 1 or self.mend_ms < 0:
             raise ConfigError("turn.long_stop_ms must be > 0 and turn.mend_ms >= 0")
         if self.max_silence_ms < 1 or self.pause_max_speech_ms < 1 or self.pause_ms < 1:

@@ -6,7 +6,9 @@ conversations (``--session-turns``; talker 0), the system prompt its sessions se
 set's sentence, each reply the configured LLM's own (greedy, ``--max-tokens``). Before each turn is
 added it scores the words said before each of the turn's pauses (its *heads*: a paused sentence's
 head, a question's greeting) and the whole turn, after the conversation so far. Per threshold:
-the heads held (score under it) and the whole turns answered (at or over it), by kind. What the
+the heads held (score under it) and the whole turns answered (at or over it), by kind; read at a
+``turn.words_sure`` candidate (0.2-0.5), the same row counts the heads only the sound can hold and the
+whole turns a doubting sound makes wait ``turn.long_stop_ms``. What the
 server scores is whisper's transcript, not the set's text: whisper sometimes drops a word or adds
 one (docs/protocol.md, "Tuning the end of turn"); the replies are the ones a server with the same
 settings gives to the set's text.
@@ -22,8 +24,8 @@ import sys
 
 from bench.harness import add_output_arguments, write_json
 
-#: Thresholds reported (the default, 0.03, among them).
-THRESHOLDS = (0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1)
+#: Thresholds reported (the defaults among them: ``turn.words_threshold`` 0.02, ``turn.words_sure`` 0.3).
+THRESHOLDS = (0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.2, 0.3, 0.5)
 #: The kinds ``bench.turn_taking`` runs for the words' must-shows.
 KINDS = ("complete", "paused", "question", "paused_question", "midpause", "short")
 
@@ -101,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in summary:
         print(row, flush=True)
     path = write_json(args.name, summary, {"turns": rows, "default_threshold": cfg.turn.words_threshold,
+                                           "default_sure": cfg.turn.words_sure,
                                            "session_turns": args.session_turns, "max_tokens": args.max_tokens},
                       out=args.out)
     print(f"wrote {path}")

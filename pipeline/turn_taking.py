@@ -28,9 +28,16 @@ Modes (``Policy``):
   it at most ``long_stop_ms`` (a finished sentence the sound doubts never waits ``max_silence_ms``).
   Until the words' score is in, a turn the sound doubts waits at least ``long_stop_ms`` (recomputed
   when it arrives). A model that gives no score (None) leaves the decision to the sound.
+- ``words_sure`` (with ``words_threshold``): a turn the sound doubts waits the sound's wait (at most
+  ``long_stop_ms``) only when its words score at least ``words_sure``; words between the threshold and
+  it wait ``long_stop_ms``: "Book me a table" is finished in its words (0.11) but not sure, and a
+  900 ms pause after it outlasted the doubting sound's 722 ms.
 - ``mend_ms``: speech that starts within ``mend_ms`` of the end of a committed turn's speech and
   becomes a turn continues it (``Mend``, before the new turn's ``StartTurn`` / ``Commit``): the
-  reply is stopped, the two parts are one user message, and the whole is answered.
+  reply is stopped, the two parts are one user message, and the whole is answered. Over a paused
+  reply, words that start within ``long_stop_ms`` of that end (a pause inside a sentence) continue it
+  even when they are an acknowledgement ("No, [pause] thanks."): nobody reacts to a reply they have
+  hardly heard; sounds without words ("mm-hm", a cough) still resume the reply.
 - ``pause_on_speech`` (``semantic_vad``): speech over the assistant first pauses the
   reply (``PauseReply``); its audio is transcribed at the short pause (``Transcribe``).
   If the speech ends shorter than ``barge_in_min_ms`` or its transcript has no words (a
@@ -59,20 +66,29 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-#: Transcripts that are no words of an interruption: backchannels and what whisper makes of noise.
-BACKCHANNELS = frozenset({
-    "", "mm", "mmm", "hm", "hmm", "mhm", "mm-hm", "mm-hmm", "uh-huh", "uh", "um", "umm", "ah", "oh",
-    "yeah", "yep", "yes", "okay", "ok", "right", "sure", "i see", "you", "thank you", "thanks",
-})
+#: Transcripts that are no words at all: sounds, fillers and what whisper makes of noise ("you").
+NOISE = frozenset({"", "mm", "mmm", "hm", "hmm", "mhm", "mm-hm", "mm-hmm", "uh-huh", "uh", "um", "umm", "ah", "oh",
+                   "you"})
+#: Transcripts that are no words of an interruption: the sounds above and acknowledgements.
+BACKCHANNELS = NOISE | {"yeah", "yep", "yes", "okay", "ok", "right", "sure", "i see", "thank you", "thanks"}
 _NON_SPEECH = re.compile(r"[\[(*][^\])*]*[\])*]")  # "[coughing]", "(coughs)", "*cough*"
+
+
+def _normalized(text: str) -> str:
+    words = _NON_SPEECH.sub(" ", text.lower())
+    return " ".join(re.sub(r"[^\w\s'-]", " ", words).split())
 
 
 def is_backchannel(text: str) -> bool:
     """True when ``text`` (a transcript) carries no interruption: empty, noise, "mm-hm", "okay"."""
-    words = _NON_SPEECH.sub(" ", text.lower())
-    words = re.sub(r"[^\w\s'-]", " ", words)
-    words = " ".join(words.split())
+    words = _normalized(text)
     return words in BACKCHANNELS or all(w in BACKCHANNELS for w in words.split())
+
+
+def is_noise(text: str) -> bool:
+    """True when ``text`` (a transcript) has no words: empty, "[coughing]", "mm-hm", "uh"."""
+    words = _normalized(text)
+    return words in NOISE or all(w in NOISE for w in words.split())
 
 
 #: English words after which a sentence is not over: articles, possessive determiners, conjunctions,
@@ -177,6 +193,9 @@ class Policy:
     #: ``semantic_vad`` with ``words_threshold``: silence waited at least when the words are not done
     #: (and at most when they are while the sound doubts), ms.
     long_stop_ms: int = 1200
+    #: ``semantic_vad`` with ``words_threshold``: the words' score at or above which a turn the sound
+    #: doubts waits only the sound's wait (at most ``long_stop_ms``); under it, ``long_stop_ms``.
+    words_sure: float = 0.3
     #: Speech starting within this long of a committed turn's speech end continues that turn
     #: (``Mend``), ms; 0: never.
     mend_ms: int = 0
@@ -185,14 +204,15 @@ class Policy:
     def semantic_vad(cls, eagerness: str, silence_ms: int, barge_in_min_ms: int, max_silence_ms: int,
                      pause_on_speech: bool, pause_max_speech_ms: int, interrupt: bool = True,
                      score_pause_ms: int = 0, score_early: bool = False, words_threshold: float | None = None,
-                     long_stop_ms: int = 1200, mend_ms: int = 0) -> "Policy":
+                     long_stop_ms: int = 1200, words_sure: float = 0.3, mend_ms: int = 0) -> "Policy":
         t = EAGERNESS[eagerness]
         max_silence = max(silence_ms, round(max_silence_ms * t.max_silence_scale))
         return cls(silence_ms=silence_ms, barge_in_min_ms=barge_in_min_ms, semantic=True,
                    complete=t.complete, incomplete=t.incomplete, max_silence_ms=max_silence,
                    pause_on_speech=pause_on_speech, pause_max_speech_ms=pause_max_speech_ms,
                    interrupt=interrupt, score_pause_ms=score_pause_ms, score_early=score_early,
-                   words_threshold=words_threshold, long_stop_ms=min(long_stop_ms, max_silence), mend_ms=mend_ms)
+                   words_threshold=words_threshold, long_stop_ms=min(long_stop_ms, max_silence), words_sure=words_sure,
+                   mend_ms=mend_ms)
 
     def wait_ms(self, probability: float) -> float:
         """Silence to wait after a score under ``complete``: ``silence_ms`` just under it, growing
@@ -325,6 +345,7 @@ class TurnTaking:
         self._text_wait = False  # ScoreWords asked, no answer yet
         self._committed: tuple[int, float] | None = None  # the last committed utterance, its speech end
         self._mend: int | None = None  # the utterance this one continues, until its turn starts
+        self._goes_on = False  # this utterance started within long_stop_ms of the committed one's end
 
     @property
     def reply_paused(self) -> bool:
@@ -341,6 +362,8 @@ class TurnTaking:
         self._speech_start_ms = t_ms
         last, p = self._committed, self.policy
         self._mend = last[0] if last is not None and p.mend_ms > 0 and t_ms - last[1] <= p.mend_ms else None
+        # Within a pause inside a sentence of the last turn's end: the user goes on, not a reaction.
+        self._goes_on = self._mend is not None and t_ms - last[1] <= p.long_stop_ms
         self._speculating = False
         self._deadline_ms = self._judge_at_ms = None
         self._interrupted = False
@@ -498,7 +521,12 @@ class TurnTaking:
             # goes on, so the sound's shorter wait must not end the turn before they are in.
             wait = max(wait, p.long_stop_ms)
         elif text is not None and p.words_threshold is not None:
-            wait = min(wait, p.long_stop_ms) if text >= p.words_threshold else max(wait, p.long_stop_ms)
+            if text >= p.words_sure:
+                wait = min(wait, p.long_stop_ms)  # sure words: the sound's wait, never max_silence_ms
+            elif text >= p.words_threshold:
+                wait = p.long_stop_ms  # finished words, not sure, a doubting sound: the longer stop
+            else:
+                wait = max(wait, p.long_stop_ms)
         self._deadline_ms = self._speech_end_ms + wait
         return self.tick(now_ms, audible)
 
@@ -580,7 +608,7 @@ class TurnTaking:
     def _settle(self, utt: int, vad_ended: bool) -> list[Decision]:
         """The words of the speech over the paused reply are known: resume it, or it was an interruption."""
         assert self._transcript is not None
-        if is_backchannel(self._transcript):
+        if is_noise(self._transcript) or (is_backchannel(self._transcript) and not self._goes_on):
             self._paused_by, self._waiting_words = None, False
             self.state = IDLE
             return [ResumeReply(), Discard(utt, end_utterance=not vad_ended)]

@@ -91,7 +91,8 @@ class VoiceInput:
                                          score_pause_ms=pause_ms if asr_pause_ms < pause_ms else 0,
                                          score_early=turn.score_early,
                                          words_threshold=turn.words_threshold if self._scores_words() else None,
-                                         long_stop_ms=turn.long_stop_ms, mend_ms=turn.mend_ms)
+                                         long_stop_ms=turn.long_stop_ms, words_sure=turn.words_sure,
+                                         mend_ms=turn.mend_ms)
             if self.engines.turn is None:  # no end-of-turn model on this server: silence alone
                 policy = dataclasses.replace(policy, semantic=False, words_threshold=None)
         else:

@@ -20,6 +20,7 @@ from pipeline.turn_taking import (
     Transcribe,
     TurnTaking,
     is_backchannel,
+    is_noise,
     words_cap,
 )
 
@@ -450,6 +451,25 @@ CASES = {
         ("words_scored", 1, 0.6, 1450, False, []),
         ("tick", 2400, False, [Commit(1, end_utterance=True)]),  # 1200, not 2000
     ]),
+    "words: finished words the sound doubts, not sure of it: the longer stop, not the sound's wait": (WORDS, [
+        ("speech_started", 0, False, []),
+        ("paused", 1200, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.81, 1300, False, []),  # the sound alone: 500 + 1500 * 0.09 / 0.6 = 725 ms
+        ("heard", 1, "Book me a table.", "en", 1400, False, [ScoreWords(1, "Book me a table.")]),
+        ("words_scored", 1, 0.11, 1450, False, []),
+        ("tick", 2100, False, []),  # a 900 ms pause: "... at an Italian place"
+        ("tick", 2399, False, []),
+        ("tick", 2400, False, [Commit(1, end_utterance=True)]),
+    ]),
+    "words: sure words the sound doubts: the sound's wait": (WORDS, [
+        ("speech_started", 0, False, []),
+        ("paused", 1200, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("scored", 1, 0.81, 1300, False, []),
+        ("heard", 1, "Where do penguins live?", "en", 1400, False, [ScoreWords(1, "Where do penguins live?")]),
+        ("words_scored", 1, 0.3, 1450, False, []),
+        ("tick", 1920, False, []),
+        ("tick", 1925, False, [Commit(1, end_utterance=True)]),
+    ]),
     "words: unfinished words make a doubting sound wait at least the longer stop": (WORDS, [
         ("speech_started", 0, False, []),
         ("paused", 1200, False, [StartTurn(1, speculative=True), Score(1)]),
@@ -545,6 +565,33 @@ CASES = {
         ("paused", 3600, True, [Transcribe(2)]),
         ("transcribed", 2, "to boil an egg?", [BargeIn(), Mend(1), StartTurn(2, speculative=True), Score(2)]),
     ]),
+    "mend: an acknowledgement within a pause of the commit goes on with the turn": (SEMANTIC_MEND, [
+        ("speech_started", 0, False, []),
+        ("paused", 600, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("heard", 1, "No.", "en", 700, False, []),
+        ("scored", 1, 0.93, 720, False, [Commit(1, end_utterance=True)]),  # the reply starts at once
+        ("speech_started", 900, True, [PauseReply()]),  # "No, [300 ms] thanks."
+        ("paused", 1400, True, [Transcribe(2)]),
+        ("transcribed", 2, "thanks", [BargeIn(), Mend(1), StartTurn(2, speculative=True), Score(2)]),
+    ]),
+    "mend: an acknowledgement later than a pause inside a sentence is a backchannel": (SEMANTIC_MEND, [
+        ("speech_started", 0, False, []),
+        ("paused", 600, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("heard", 1, "Tell me about the moon.", "en", 700, False, []),
+        ("scored", 1, 0.93, 720, False, [Commit(1, end_utterance=True)]),
+        ("speech_started", 1801, True, [PauseReply()]),  # 1201 ms after: the reply was heard
+        ("paused", 2200, True, [Transcribe(2)]),
+        ("transcribed", 2, "Okay.", [ResumeReply(), Discard(2, end_utterance=True)]),
+    ]),
+    "mend: a sound without words right after a commit resumes the reply": (SEMANTIC_MEND, [
+        ("speech_started", 0, False, []),
+        ("paused", 600, False, [StartTurn(1, speculative=True), Score(1)]),
+        ("heard", 1, "No.", "en", 700, False, []),
+        ("scored", 1, 0.93, 720, False, [Commit(1, end_utterance=True)]),
+        ("speech_started", 900, True, [PauseReply()]),
+        ("paused", 1300, True, [Transcribe(2)]),
+        ("transcribed", 2, "Mm-hmm.", [ResumeReply(), Discard(2, end_utterance=True)]),
+    ]),
     "mend: a cough right after a commit resumes the reply and mends nothing": (SEMANTIC_MEND, [
         ("speech_started", 0, False, []),
         ("paused", 1200, False, [StartTurn(1, speculative=True), Score(1)]),
@@ -586,6 +633,14 @@ def test_reply_ended_forgets_a_pause():
 ])
 def test_backchannels(text, backchannel):
     assert is_backchannel(text) is backchannel
+
+
+@pytest.mark.parametrize(("text", "noise"), [
+    ("", True), ("Mm-hmm.", True), ("[coughing] uh", True), ("you", True),
+    ("Thanks.", False), ("Okay.", False), ("Yes", False), ("Wait.", False),
+])
+def test_noise_has_no_words(text, noise):
+    assert is_noise(text) is noise
 
 
 def test_wait_grows_from_the_silence_stop_to_the_maximum():
