@@ -233,7 +233,7 @@ class TurnConfig:
     #: A turn is answered at the short pause only when the sound says complete and the words reach
     #: this. Higher: fewer sentences answered half-way, more finished ones wait ``long_stop_ms``
     #: (docs/protocol.md, "Tuning the end of turn").
-    words_threshold: float = 0.02
+    words_threshold: float = 0.03
     #: ``semantic_vad`` with ``score_words``: silence waited at least when the words are not done,
     #: and when they are but the sound doubts and the words are under ``words_sure``, ms. Keep it
     #: above the longest pause your users make inside a sentence (bench/turn_set.py's paused
@@ -242,9 +242,11 @@ class TurnConfig:
     long_stop_ms: int = 1200
     #: ``semantic_vad`` with ``score_words``: the words' score at or above which a turn the sound
     #: doubts waits only as long as the sound says (at most ``long_stop_ms``); finished words under
-    #: it wait ``long_stop_ms``. Heads finished in their words score under it with the bundled model
-    #: (0.11-0.24: "Book me a table", "My flight was cancelled"), whole questions mostly over it.
-    words_sure: float = 0.3
+    #: it wait ``long_stop_ms``. 0.5: the model finds the end more likely than not. With the bundled
+    #: model every head of bench/turn_set.py's paused sentences scores under it in its conversation,
+    #: including those finished in their words ("Remind me to water the plants" 0.40, "My flight was
+    #: cancelled" 0.31, whisper's "Book me a table" 0.11); docs/protocol.md, "Tuning the end of turn".
+    words_sure: float = 0.5
     #: Speech that starts within this long of the end of a committed turn's speech, and is a turn
     #: (words), continues it: the reply is stopped, both parts become one user message and the whole
     #: is answered (docs/protocol.md, "Mended turns"), ms; 0: never.

@@ -8,7 +8,8 @@ stream, at real-time pace in 20 ms frames with silence in between (an open micro
 - the set of ``bench/turn_set.py`` (bundled voice): complete sentences; sentences with a
   600 ms pause after a word; the same with a trailing "um" before the pause; held apart, 32
   sentences with one pause of 300-900 ms (``midpause``: a reply before the sentence's end is a
-  *false cutoff*) and 20 short answers (``short``);
+  *false cutoff*) and 20 short answers (``short``), each spoken right after the assistant's question
+  it answers, added to the conversation as an assistant item (``conversation.item.create``);
 - the questions of ``bench/voice_questions.txt`` (" | " is a 300 ms pause);
 - human recordings: the voices of Debian's alsa-utils (``/usr/share/sounds/alsa``, "Front
   center" and the like; ``apt-get install alsa-utils``; left out with a note when missing);
@@ -84,11 +85,12 @@ _CHATTY = frozenset({"response.output_audio.delta", "response.output_audio_trans
 
 def build_set(cfg, coughs: int, human: Path) -> tuple[list[dict], list[np.ndarray], np.ndarray]:
     """(turns, cough bursts, the interruption), each turn ``{name, kind, pcm}`` (16 kHz int16)."""
-    from bench.turn_set import SET_KINDS, TurnSet, questions, set_texts, trim
+    from bench.turn_set import SET_KINDS, TurnSet, asked, questions, set_texts, trim
 
     ts = TurnSet.from_config(cfg)
     clips = ts.build(coughs=coughs)
-    turns = [{"name": c.name, "kind": c.kind, "pcm": c.pcm} for c in clips + ts.held_apart() if c.kind in SET_KINDS]
+    turns = [{"name": c.name, "kind": c.kind, "pcm": c.pcm, "asked": asked(c.name)}
+             for c in clips + ts.held_apart() if c.kind in SET_KINDS]
     gap = np.zeros(RATE * 300 // 1000, np.int16)
     for name, parts in questions():
         pcm = np.concatenate([x for p in parts for x in (trim(ts.say(p)), gap)][:-1])
@@ -222,7 +224,21 @@ async def settle(talker: Talker, since: int, speech_end: float, timeout_s: float
         await asyncio.sleep(0.05)
 
 
+async def ask(talker: Talker, question: str, timeout_s: float) -> None:
+    """The assistant's ``question`` added to the conversation (``conversation.item.create``), as if it
+    had just said it: a short answer is spoken after the question it answers."""
+    from realtime import events as ev
+    from realtime.items import ContentPart, MessageItem
+
+    since = len(talker.events)
+    item = MessageItem(role="assistant", content=(ContentPart(type="output_text", text=question),))
+    await talker.client.send_event(ev.ConversationItemCreate(item=item))
+    await talker.until(since, lambda e: e.type in ("conversation.item.added", "error"), timeout_s)
+
+
 async def one_turn(talker: Talker, turn: dict, timeout_s: float) -> dict:
+    if turn.get("asked"):
+        await ask(talker, turn["asked"], timeout_s)
     since = len(talker.events)
     speech_end = await talker.say(turn["pcm"])
     row = {"name": turn["name"], "kind": turn["kind"], "missed": False, "split": False}

@@ -3,7 +3,8 @@ answers when the score is read after earlier turns, as the server reads it (llm/
 
 Replays ``bench.turn_taking``'s set as text, without audio: the same turns in the same order and
 conversations (``--session-turns``; talker 0), the system prompt its sessions set, each user turn the
-set's sentence, each reply the configured LLM's own (greedy, ``--max-tokens``). Before each turn is
+set's sentence (a short answer after the assistant's question it answers), each reply the configured
+LLM's own (greedy, ``--max-tokens``). Before each turn is
 added it scores the words said before each of the turn's pauses (its *heads*: a paused sentence's
 head, a question's greeting) and the whole turn, after the conversation so far. Per threshold:
 the heads held (score under it) and the whole turns answered (at or over it), by kind; read at a
@@ -24,7 +25,7 @@ import sys
 
 from bench.harness import add_output_arguments, write_json
 
-#: Thresholds reported (the defaults among them: ``turn.words_threshold`` 0.02, ``turn.words_sure`` 0.3).
+#: Thresholds reported (the defaults among them: ``turn.words_threshold`` 0.03, ``turn.words_sure`` 0.5).
 THRESHOLDS = (0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.2, 0.3, 0.5)
 #: The kinds ``bench.turn_taking`` runs for the words' must-shows.
 KINDS = ("complete", "paused", "question", "paused_question", "midpause", "short")
@@ -45,6 +46,8 @@ def replay(chat, words, turns: list[dict], system: str, max_tokens: int) -> list
     history = [{"role": "system", "content": system}]
     rows = []
     for t in turns:
+        if t.get("asked"):  # the assistant's question a short answer answers, as bench.turn_taking adds it
+            history.append({"role": "assistant", "content": t["asked"]})
         rows.append({"name": t["name"], "kind": t["kind"], "heads": [[h, score(h, history)] for h in t["heads"]],
                      "whole": score(t["text"], history), "at_turn": (len(history) - 1) // 2})
         history.append({"role": "user", "content": t["text"]})

@@ -195,7 +195,7 @@ class Policy:
     long_stop_ms: int = 1200
     #: ``semantic_vad`` with ``words_threshold``: the words' score at or above which a turn the sound
     #: doubts waits only the sound's wait (at most ``long_stop_ms``); under it, ``long_stop_ms``.
-    words_sure: float = 0.3
+    words_sure: float = 0.5
     #: Speech starting within this long of a committed turn's speech end continues that turn
     #: (``Mend``), ms; 0: never.
     mend_ms: int = 0
@@ -204,7 +204,7 @@ class Policy:
     def semantic_vad(cls, eagerness: str, silence_ms: int, barge_in_min_ms: int, max_silence_ms: int,
                      pause_on_speech: bool, pause_max_speech_ms: int, interrupt: bool = True,
                      score_pause_ms: int = 0, score_early: bool = False, words_threshold: float | None = None,
-                     long_stop_ms: int = 1200, words_sure: float = 0.3, mend_ms: int = 0) -> "Policy":
+                     long_stop_ms: int = 1200, words_sure: float = 0.5, mend_ms: int = 0) -> "Policy":
         t = EAGERNESS[eagerness]
         max_silence = max(silence_ms, round(max_silence_ms * t.max_silence_scale))
         return cls(silence_ms=silence_ms, barge_in_min_ms=barge_in_min_ms, semantic=True,

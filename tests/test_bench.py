@@ -686,7 +686,10 @@ def test_the_set_as_text_follows_the_set():
         for h in t["heads"]:
             assert t["text"].startswith(h.removesuffix(" um")) and len(h.removesuffix(" um")) < len(t["text"]), t
     assert {"name": "paused-6", "kind": "paused", "text": "How long does it take to boil an egg?",
-            "heads": ["How long does it take"]} in turns
+            "heads": ["How long does it take"], "asked": None} in turns
+    # a short answer comes after the assistant's question it answers; nothing else is asked
+    assert [t["asked"] for t in turns if t["kind"] == "short"] == [q for _, q in SHORT_ANSWERS]
+    assert all(t["asked"] is None for t in turns if t["kind"] != "short")
 
 
 def test_words_threshold_counts_heads_held_and_turns_answered():

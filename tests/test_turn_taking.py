@@ -466,7 +466,7 @@ CASES = {
         ("paused", 1200, False, [StartTurn(1, speculative=True), Score(1)]),
         ("scored", 1, 0.81, 1300, False, []),
         ("heard", 1, "Where do penguins live?", "en", 1400, False, [ScoreWords(1, "Where do penguins live?")]),
-        ("words_scored", 1, 0.3, 1450, False, []),
+        ("words_scored", 1, 0.6, 1450, False, []),
         ("tick", 1920, False, []),
         ("tick", 1925, False, [Commit(1, end_utterance=True)]),
     ]),
@@ -516,7 +516,7 @@ CASES = {
         ("paused", 1200, False, [StartTurn(1, speculative=True), Score(1)]),
         ("scored", 1, 0.95, 1390, False, []),
         ("heard", 1, "Good morning.", "en", 1410, False, [ScoreWords(1, "Good morning.")]),
-        ("words_scored", 1, 0.3, 1450, False, []),
+        ("words_scored", 1, 0.6, 1450, False, []),  # sure of it (under words_sure: the longer stop)
         ("tick", 1690, False, []),
         ("tick", 1701, False, [Commit(1, end_utterance=True)]),
     ]),
