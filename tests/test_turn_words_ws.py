@@ -9,7 +9,7 @@ import pytest
 
 from client_fakes import FakeASR, FakeLLM, FakeTranscript, real_tts_engines
 from conftest import scaled
-from rt import until
+from rt import recv, until
 from test_contract import CLAUSES, send_audio, session, types
 from test_semantic_vad import SEMANTIC, FakeTurnModel, _burst_over_reply, _hub
 
@@ -66,6 +66,56 @@ async def test_a_split_forced_by_a_long_pause_is_mended(tts_engines):
         users = [m for m in llm.seen[-1] if m["role"] == "user"]
         assert users == [{"role": "user", "content": "How long does it take to boil an egg?"}]
         assert [m["role"] for m in llm.seen[-1]] == ["system", "user"]  # the cut reply left too
+        await ws.close()
+    finally:
+        await hub.stop()
+
+
+class Thanks(FakeASR):
+    """"No." [pause] "thanks": by length, the second word alone, the first, both."""
+
+    def __init__(self) -> None:
+        super().__init__("")
+        self.heard: list[float] = []
+
+    def transcribe(self, pcm, language=None):
+        self.samples.append(len(pcm))
+        seconds = len(pcm) / 16000
+        self.heard.append(seconds)
+        return FakeTranscript("thanks" if seconds < 1.0 else "No." if seconds < 2.2 else "No, thanks.")
+
+
+@pytest.mark.parametrize(("pause_s", "mended"), [(0.9, True), (1.6, False)])
+async def test_an_acknowledgement_over_the_reply_goes_on_with_the_turn_only_within_a_pause(tts_engines, pause_s,
+                                                                                           mended):
+    """"No." is answered at its pause and its reply plays; "thanks" over it pauses it. Started
+    within turn.long_stop_ms (1200) of "No.": the user's own sentence going on: the reply is cut
+    and "No, thanks." is one user message, answered once. Started later: a backchannel to what
+    was heard: the reply resumes and nothing is deleted."""
+    asr = Thanks()
+    llm = FakeLLM(" ".join(CLAUSES), delay_s=0.02)  # about 10 s of speech: still playing at "thanks"
+    hub = await _hub(tts_engines, FakeTurnModel(0.99), "vad.barge_in_min_ms=250", asr=asr, llm=llm)
+    try:
+        ws = await session(hub, SEMANTIC)
+        await send_audio(ws, ("speech", 1.2), ("silence", pause_s), ("speech", 0.45), ("silence", 2.0))
+        seen: list[dict] = []
+        while True:  # what the server says until it has been quiet for a while
+            try:
+                seen.append(await recv(ws, timeout=1.5))
+            except TimeoutError:
+                break
+        kinds = types(seen)
+        done = [e["response"]["status"] for e in seen if e["type"] == "response.done"]
+        users = [[m["content"] for m in messages if m["role"] == "user"] for messages in llm.seen]
+        assert "x.output_audio_buffer.paused" in kinds, (asr.heard, " ".join(kinds))  # "thanks" over the reply
+        assert any(seconds < 1.0 for seconds in asr.heard), asr.heard  # and heard as "thanks"
+        if mended:
+            assert "x.output_audio_buffer.cleared" in kinds and "conversation.item.deleted" in kinds, " ".join(kinds)
+            assert len(done) == 2 and done[-1] == "completed", " ".join(kinds)
+            assert users[0] == ["No."] and users[-1] == ["No, thanks."], users
+        else:
+            assert "x.output_audio_buffer.resumed" in kinds and "conversation.item.deleted" not in kinds, " ".join(kinds)
+            assert done == ["completed"] and users == [["No."]], " ".join(kinds)
         await ws.close()
     finally:
         await hub.stop()
