@@ -227,13 +227,15 @@ def _ms(pcm: np.ndarray) -> float:
     return 1000 * len(pcm) / SAMPLE_RATE
 
 
-def questions() -> list[tuple[str, list[str]]]:
-    """``bench/voice_questions.txt``: (name, the parts between its 300 ms pauses)."""
+def questions() -> list[tuple[str, str, list[str]]]:
+    """``bench/voice_questions.txt``: (name, kind: ``question`` or with pauses ``paused_question``, the
+    parts between its 300 ms pauses)."""
     from bench.harness import ROOT
 
     lines = (ROOT / "bench" / "voice_questions.txt").read_text().splitlines()
-    return [(f"question-{i}", [p.strip() for p in line.split("|")]) for i, line in enumerate(lines)
-            if line.strip() and not line.startswith("#")]
+    parts = [(f"question-{i}", [p.strip() for p in line.split("|")]) for i, line in enumerate(lines)
+             if line.strip() and not line.startswith("#")]
+    return [(name, "question" if len(said) == 1 else "paused_question", said) for name, said in parts]
 
 
 def set_texts() -> list[dict]:
@@ -242,10 +244,9 @@ def set_texts() -> list[dict]:
     assistant's question the turn answers (None: none)."""
     turns = [{"name": n, "kind": k, "text": t, "heads": list(h), "asked": asked(n)}
              for n, k, t, h in texts() if k in SET_KINDS]
-    for name, parts in questions():
-        turns.append({"name": name, "kind": "question" if len(parts) == 1 else "paused_question",
-                      "text": " ".join(parts), "heads": [" ".join(parts[:i]) for i in range(1, len(parts))],
-                      "asked": None})
+    for name, kind, parts in questions():
+        turns.append({"name": name, "kind": kind, "text": " ".join(parts),
+                      "heads": [" ".join(parts[:i]) for i in range(1, len(parts))], "asked": None})
     return turns
 
 

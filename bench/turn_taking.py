@@ -92,9 +92,9 @@ def build_set(cfg, coughs: int, human: Path) -> tuple[list[dict], list[np.ndarra
     turns = [{"name": c.name, "kind": c.kind, "pcm": c.pcm, "asked": asked(c.name)}
              for c in clips + ts.held_apart() if c.kind in SET_KINDS]
     gap = np.zeros(RATE * 300 // 1000, np.int16)
-    for name, parts in questions():
+    for name, kind, parts in questions():
         pcm = np.concatenate([x for p in parts for x in (trim(ts.say(p)), gap)][:-1])
-        turns.append({"name": name, "kind": "question" if len(parts) == 1 else "paused_question", "pcm": pcm})
+        turns.append({"name": name, "kind": kind, "pcm": pcm})
     assert [t["name"] for t in turns] == [t["name"] for t in set_texts()]  # one order for both
     turns += human_turns(human)
     return turns, [c.pcm for c in clips if c.kind == "cough"], trim(ts.say(INTERRUPTION))

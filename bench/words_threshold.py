@@ -33,12 +33,11 @@ KINDS = ("complete", "paused", "question", "paused_question", "midpause", "short
 
 def replay(chat, words, turns: list[dict], system: str, max_tokens: int) -> list[dict]:  # noqa: ANN001
     """Score every head and whole turn of one conversation of ``turns``; the replies in between."""
-    from llm.batched import Probe, ReplyOptions
+    from llm.batched import ReplyOptions
 
     def score(text: str, history: list[dict]) -> float | None:
         out: list = []
-        chat.probe(Probe(words.tokens(text, history), words.targets, out.append, session="replay",
-                         short=words.short_tokens(text, history)))  # from the conversation's cache
+        chat.probe(words.probe(text, history, out.append, session="replay"))  # from the conversation's cache
         while not out:
             chat.step()
         return out[0]

@@ -2,7 +2,7 @@
 
     words = TextEndOfTurn.for_chat(engine)         # None: the GGUF's template gives no usable prompt
     tokens = words.tokens("How long does it take?", conversation)   # system prompt + history so far
-    engine.probe(Probe(tokens, words.targets, done, session))      # done(probability), engine thread
+    engine.probe(words.probe("How long does it take?", conversation, done, session))  # done(p), engine thread
 
 The prompt is the chat template's rendering of the conversation as the reply reads it (system
 prompt, history: the last assistant turn is what the user answers) and a user turn holding the
@@ -87,6 +87,15 @@ class TextEndOfTurn:
             head = self._render((), words, tools)
         assert head is not None  # checked at start
         return self._prompt.llm.tokenize(head.encode("utf-8"), add_bos=False, special=True)
+
+    def probe(self, transcript: str, conversation: Sequence[dict], done, session=None,  # noqa: ANN001
+              tools: Sequence[dict] = ()):  # noqa: ANN201 - llm.batched.Probe
+        """The ``llm.batched.Probe`` that scores ``transcript`` after ``conversation``: ``done(probability)``
+        on the engine thread; its prompt as ``tokens``, and ``short_tokens`` for a cut history."""
+        from llm.batched import Probe
+
+        return Probe(self.tokens(transcript, conversation, tools), self.targets, done, session=session,
+                     short=self.short_tokens(transcript, conversation, tools))
 
     def short_tokens(self, transcript: str, conversation: Sequence[dict] = (), tools: Sequence[dict] = ()) -> list[int]:
         """``tokens`` with only the system messages and the last assistant turn of ``conversation``

@@ -143,15 +143,11 @@ class BatchedLlm:
                     done: Callable[[float | None], None], tools: Sequence[dict] = ()) -> Any:
         """The ``llm.batched.Probe`` of ``end_of_turn``; None (``done(None)`` called) when the model
         gives no score (a prompt it cannot make is logged: the reply it goes with still runs)."""
-        from llm.batched import Probe
-
         if self._words is None or not isinstance(transcript, str):
             done(None)
             return None
-        words = self._words
         try:
-            return Probe(words.tokens(transcript, conversation, tools), words.targets, done, session=session,
-                         short=words.short_tokens(transcript, conversation, tools))
+            return self._words.probe(transcript, conversation, done, session, tools)
         except Exception:  # noqa: BLE001 - no score: the turn ends on the sound alone
             log.exception("no end-of-turn prompt for the words of %r", transcript[:80])
             done(None)

@@ -74,21 +74,21 @@ BACKCHANNELS = NOISE | {"yeah", "yep", "yes", "okay", "ok", "right", "sure", "i 
 _NON_SPEECH = re.compile(r"[\[(*][^\])*]*[\])*]")  # "[coughing]", "(coughs)", "*cough*"
 
 
-def _normalized(text: str) -> str:
-    words = _NON_SPEECH.sub(" ", text.lower())
-    return " ".join(re.sub(r"[^\w\s'-]", " ", words).split())
+def _made_of(text: str, vocabulary: frozenset[str]) -> bool:
+    """``text`` (a transcript, non-speech marks and punctuation aside) is one of ``vocabulary``'s entries
+    ("thank you") or only its words."""
+    words = " ".join(re.sub(r"[^\w\s'-]", " ", _NON_SPEECH.sub(" ", text.lower())).split())
+    return words in vocabulary or all(w in vocabulary for w in words.split())
 
 
 def is_backchannel(text: str) -> bool:
     """True when ``text`` (a transcript) carries no interruption: empty, noise, "mm-hm", "okay"."""
-    words = _normalized(text)
-    return words in BACKCHANNELS or all(w in BACKCHANNELS for w in words.split())
+    return _made_of(text, BACKCHANNELS)
 
 
 def is_noise(text: str) -> bool:
     """True when ``text`` (a transcript) has no words: empty, "[coughing]", "mm-hm", "uh"."""
-    words = _normalized(text)
-    return words in NOISE or all(w in NOISE for w in words.split())
+    return _made_of(text, NOISE)
 
 
 #: English words after which a sentence is not over: articles, possessive determiners, conjunctions,
@@ -345,7 +345,6 @@ class TurnTaking:
         self._text_wait = False  # ScoreWords asked, no answer yet
         self._committed: tuple[int, float] | None = None  # the last committed utterance, its speech end
         self._mend: int | None = None  # the utterance this one continues, until its turn starts
-        self._goes_on = False  # this utterance started within long_stop_ms of the committed one's end
 
     @property
     def reply_paused(self) -> bool:
@@ -362,8 +361,6 @@ class TurnTaking:
         self._speech_start_ms = t_ms
         last, p = self._committed, self.policy
         self._mend = last[0] if last is not None and p.mend_ms > 0 and t_ms - last[1] <= p.mend_ms else None
-        # Within a pause inside a sentence of the last turn's end: the user goes on, not a reaction.
-        self._goes_on = self._mend is not None and t_ms - last[1] <= p.long_stop_ms
         self._speculating = False
         self._deadline_ms = self._judge_at_ms = None
         self._interrupted = False
@@ -605,10 +602,16 @@ class TurnTaking:
         mend, self._mend = Mend(self._mend), None
         return [mend]
 
+    def _goes_on(self) -> bool:
+        """This utterance continues the committed one and began within ``long_stop_ms`` of its speech
+        end (a pause inside a sentence): the user going on, not a reaction to a reply hardly heard."""
+        return (self._mend is not None and self._committed is not None
+                and self._speech_start_ms - self._committed[1] <= self.policy.long_stop_ms)
+
     def _settle(self, utt: int, vad_ended: bool) -> list[Decision]:
         """The words of the speech over the paused reply are known: resume it, or it was an interruption."""
         assert self._transcript is not None
-        if is_noise(self._transcript) or (is_backchannel(self._transcript) and not self._goes_on):
+        if is_noise(self._transcript) or (is_backchannel(self._transcript) and not self._goes_on()):
             self._paused_by, self._waiting_words = None, False
             self.state = IDLE
             return [ResumeReply(), Discard(utt, end_utterance=not vad_ended)]

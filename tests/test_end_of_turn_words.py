@@ -35,8 +35,7 @@ def words(chat):
 
 def score(chat, words, text: str, conversation: list[dict] = (), session=None) -> float:
     out: list = []
-    chat.probe(Probe(words.tokens(text, conversation), words.targets, out.append, session=session,
-                     short=words.short_tokens(text, conversation)))
+    chat.probe(words.probe(text, conversation, out.append, session))
     while not out:
         chat.step()
     assert out[0] is not None
